@@ -1,0 +1,1 @@
+"""Usage-event outbox (see issue 4)."""

@@ -1,0 +1,260 @@
+"""The memory engine: mem0 run in-process. The only module that imports mem0.
+
+One `Memory` per process, built lazily on first use (so after any fork), with:
+- vectors in Postgres/pgvector (table created by a Django migration, exact scan);
+- our offline MiniLM embedder, or Gemini when EMBEDDER=gemini;
+- mem0's history and raw-message store on Postgres (Django models), not SQLite;
+- telemetry off and MEM0_DIR under the data dir, set before mem0 is imported.
+Any failure inside mem0 or its vendors surfaces as `EngineError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+
+from memories.scope import MemoryScope
+from memsite.dbconf import database_conninfo
+
+logger = logging.getLogger(__name__)
+
+UNCONFIGURED_LLM_KEY = "llm-not-configured"
+
+
+class EngineError(RuntimeError):
+    """mem0, its vector store, embedder or LLM failed. The message is safe to log."""
+
+
+class LlmUnavailable(EngineError):
+    """`ingest` needs an LLM and none is configured."""
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    id: str
+    text: str
+    user_id: str
+    metadata: dict[str, Any]
+    created_at: str | None
+    updated_at: str | None
+    score: float | None = None
+
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"pid": None, "memory": None}
+
+
+def _prepare_environment() -> None:
+    os.environ["MEM0_TELEMETRY"] = "False"
+    settings.MEM0_DIR.mkdir(parents=True, exist_ok=True)
+    os.environ["MEM0_DIR"] = str(settings.MEM0_DIR)
+
+
+def llm_configured() -> bool:
+    return bool(settings.GOOGLE_API_KEY or settings.LLM_BASE_URL)
+
+
+def _llm_config() -> dict[str, Any]:
+    if settings.GOOGLE_API_KEY:
+        return {
+            "provider": "gemini",
+            "config": {
+                "model": settings.GEMINI_LLM_MODEL,
+                "api_key": settings.GOOGLE_API_KEY,
+                "max_tokens": settings.LLM_MAX_TOKENS,
+            },
+        }
+    if settings.LLM_BASE_URL:
+        return {
+            "provider": "openai",
+            "config": {
+                "model": settings.LLM_MODEL,
+                "api_key": settings.LLM_API_KEY or "none",
+                "openai_base_url": settings.LLM_BASE_URL,
+                "max_tokens": settings.LLM_MAX_TOKENS,
+            },
+        }
+    # mem0 wants an LLM even for infer=False; this one is never called (see ingest).
+    return {"provider": "openai", "config": {"api_key": UNCONFIGURED_LLM_KEY}}
+
+
+def _embedder_config() -> dict[str, Any]:
+    if settings.EMBEDDER == "gemini":
+        return {
+            "provider": "gemini",
+            "config": {
+                "model": settings.GEMINI_EMBEDDING_MODEL,
+                "api_key": settings.GOOGLE_API_KEY,
+                "embedding_dims": settings.GEMINI_EMBEDDING_DIMS,
+            },
+        }
+    # Replaced by MiniLMEmbedder right after construction; building an OpenAI client
+    # makes no network call.
+    return {"provider": "openai", "config": {"api_key": "local-embedder", "embedding_dims": 384}}
+
+
+def _build_memory():
+    _prepare_environment()
+    from mem0 import Memory
+    from mem0.configs.base import MemoryConfig
+
+    from memories.history_store import PostgresHistoryStore
+
+    config = MemoryConfig(
+        vector_store={
+            "provider": "pgvector",
+            "config": {
+                "connection_string": database_conninfo(connections["default"].settings_dict),
+                "collection_name": settings.MEMORY_COLLECTION,
+                "embedding_model_dims": settings.EMBEDDING_DIMS,
+                "hnsw": settings.MEMORY_HNSW,
+                "diskann": False,
+                "minconn": 1,
+                "maxconn": 8,
+            },
+        },
+        embedder=_embedder_config(),
+        llm=_llm_config(),
+        history_db_path=":memory:",
+    )
+    memory = Memory(config)
+    memory.db.close()
+    memory.db = PostgresHistoryStore()
+    if settings.EMBEDDER == "local":
+        from memories.embedder import MiniLMEmbedder
+
+        memory.embedding_model = MiniLMEmbedder()
+    return memory
+
+
+def get_memory():
+    """This process's mem0 `Memory`, built on first use (after fork)."""
+    pid = os.getpid()
+    if _state["pid"] == pid and _state["memory"] is not None:
+        return _state["memory"]
+    with _lock:
+        if _state["pid"] != pid or _state["memory"] is None:
+            try:
+                _state["memory"] = _build_memory()
+            except Exception as exc:
+                raise EngineError(f"memory engine failed to start: {type(exc).__name__}") from exc
+            _state["pid"] = pid
+    return _state["memory"]
+
+
+def reset_for_tests() -> None:
+    """Drop this process's engine (its pool points at a database that may change)."""
+    with _lock:
+        memory = _state["memory"]
+        _state.update(pid=None, memory=None)
+    if memory is not None:
+        memory.vector_store.connection_pool.close()
+
+
+def _call(what: str, fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except EngineError:
+        raise
+    except Exception as exc:
+        # Vendor messages can echo request bodies or keys: log the type, not the text.
+        logger.warning("engine %s failed: %s", what, type(exc).__name__)
+        raise EngineError(f"memory engine {what} failed ({type(exc).__name__})") from exc
+
+
+def _from_item(item: dict[str, Any]) -> EngineMemory:
+    return EngineMemory(
+        id=str(item["id"]),
+        text=item.get("memory", ""),
+        user_id=item.get("user_id", ""),
+        metadata=dict(item.get("metadata") or {}),
+        created_at=item.get("created_at"),
+        updated_at=item.get("updated_at"),
+        score=item.get("score"),
+    )
+
+
+# --- operations -------------------------------------------------------------------
+def engine_add_text(scope: MemoryScope, *, text: str, metadata: dict[str, Any] | None = None) -> str:
+    """Store `text` verbatim (infer=False, no LLM). Returns the new memory id."""
+    memory = get_memory()
+    result = _call(
+        "add",
+        memory.add,
+        [{"role": "user", "content": text}],
+        user_id=scope.engine_user_id,
+        metadata=metadata or {},
+        infer=False,
+    )
+    rows = result.get("results") or []
+    if len(rows) != 1:
+        raise EngineError(f"memory engine add stored {len(rows)} rows, expected 1")
+    return str(rows[0]["id"])
+
+
+def engine_ingest(
+    scope: MemoryScope, *, messages: list[dict[str, str]], metadata: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """mem0's full pipeline (infer=True): one LLM extraction call, dedup, store."""
+    if not llm_configured():
+        raise LlmUnavailable("no LLM is configured for ingest")
+    memory = get_memory()
+    result = _call("ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=metadata or {}, infer=True)
+    return list(result.get("results") or [])
+
+
+def engine_search(
+    scope: MemoryScope, *, query: str, top_k: int, filters: dict[str, Any] | None = None
+) -> list[EngineMemory]:
+    memory = get_memory()
+    result = _call(
+        "search",
+        memory.search,
+        query,
+        top_k=top_k,
+        filters={**(filters or {}), "user_id": scope.engine_user_id},
+    )
+    return [_from_item(item) for item in result.get("results") or []]
+
+
+def engine_get(memory_id: str) -> EngineMemory | None:
+    """Any user's memory by id; callers check ownership against their scope."""
+    memory = get_memory()
+    item = _call("get", memory.get, memory_id)
+    return _from_item(item) if item else None
+
+
+def engine_update(memory_id: str, *, text: str | None, metadata: dict[str, Any] | None) -> None:
+    memory = get_memory()
+    _call("update", memory.update, memory_id, text=text, metadata=metadata)
+
+
+def engine_delete(memory_id: str) -> None:
+    memory = get_memory()
+    _call("delete", memory.delete, memory_id)
+
+
+def engine_history(memory_id: str) -> list[dict[str, Any]]:
+    return get_memory().db.get_history(memory_id)
+
+
+def engine_purge_user(scope: MemoryScope) -> None:
+    """Remove every memory of the user and mem0's raw messages for them."""
+    memory = get_memory()
+    _call("delete_all", memory.delete_all, user_id=scope.engine_user_id)
+    memory.db.purge_messages(user_id=scope.engine_user_id)
+
+
+def engine_ping() -> None:
+    """Raise EngineError unless the engine can embed and reach its vector table."""
+    memory = get_memory()
+    _call("embed", memory.embedding_model.embed, "ping", "search")
+    tables = _call("list_cols", memory.vector_store.list_cols)
+    if settings.MEMORY_COLLECTION not in tables:
+        raise EngineError(f"vector table {settings.MEMORY_COLLECTION!r} is missing; run migrate")

@@ -1,0 +1,134 @@
+"""mem0's history and raw-message store on Postgres, through Django models.
+
+mem0 hard-wires an SQLite `SQLiteManager` (per-process file, no purge by user); the
+engine swaps in this class, which implements the same methods.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import transaction
+
+from audit.models import MemoryHistory
+from memories.models import EngineMessage
+
+KEEP_LAST_MESSAGES = 10
+
+
+def _user_id_of(session_scope: str) -> str:
+    for part in session_scope.split("&"):
+        key, _, value = part.partition("=")
+        if key == "user_id":
+            return value
+    return ""
+
+
+def _history_row(record: dict[str, Any]) -> MemoryHistory:
+    return MemoryHistory(
+        memory_id=record["memory_id"],
+        old_memory=record.get("old_memory"),
+        new_memory=record.get("new_memory"),
+        event=record["event"],
+        created_at=record.get("created_at"),
+        updated_at=record.get("updated_at"),
+        is_deleted=bool(record.get("is_deleted", 0)),
+        actor_id=record.get("actor_id"),
+        role=record.get("role"),
+    )
+
+
+class PostgresHistoryStore:
+    def add_history(
+        self,
+        memory_id: str,
+        old_memory: str | None,
+        new_memory: str | None,
+        event: str,
+        *,
+        created_at: str | None = None,
+        updated_at: str | None = None,
+        is_deleted: int = 0,
+        actor_id: str | None = None,
+        role: str | None = None,
+    ) -> None:
+        _history_row(
+            {
+                "memory_id": memory_id,
+                "old_memory": old_memory,
+                "new_memory": new_memory,
+                "event": event,
+                "created_at": created_at,
+                "updated_at": updated_at,
+                "is_deleted": is_deleted,
+                "actor_id": actor_id,
+                "role": role,
+            }
+        ).save(force_insert=True)
+
+    def batch_add_history(self, records: list[dict[str, Any]]) -> None:
+        MemoryHistory.objects.bulk_create([_history_row(r) for r in records])
+
+    def get_history(self, memory_id: str) -> list[dict[str, Any]]:
+        rows = MemoryHistory.objects.filter(memory_id=memory_id).order_by("recorded_at", "id")
+        return [
+            {
+                "id": str(r.id),
+                "memory_id": r.memory_id,
+                "old_memory": r.old_memory,
+                "new_memory": r.new_memory,
+                "event": r.event,
+                "created_at": r.created_at,
+                "updated_at": r.updated_at,
+                "is_deleted": r.is_deleted,
+                "actor_id": r.actor_id,
+                "role": r.role,
+            }
+            for r in rows
+        ]
+
+    def save_messages(self, messages: list[dict[str, Any]], session_scope: str) -> None:
+        if not messages:
+            return
+        now = datetime.now(UTC)
+        user_id = _user_id_of(session_scope)
+        with transaction.atomic():
+            EngineMessage.objects.bulk_create(
+                [
+                    EngineMessage(
+                        session_scope=session_scope,
+                        user_id=user_id,
+                        role=m.get("role") or "",
+                        content=m.get("content") or "",
+                        name=m.get("name"),
+                        created_at=now,
+                    )
+                    for m in messages
+                ]
+            )
+            keep = EngineMessage.objects.filter(session_scope=session_scope).order_by(
+                "-created_at", "-id"
+            )[:KEEP_LAST_MESSAGES]
+            EngineMessage.objects.filter(session_scope=session_scope).exclude(
+                id__in=list(keep.values_list("id", flat=True))
+            ).delete()
+
+    def get_last_messages(self, session_scope: str, limit: int = 10) -> list[dict[str, Any]]:
+        rows = list(
+            EngineMessage.objects.filter(session_scope=session_scope).order_by("-created_at", "-id")[:limit]
+        )
+        return [
+            {"role": r.role, "content": r.content, "name": r.name, "created_at": r.created_at.isoformat()}
+            for r in reversed(rows)
+        ]
+
+    def purge_messages(self, *, user_id: str) -> int:
+        deleted, _ = EngineMessage.objects.filter(user_id=user_id).delete()
+        return deleted
+
+    def reset(self) -> None:
+        raise NotImplementedError("the shared history store is never reset by the engine")
+
+    def close(self) -> None:
+        """Connections belong to Django; nothing to close."""

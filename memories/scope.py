@@ -1,0 +1,26 @@
+"""Whose memories a call may touch. Built only from an authenticated principal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_TENANT = "default"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryScope:
+    tenant: str
+    user_pk: int
+    client_app: str | None = None
+    session_id: str | None = None
+
+    @property
+    def engine_user_id(self) -> str:
+        """The partition key in the engine. Derived, never taken from a client."""
+        return f"{self.tenant}:{self.user_pk}"
+
+    @classmethod
+    def for_user(cls, user, *, client_app: str | None = None, session_id: str | None = None) -> MemoryScope:
+        if user is None or not user.is_authenticated or user.pk is None:
+            raise PermissionError("a MemoryScope needs an authenticated user")
+        return cls(tenant=DEFAULT_TENANT, user_pk=user.pk, client_app=client_app, session_id=session_id)

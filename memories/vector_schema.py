@@ -1,0 +1,42 @@
+"""DDL for mem0's pgvector tables. Created by a migration, never by mem0 at run time:
+two processes creating them at once race, and we want our own indexes."""
+
+from django.conf import settings
+from psycopg import sql
+
+
+def vector_table_names() -> list[str]:
+    return [settings.MEMORY_COLLECTION, f"{settings.MEMORY_COLLECTION}_entities"]
+
+
+def create_vector_tables(schema_editor) -> None:
+    schema_editor.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    for table in vector_table_names():
+        statements = [
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} (id uuid PRIMARY KEY, vector vector({}), payload jsonb)").format(
+                sql.Identifier(table), sql.Literal(settings.EMBEDDING_DIMS)
+            ),
+            # Every engine query filters on the owner: exact scan within one user.
+            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ((payload->>'user_id'))").format(
+                sql.Identifier(f"{table}_user_id_idx"), sql.Identifier(table)
+            ),
+            sql.SQL(
+                "CREATE INDEX IF NOT EXISTS {} ON {} USING gin (to_tsvector('simple', payload->>'text_lemmatized'))"
+            ).format(sql.Identifier(f"{table}_text_lemmatized_idx"), sql.Identifier(table)),
+        ]
+        for statement in statements:
+            schema_editor.execute(statement.as_string())
+
+
+def drop_vector_tables(schema_editor) -> None:
+    for table in vector_table_names():
+        schema_editor.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)).as_string())
+
+
+def vector_table_dims(cursor, table: str) -> int | None:
+    cursor.execute(
+        "SELECT atttypmod FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'vector'",
+        [table],
+    )
+    row = cursor.fetchone()
+    return row[0] if row else None

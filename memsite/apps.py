@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class MemsiteConfig(AppConfig):
+    name = "memsite"
+    verbose_name = "Service"

@@ -1,0 +1,23 @@
+"""ASGI entry point: Django, with the MCP app mounted at /engines/memory/mcp.
+
+The MCP app also owns the lifespan (its session manager needs it)."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
+django_app = get_asgi_application()
+
+from memories.mcp import MCP_PATH, build_mcp_app  # noqa: E402 - needs Django set up
+
+mcp_app = build_mcp_app()
+
+
+async def application(scope, receive, send):
+    if scope["type"] == "lifespan":
+        await mcp_app(scope, receive, send)
+    elif scope["type"] == "http" and scope["path"].rstrip("/") == MCP_PATH:
+        await mcp_app(scope, receive, send)
+    else:
+        await django_app(scope, receive, send)

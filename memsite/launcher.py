@@ -1,0 +1,242 @@
+"""`python -m memsite.launcher`: run the whole service from one process.
+
+Owns the embedded Postgres (unless DATABASE_URL is set) and supervises the web server
+(uvicorn: Django + MCP), a Celery worker and Celery beat. Every child gets a
+parent-death signal, so even `kill -9` of the launcher leaves no process behind; an
+flock on the data dir (released by the kernel on any exit) keeps two launchers apart
+and leaves no stale lock. SIGINT/SIGTERM stop the children, then Postgres.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger("memsite.launcher")
+
+ROOT = Path(__file__).resolve().parent.parent
+STOP_TIMEOUT_S = 20.0
+RESTART_WINDOW_S = 60.0
+MAX_RESTARTS_PER_WINDOW = 5
+
+
+def _settings():
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
+    from django.conf import settings
+
+    return settings
+
+
+def _child_preexec() -> None:
+    from memsite.embedded_pg import set_parent_death_signal
+
+    set_parent_death_signal(signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path | None = None
+    process: subprocess.Popen | None = None
+    restarts: list[float] = field(default_factory=list)
+
+    def start(self) -> None:
+        out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
+        self.process = subprocess.Popen(
+            self.argv,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            preexec_fn=_child_preexec,
+            start_new_session=True,  # the launcher decides when children see signals
+        )
+        if out:
+            out.close()
+        logger.info("started %s (pid %s)", self.name, self.process.pid)
+
+    def exited(self) -> int | None:
+        return self.process.poll() if self.process else None
+
+    def allow_restart(self) -> bool:
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S] + [now]
+        return len(self.restarts) <= MAX_RESTARTS_PER_WINDOW
+
+
+def _children(settings) -> list[Child]:
+    python = sys.executable
+    log_dir = settings.DATA_DIR / "logs" if os.environ.get("MEMSITE_LOG_TO_FILES") == "1" else None
+    concurrency = os.environ.get("CELERY_WORKER_CONCURRENCY", "2")
+
+    def log(name: str) -> Path | None:
+        return log_dir / f"{name}.log" if log_dir else None
+
+    return [
+        Child(
+            "web",
+            [
+                python, "-m", "uvicorn", "memsite.asgi:application",
+                "--host", settings.HOST, "--port", str(settings.PORT),
+                "--lifespan", "on", "--timeout-graceful-shutdown", "10", "--no-server-header",
+            ],
+            log("web"),
+        ),
+        Child(
+            "worker",
+            [
+                python, "-m", "celery", "-A", "memsite", "worker", "--loglevel", "INFO",
+                "--concurrency", concurrency, "--without-gossip", "--without-mingle",
+                "--hostname", f"worker-{os.getpid()}@%h",
+            ],
+            log("worker"),
+        ),
+        Child(
+            "beat",
+            [
+                python, "-m", "celery", "-A", "memsite", "beat", "--loglevel", "INFO",
+                "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler", "--pidfile=",
+            ],
+            log("beat"),
+        ),
+    ]  # fmt: skip
+
+
+def _migrate() -> None:
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, check=True)
+
+
+class Launcher:
+    def __init__(self) -> None:
+        self.settings = _settings()
+        self.postgres = None
+        self.children: list[Child] = []
+        self.stopping = False
+
+    def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
+        if not self.stopping:
+            logger.info("received %s, stopping", signal.Signals(signum).name)
+        self.stopping = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            self._start_database()
+            if self.stopping:
+                return 0
+            _migrate()
+            self.children = _children(self.settings)
+            for child in self.children:
+                child.start()
+            logger.info("memsite is up on http://%s:%s/", self.settings.HOST, self.settings.PORT)
+            return self._supervise()
+        finally:
+            self._stop_children()
+            self._stop_database()
+
+    def _start_database(self) -> None:
+        if not self.settings.EMBEDDED_DATABASE:
+            return
+        from memsite.embedded_pg import EmbeddedPostgres
+
+        self.postgres = EmbeddedPostgres(self.settings.DATA_DIR)
+        if not self.postgres.try_lock():
+            raise SystemExit(f"another memsite process owns {self.settings.DATA_DIR} (launcher or manage.py)")
+        self.postgres.start()
+        logger.info("embedded postgres ready (socket dir %s)", self.postgres.paths.socket_dir)
+
+    def _supervise(self) -> int:
+        while not self.stopping:
+            time.sleep(0.5)
+            if self.postgres and self.postgres.process.poll() is not None:
+                logger.error("embedded postgres exited (%s); stopping", self.postgres.process.returncode)
+                return 1
+            for child in self.children:
+                code = child.exited()
+                if code is None or self.stopping:
+                    continue
+                if not child.allow_restart():
+                    logger.error("%s keeps exiting (last code %s); stopping", child.name, code)
+                    return 1
+                logger.warning("%s exited with %s; restarting", child.name, code)
+                child.start()
+        return 0
+
+    def _stop_children(self) -> None:
+        running = [c for c in self.children if c.process and c.process.poll() is None]
+        for child in running:
+            child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in running:
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop in %ss; killing", child.name, STOP_TIMEOUT_S)
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+            # Celery's prefork pool children are in the same session: make sure of them.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+
+    def _stop_database(self) -> None:
+        if self.postgres:
+            self.postgres.stop()
+            self.postgres.release_lock()
+            logger.info("embedded postgres stopped")
+
+
+@contextlib.contextmanager
+def embedded_database_for_command() -> Iterator[None]:
+    """For manage.py: make sure the embedded Postgres answers while the command runs.
+
+    If the service (or another command) already runs it, use that; otherwise start it
+    for this command's duration, holding the data-dir lock."""
+    settings = _settings()
+    if not settings.EMBEDDED_DATABASE:
+        yield
+        return
+    from memsite.embedded_pg import EmbeddedPostgres, is_answering
+
+    if is_answering(settings.DATA_DIR):
+        yield
+        return
+    postgres = EmbeddedPostgres(settings.DATA_DIR)
+    if not postgres.try_lock():
+        _wait_until_answering(settings.DATA_DIR)
+        yield
+        return
+    try:
+        postgres.start()
+        yield
+    finally:
+        postgres.stop()
+        postgres.release_lock()
+
+
+def _wait_until_answering(data_dir: Path, timeout: float = 60.0) -> None:
+    from memsite.embedded_pg import is_answering
+
+    deadline = time.monotonic() + timeout
+    while not is_answering(data_dir):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the embedded database under {data_dir} is locked but not answering")
+        time.sleep(0.2)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s")
+    return Launcher().run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

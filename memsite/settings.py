@@ -1,0 +1,178 @@
+"""The one settings module. Everything variable comes from the environment.
+
+See README.md ("Configuration") for every variable. Secrets have no default outside
+local development (MEMSITE_ENV=local, the default for a checkout).
+"""
+
+from pathlib import Path
+
+import dj_database_url
+
+from memsite.dbconf import sqlalchemy_url
+from memsite.embedded_pg import django_database_settings
+from memsite.env import (
+    ConfigError,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_path,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+MEMSITE_ENV = env_choice("MEMSITE_ENV", "local", ("local", "test", "production"))
+LOCAL_DEV = MEMSITE_ENV in ("local", "test")
+
+DATA_DIR = env_path("MEMSITE_DATA_DIR", BASE_DIR / "var")
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY")
+if SECRET_KEY is None:
+    if not LOCAL_DEV:
+        raise ConfigError("DJANGO_SECRET_KEY must be set when MEMSITE_ENV=production")
+    SECRET_KEY = "insecure-local-development-key-not-for-production"
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+HOST = env_str("HOST", "127.0.0.1")
+PORT = env_int("PORT", 8000, minimum=1)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_beat",
+    "memsite",
+    "memories",
+    "billing",
+    "audit",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "memsite.urls"
+ASGI_APPLICATION = "memsite.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------
+# Unset DATABASE_URL = the embedded server under DATA_DIR (started by the launcher,
+# or on demand by manage.py). Any Postgres with the `vector` extension otherwise.
+DATABASE_URL = env_str("DATABASE_URL")
+EMBEDDED_DATABASE = DATABASE_URL is None
+if EMBEDDED_DATABASE:
+    _default_db = django_database_settings(DATA_DIR)
+else:
+    _default_db = dj_database_url.parse(DATABASE_URL)
+if env_str("DATABASE_NAME"):
+    # Lets a helper process (e.g. a test worker) share a server but use another database.
+    _default_db["NAME"] = env_str("DATABASE_NAME")
+_default_db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0)
+_default_db["CONN_HEALTH_CHECKS"] = True
+DATABASES = {"default": _default_db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+
+
+# --- Auth, i18n, static -----------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+SESSION_COOKIE_SECURE = not LOCAL_DEV
+CSRF_COOKIE_SECURE = not LOCAL_DEV
+
+# --- Memory engine (mem0) ---------------------------------------------------------
+EMBEDDER = env_choice("EMBEDDER", "local", ("local", "gemini"))
+GOOGLE_API_KEY = env_str("GOOGLE_API_KEY")
+GEMINI_EMBEDDING_MODEL = env_str("GEMINI_EMBEDDING_MODEL", "models/gemini-embedding-001")
+GEMINI_EMBEDDING_DIMS = env_int("GEMINI_EMBEDDING_DIMS", 1536, minimum=1)
+GEMINI_LLM_MODEL = env_str("GEMINI_LLM_MODEL", "gemini-2.5-flash")
+if EMBEDDER == "gemini" and not GOOGLE_API_KEY:
+    raise ConfigError("EMBEDDER=gemini needs GOOGLE_API_KEY")
+EMBEDDING_DIMS = 384 if EMBEDDER == "local" else GEMINI_EMBEDDING_DIMS
+
+LLM_BASE_URL = env_str("LLM_BASE_URL")
+LLM_API_KEY = env_str("LLM_API_KEY")
+LLM_MODEL = env_str("LLM_MODEL")
+if LLM_BASE_URL and not LLM_MODEL:
+    raise ConfigError("LLM_BASE_URL needs LLM_MODEL")
+LLM_MAX_TOKENS = env_int("LLM_MAX_TOKENS", 8000, minimum=1)
+
+MEMORY_COLLECTION = env_str("MEMORY_COLLECTION", "memories")
+MEMORY_HNSW = env_bool("MEMORY_HNSW", False)
+MEM0_DIR = DATA_DIR / "mem0"
+
+# --- Celery -----------------------------------------------------------------------
+# Default broker: kombu's SQLAlchemy transport on the same Postgres (no Redis needed).
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or sqlalchemy_url(
+    _default_db, scheme="sqla+postgresql+psycopg"
+)
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_POLL_INTERVAL = env_float("CELERY_BROKER_POLL_INTERVAL", 0.5, minimum=0.05)
+CELERY_TASK_ALWAYS_EAGER = False
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BEAT_SCHEDULE = {
+    "worker-heartbeat": {"task": "memsite.worker_heartbeat", "schedule": 60.0},
+    "broker-cleanup": {"task": "memsite.broker_cleanup", "schedule": 600.0},
+}
+BROKER_MESSAGE_RETENTION_S = env_int("BROKER_MESSAGE_RETENTION_S", 3600, minimum=0)
+
+# --- Logging ----------------------------------------------------------------------
+LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        # mem0 and httpx log request bodies and keys at INFO/DEBUG.
+        "mem0": {"level": "WARNING"},
+        # Without spaCy mem0 falls back to plain text for BM25 and says so on every call.
+        "mem0.utils.spacy_models": {"level": "ERROR"},
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+    },
+}
