@@ -148,8 +148,8 @@ def get_memory():
     return _state["memory"]
 
 
-def reset_for_tests() -> None:
-    """Drop this process's engine (its pool points at a database that may change)."""
+def engine_close() -> None:
+    """Close this process's engine and its connection pool (e.g. before dropping a database)."""
     with _lock:
         memory = _state["memory"]
         _state.update(pid=None, memory=None)

@@ -107,17 +107,15 @@ class PostgresHistoryStore:
                     for m in messages
                 ]
             )
-            keep = EngineMessage.objects.filter(session_scope=session_scope).order_by(
-                "-created_at", "-id"
-            )[:KEEP_LAST_MESSAGES]
+            keep = EngineMessage.objects.filter(session_scope=session_scope).order_by("-created_at", "-id")[
+                :KEEP_LAST_MESSAGES
+            ]
             EngineMessage.objects.filter(session_scope=session_scope).exclude(
                 id__in=list(keep.values_list("id", flat=True))
             ).delete()
 
     def get_last_messages(self, session_scope: str, limit: int = 10) -> list[dict[str, Any]]:
-        rows = list(
-            EngineMessage.objects.filter(session_scope=session_scope).order_by("-created_at", "-id")[:limit]
-        )
+        rows = list(EngineMessage.objects.filter(session_scope=session_scope).order_by("-created_at", "-id")[:limit])
         return [
             {"role": r.role, "content": r.content, "name": r.name, "created_at": r.created_at.isoformat()}
             for r in reversed(rows)

@@ -46,7 +46,5 @@ def api_key_authenticate(*, token: str) -> ApiKey | None:
 
 @transaction.atomic
 def api_key_revoke(*, user, key_id: str) -> bool:
-    updated = ApiKey.objects.filter(user=user, key_id=key_id, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
-    )
+    updated = ApiKey.objects.filter(user=user, key_id=key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
     return updated == 1

@@ -15,9 +15,7 @@ mcp_app = build_mcp_app()
 
 
 async def application(scope, receive, send):
-    if scope["type"] == "lifespan":
-        await mcp_app(scope, receive, send)
-    elif scope["type"] == "http" and scope["path"].rstrip("/") == MCP_PATH:
+    if scope["type"] == "lifespan" or scope["type"] == "http" and scope["path"].rstrip("/") == MCP_PATH:
         await mcp_app(scope, receive, send)
     else:
         await django_app(scope, receive, send)

@@ -94,6 +94,14 @@ def _system_user() -> str | None:
     return SYSTEM_USER
 
 
+def _run_as(user: str | None) -> dict:
+    """subprocess arguments to drop to `user` entirely (its group too, not root's)."""
+    if user is None:
+        return {}
+    entry = pwd.getpwnam(user)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
 def _allow_traversal(path: Path) -> None:
     """o+rx on every parent, so the postgres user can reach `path`."""
     for parent in path.parents:
@@ -177,7 +185,7 @@ class EmbeddedPostgres:
 
     def _initdb(self, user: str | None) -> None:
         logger.info("initialising embedded postgres in %s", self.paths.pgdata)
-        subprocess.run(
+        result = subprocess.run(
             [
                 str(_bin_dir() / "initdb"),
                 "-D",
@@ -188,10 +196,11 @@ class EmbeddedPostgres:
                 "-U",
                 SUPERUSER,
             ],
-            check=True,
             capture_output=True,
-            user=user,
+            **_run_as(user),
         )
+        if result.returncode != 0:
+            raise RuntimeError(f"initdb failed: {result.stderr.decode(errors='replace').strip()}")
 
     def _remove_stale_pidfile(self) -> None:
         """A postmaster killed with SIGKILL leaves postmaster.pid; its pid may be reused."""
@@ -203,9 +212,7 @@ class EmbeddedPostgres:
         except (ValueError, IndexError, OSError):
             pid = None
         if pid and _is_postgres(pid):
-            raise RuntimeError(
-                f"a postgres (pid {pid}) already runs on {self.paths.pgdata} outside our lock"
-            )
+            raise RuntimeError(f"a postgres (pid {pid}) already runs on {self.paths.pgdata} outside our lock")
         logger.warning("removing stale %s (pid %s is gone)", pidfile, pid)
         pidfile.unlink(missing_ok=True)
 
@@ -230,7 +237,7 @@ class EmbeddedPostgres:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            user=user,
+            **_run_as(user),
             preexec_fn=lambda: set_parent_death_signal(signal.SIGINT),
             start_new_session=True,
         )
@@ -243,8 +250,7 @@ class EmbeddedPostgres:
         while True:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(
-                    f"embedded postgres exited with {self.process.returncode}; "
-                    f"see {self.paths.log_file}"
+                    f"embedded postgres exited with {self.process.returncode}; see {self.paths.log_file}"
                 )
             try:
                 psycopg.connect(self.conninfo("postgres"), connect_timeout=2).close()
@@ -263,9 +269,7 @@ class EmbeddedPostgres:
         import psycopg
 
         with psycopg.connect(self.conninfo("postgres"), autocommit=True) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
-            ).fetchone()
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)).fetchone()
             if not exists:
                 conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
 
@@ -283,9 +287,7 @@ def is_answering(data_dir: Path) -> bool:
     import psycopg
 
     try:
-        psycopg.connect(
-            EmbeddedPostgres(data_dir).conninfo("postgres"), connect_timeout=2
-        ).close()
+        psycopg.connect(EmbeddedPostgres(data_dir).conninfo("postgres"), connect_timeout=2).close()
     except psycopg.OperationalError:
         return False
     return True

@@ -235,7 +235,11 @@ def _wait_until_answering(data_dir: Path, timeout: float = 60.0) -> None:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s")
-    return Launcher().run()
+    try:
+        return Launcher().run()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        logger.error("memsite failed to start: %s", exc)
+        return 1
 
 
 if __name__ == "__main__":

@@ -13,9 +13,7 @@ HEARTBEAT_KEEP = timedelta(days=1)
 
 
 def worker_heartbeat_record(*, token: str) -> WorkerHeartbeat:
-    heartbeat, _ = WorkerHeartbeat.objects.get_or_create(
-        token=token, defaults={"hostname": socket.gethostname()}
-    )
+    heartbeat, _ = WorkerHeartbeat.objects.get_or_create(token=token, defaults={"hostname": socket.gethostname()})
     WorkerHeartbeat.objects.filter(seen_at__lt=timezone.now() - HEARTBEAT_KEEP).delete()
     return heartbeat
 
@@ -32,7 +30,5 @@ def broker_messages_cleanup(*, older_than_s: int | None = None) -> int:
         cursor.execute("SELECT to_regclass('kombu_message') IS NOT NULL")
         if not cursor.fetchone()[0]:
             return 0
-        cursor.execute(
-            "DELETE FROM kombu_message WHERE visible = false AND timestamp <= %s", [cutoff]
-        )
+        cursor.execute("DELETE FROM kombu_message WHERE visible = false AND timestamp <= %s", [cutoff])
         return cursor.rowcount

@@ -32,7 +32,7 @@ SECRET_KEY = env_str("DJANGO_SECRET_KEY")
 if SECRET_KEY is None:
     if not LOCAL_DEV:
         raise ConfigError("DJANGO_SECRET_KEY must be set when MEMSITE_ENV=production")
-    SECRET_KEY = "insecure-local-development-key-not-for-production"
+    SECRET_KEY = "insecure-local-development-key-not-for-production"  # noqa: S105 - local only
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 HOST = env_str("HOST", "127.0.0.1")
@@ -87,10 +87,7 @@ TEMPLATES = [
 # or on demand by manage.py). Any Postgres with the `vector` extension otherwise.
 DATABASE_URL = env_str("DATABASE_URL")
 EMBEDDED_DATABASE = DATABASE_URL is None
-if EMBEDDED_DATABASE:
-    _default_db = django_database_settings(DATA_DIR)
-else:
-    _default_db = dj_database_url.parse(DATABASE_URL)
+_default_db = django_database_settings(DATA_DIR) if EMBEDDED_DATABASE else dj_database_url.parse(DATABASE_URL)
 if env_str("DATABASE_NAME"):
     # Lets a helper process (e.g. a test worker) share a server but use another database.
     _default_db["NAME"] = env_str("DATABASE_NAME")
@@ -98,7 +95,6 @@ _default_db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0)
 _default_db["CONN_HEALTH_CHECKS"] = True
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-
 
 
 # --- Auth, i18n, static -----------------------------------------------------------
@@ -141,9 +137,7 @@ MEM0_DIR = DATA_DIR / "mem0"
 
 # --- Celery -----------------------------------------------------------------------
 # Default broker: kombu's SQLAlchemy transport on the same Postgres (no Redis needed).
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or sqlalchemy_url(
-    _default_db, scheme="sqla+postgresql+psycopg"
-)
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or sqlalchemy_url(_default_db, scheme="sqla+postgresql+psycopg")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -1,0 +1,3 @@
+import netguard
+
+netguard.install()

@@ -1,0 +1,34 @@
+import numpy as np
+import pytest
+
+from memories import embedder
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return embedder.MiniLMEmbedder()
+
+
+def test_vectors_are_normalised_and_384_dims(minilm):
+    vectors = minilm.encode(["hello world", "a much longer sentence " * 100])
+    assert vectors.shape == (2, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+
+
+def test_paraphrases_are_closer_than_unrelated_text(minilm):
+    a, b, c = minilm.encode(["The cat sat on the mat", "A cat was sitting on a rug", "Quarterly revenue grew"])
+    assert float(a @ b) > float(a @ c) + 0.3
+
+
+def test_batch_and_single_agree(minilm):
+    single = minilm.embed("Otis is a corgi")
+    batch = minilm.embed_batch(["Otis is a corgi", "something else entirely"])[0]
+    assert np.allclose(single, batch, atol=1e-5)
+
+
+def test_tampered_files_are_refused(tmp_path, monkeypatch):
+    fake = tmp_path / "model.onnx"
+    fake.write_bytes(b"not the model")
+    monkeypatch.setattr(embedder, "_model_path", lambda: fake)
+    with pytest.raises(embedder.EmbedderAssetError, match="sha256"):
+        embedder.MiniLMEmbedder()

@@ -1,0 +1,55 @@
+import subprocess
+import sys
+
+import pytest
+
+from memsite import env
+from tests.environment import ROOT
+
+
+def test_typed_helpers(monkeypatch):
+    monkeypatch.setenv("X_INT", "12")
+    monkeypatch.setenv("X_BOOL", "off")
+    monkeypatch.setenv("X_LIST", "a, b,,c")
+    assert env.env_int("X_INT", 1) == 12
+    assert env.env_bool("X_BOOL", True) is False
+    assert env.env_list("X_LIST", []) == ["a", "b", "c"]
+    assert env.env_int("X_MISSING", 7) == 7
+
+
+@pytest.mark.parametrize(
+    ("helper", "value"),
+    [(lambda: env.env_int("X", 1), "twelve"), (lambda: env.env_bool("X", True), "maybe"),
+     (lambda: env.env_int("X", 1, minimum=1), "0"), (lambda: env.env_float("X", 1.0), "fast"),
+     (lambda: env.env_choice("X", "a", ("a", "b")), "c")],
+)  # fmt: skip
+def test_bad_values_fail_loudly(monkeypatch, helper, value):
+    monkeypatch.setenv("X", value)
+    with pytest.raises(env.ConfigError, match="X must"):
+        helper()
+
+
+def _import_settings(**overrides):
+    import os
+
+    child_env = {**os.environ, **overrides}
+    return subprocess.run(
+        [sys.executable, "-c", "import memsite.settings"], cwd=ROOT, env=child_env, capture_output=True, text=True
+    )
+
+
+def test_production_needs_a_secret_key():
+    result = _import_settings(MEMSITE_ENV="production", DJANGO_SECRET_KEY="")
+    assert result.returncode != 0
+    assert "DJANGO_SECRET_KEY must be set" in result.stderr
+
+
+def test_bad_port_is_refused():
+    result = _import_settings(PORT="eighty")
+    assert result.returncode != 0
+    assert "PORT must be an integer" in result.stderr
+
+
+def test_gemini_embedder_needs_a_key():
+    result = _import_settings(EMBEDDER="gemini")
+    assert "EMBEDDER=gemini needs GOOGLE_API_KEY" in result.stderr
