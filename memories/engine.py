@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import connections
 
 from memories.scope import MemoryScope
+from memories.vector_schema import vector_table_dims
 from memsite.dbconf import database_conninfo
 
 logger = logging.getLogger(__name__)
@@ -258,3 +259,10 @@ def engine_ping() -> None:
     tables = _call("list_cols", memory.vector_store.list_cols)
     if settings.MEMORY_COLLECTION not in tables:
         raise EngineError(f"vector table {settings.MEMORY_COLLECTION!r} is missing; run migrate")
+    with connections["default"].cursor() as cursor:
+        dims = vector_table_dims(cursor, settings.MEMORY_COLLECTION)
+    if dims != settings.EMBEDDING_DIMS:
+        raise EngineError(
+            f"vector table {settings.MEMORY_COLLECTION!r} holds {dims}-d vectors but the embedder "
+            f"makes {settings.EMBEDDING_DIMS}-d ones; re-create the table and re-embed"
+        )

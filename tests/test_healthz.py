@@ -23,6 +23,13 @@ def test_engine_failure_is_named(client, settings):
     assert "no_such_table" in body["errors"]["engine"]
 
 
+def test_embedding_dimension_mismatch_is_named(client, settings):
+    settings.EMBEDDING_DIMS = 1536
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    assert "384-d vectors" in response.json()["errors"]["engine"]
+
+
 def test_database_failure_is_named(client):
     real_name = connection.settings_dict["NAME"]
     connection.close()

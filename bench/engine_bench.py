@@ -1,0 +1,120 @@
+"""Engine add and search latency for one user at 1k and 10k memories.
+
+Runs the real engine (mem0 in-process, pgvector exact scan, MiniLM ONNX embedder) on
+its own embedded database under var/bench (or DATABASE_URL). Prints p50/p95/p99 and
+throughput; writes JSON to bench/results/.
+
+    bench/run engine [--sizes 1000 10000] [--queries 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SUBJECTS = ["my sister", "our landlord", "the dentist", "my manager", "the kids", "grandma", "my friend Tom", "the vet"]
+VERBS = ["booked", "cancelled", "moved", "paid for", "forgot", "asked about", "recommended", "complained about"]
+OBJECTS = [
+    "the flight to Lisbon", "a table at the Thai place", "the piano lessons", "the car insurance",
+    "the hiking trip", "a new laptop", "the electricity bill", "tickets for the concert", "the yoga class",
+    "the birthday party", "a vegetarian cookbook", "the broken dishwasher",
+]  # fmt: skip
+WHEN = ["on Monday", "last week", "in March", "yesterday", "for next summer", "twice this month", "at 7pm"]
+
+
+def synthetic_fact(rng: random.Random, i: int) -> str:
+    return f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(WHEN)} (#{i})"
+
+
+def synthetic_query(rng: random.Random) -> str:
+    return f"what did {rng.choice(SUBJECTS)} do about {rng.choice(OBJECTS)}?"
+
+
+def percentiles(samples_ms: list[float]) -> dict[str, float]:
+    ordered = sorted(samples_ms)
+    cuts = statistics.quantiles(ordered, n=100, method="inclusive")
+    return {
+        "n": len(ordered),
+        "p50_ms": round(cuts[49], 2),
+        "p95_ms": round(cuts[94], 2),
+        "p99_ms": round(cuts[98], 2),
+        "mean_ms": round(statistics.fmean(ordered), 2),
+        "per_s": round(1000 / statistics.fmean(ordered), 1),
+    }
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return (time.perf_counter() - started) * 1000
+
+
+def run(sizes: list[int], queries: int, add_samples: int) -> dict:
+    from memories import engine
+    from memories.scope import MemoryScope
+
+    scope = MemoryScope(tenant="bench", user_pk=1)
+    engine.engine_purge_user(scope)
+    rng = random.Random(42)
+    stored = 0
+    results = {}
+    for size in sorted(sizes):
+        add_ms = []
+        while stored < size:
+            text = synthetic_fact(rng, stored)
+            elapsed = timed(lambda text=text: engine.engine_add_text(scope, text=text))
+            stored += 1
+            if size - stored < add_samples:
+                add_ms.append(elapsed)
+            if stored % 1000 == 0:
+                print(f"  stored {stored}", file=sys.stderr)
+        search_ms = [
+            timed(lambda q=synthetic_query(rng): engine.engine_search(scope, query=q, top_k=10)) for _ in range(queries)
+        ]
+        results[str(size)] = {"add": percentiles(add_ms), "search": percentiles(search_ms)}
+        print(f"{size:>6} memories  add    {results[str(size)]['add']}")
+        print(f"{size:>6} memories  search {results[str(size)]['search']}")
+    engine.engine_purge_user(scope)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--add-samples", type=int, default=200, help="adds timed just before each size")
+    args = parser.parse_args()
+
+    os.environ.setdefault("MEMSITE_DATA_DIR", str(ROOT / "var" / "bench"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from memsite.launcher import embedded_database_for_command
+
+    with embedded_database_for_command():
+        call_command("migrate", verbosity=0)
+        results = run(args.sizes, args.queries, args.add_samples)
+        from memories.engine import engine_close
+
+        engine_close()
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(exist_ok=True)
+    out = out_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps({"benchmark": "engine", "results": results}, indent=2))
+    print(f"wrote {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
