@@ -1,36 +1,159 @@
-"""The MCP server at /engines/memory/mcp (official `mcp` SDK, stateless, JSON)."""
+"""The MCP server at /engines/memory/mcp: official `mcp` SDK, stateless, JSON responses.
 
+We use the SDK's low-level server so that argument validation is ours: every bad
+argument becomes a tool result with `isError: true` and a stable `code`, exactly like
+the REST API's errors. Unknown tools and malformed requests are JSON-RPC errors.
+Authentication happens before the SDK sees the request (`BearerAuthMiddleware`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import mcp_types as types
+from asgiref.sync import sync_to_async
 from django.conf import settings
-from mcp.server.mcpserver import MCPServer
+from django.db import close_old_connections
+from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
 
-MCP_PATH = "/engines/memory/mcp"
+from memories.auth import Principal, authenticate_bearer, public_base_url, www_authenticate
+from memories.errors import ErrorCode, ServiceError
+from memories.mcp_paths import MCP_PATH
+from memories.operations import OPERATIONS, operation_execute
 
-server = MCPServer(
-    name="memsite-memory",
-    instructions="Personal memory for the authenticated user: remember, recall and curate facts.",
+logger = logging.getLogger(__name__)
+
+PRINCIPAL_KEY = "memsite.principal"
+MAX_REQUEST_BODY_BYTES = 256 * 1024
+
+
+def _tool(operation) -> types.Tool:
+    return types.Tool(
+        name=operation.name,
+        title=operation.title,
+        description=operation.description,
+        input_schema=operation.input_model.model_json_schema(),
+        annotations=types.ToolAnnotations(
+            title=operation.title,
+            read_only_hint=operation.read_only,
+            destructive_hint=operation.destructive,
+            idempotent_hint=operation.idempotent,
+            open_world_hint=False,
+        ),
+    )
+
+
+TOOLS = [_tool(op) for op in OPERATIONS.values()]
+
+
+def _result(data: dict[str, Any], *, is_error: bool = False) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(text=json.dumps(data, ensure_ascii=False))],
+        structured_content=data,
+        is_error=is_error,
+    )
+
+
+def _run_in_thread(principal: Principal, name: str, arguments: Any) -> dict[str, Any]:
+    close_old_connections()
+    try:
+        return operation_execute(principal, name, arguments)
+    finally:
+        close_old_connections()
+
+
+async def list_tools(ctx, params) -> types.ListToolsResult:  # noqa: ARG001 - SDK handler signature
+    return types.ListToolsResult(tools=TOOLS)
+
+
+async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+    if params.name not in OPERATIONS:
+        raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
+    principal = (ctx.request.scope if ctx.request is not None else {}).get(PRINCIPAL_KEY)
+    if principal is None:  # the middleware lets nothing unauthenticated through
+        raise MCPError(types.INVALID_REQUEST, "unauthenticated")
+    try:
+        data = await sync_to_async(_run_in_thread, thread_sensitive=False)(principal, params.name, params.arguments)
+    except ServiceError as exc:
+        return _result({"error": exc.as_dict()}, is_error=True)
+    except Exception:
+        logger.exception("tool %s failed unexpectedly", params.name)
+        error = ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "The memory service failed; retry later.")
+        return _result({"error": error.as_dict()}, is_error=True)
+    return _result(data)
+
+
+server = Server(
+    "memsite-memory",
+    version="1",
+    instructions="Personal memory for the authenticated user: remember, recall and curate facts about them.",
+    on_list_tools=list_tools,
+    on_call_tool=call_tool,
 )
 
 
 def _transport_security() -> TransportSecuritySettings:
-    hosts = []
-    origins = []
+    hosts: list[str] = []
+    origins: list[str] = list(settings.CSRF_TRUSTED_ORIGINS)
     for host in settings.ALLOWED_HOSTS:
         if host == "*":
             return TransportSecuritySettings(enable_dns_rebinding_protection=False)
         hosts += [host, f"{host}:*"]
-        origins += [f"http://{host}", f"http://{host}:*", f"https://{host}", f"https://{host}:*"]
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=hosts,
-        allowed_origins=origins + list(settings.CSRF_TRUSTED_ORIGINS),
-    )
+        origins += [f"{scheme}://{host}{port}" for scheme in ("http", "https") for port in ("", ":*")]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
+
+
+class BearerAuthMiddleware:
+    """401 (with RFC 9728 resource metadata) unless the bearer token is valid; otherwise
+    put the Principal into the ASGI scope for the tool handlers."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        principal = await sync_to_async(_authenticate, thread_sensitive=False)(headers.get("authorization"))
+        if principal is None:
+            base = public_base_url(scope.get("scheme", "http"), headers.get("host", "localhost"))
+            error = ServiceError(ErrorCode.UNAUTHENTICATED, "A valid bearer token is required.")
+            response = JSONResponse(
+                {"error": error.as_dict()},
+                status_code=401,
+                headers={
+                    "WWW-Authenticate": www_authenticate(
+                        base, error="invalid_token" if headers.get("authorization") else None
+                    )
+                },
+            )
+            await response(scope, receive, send)
+            return
+        await self.app({**scope, PRINCIPAL_KEY: principal}, receive, send)
+
+
+def _authenticate(authorization: str | None) -> Principal | None:
+    close_old_connections()
+    try:
+        return authenticate_bearer(authorization)
+    finally:
+        close_old_connections()
 
 
 def build_mcp_app():
-    return server.streamable_http_app(
+    """The Starlette app serving MCP_PATH; it also owns the ASGI lifespan."""
+    app = server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         stateless_http=True,
         json_response=True,
         transport_security=_transport_security(),
+        max_request_body_size=MAX_REQUEST_BODY_BYTES,
     )
+    return app, BearerAuthMiddleware(app)

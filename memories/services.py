@@ -4,11 +4,32 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from memories.models import ApiKey
+from memories.engine import (
+    EngineError,
+    LlmUnavailable,
+    engine_add_text,
+    engine_delete,
+    engine_get,
+    engine_ingest,
+    engine_purge_user,
+    engine_update,
+    llm_configured,
+)
+from memories.errors import ErrorCode, ServiceError, not_found
+from memories.locks import advisory_lock
+from memories.models import ApiKey, ContentHash
+from memories.ratelimit import rate_limit_consume
+from memories.scope import MemoryScope
+from memories.selectors import MemoryView, backend_unavailable, memory_count, memory_get_owned, memory_view
 
 KEY_ID_BYTES = 6  # 12 hex chars: the public, unique lookup part
 SECRET_BYTES = 32
@@ -48,3 +69,130 @@ def api_key_authenticate(*, token: str) -> ApiKey | None:
 def api_key_revoke(*, user, key_id: str) -> bool:
     updated = ApiKey.objects.filter(user=user, key_id=key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
     return updated == 1
+
+
+# --- memories ---------------------------------------------------------------------------
+def content_sha256(text: str) -> str:
+    """Hash of the normalised text: Unicode NFKC, whitespace collapsed, case folded."""
+    normalised = " ".join(unicodedata.normalize("NFKC", text).split()).casefold()
+    return hashlib.sha256(normalised.encode()).hexdigest()
+
+
+def _system_metadata(scope: MemoryScope, *, source: str, pinned: bool, metadata: dict[str, Any] | None) -> dict:
+    return {**(metadata or {}), "pinned": pinned, "source": source, "client_app": scope.client_app}
+
+
+def _llm_unavailable() -> ServiceError:
+    return ServiceError(ErrorCode.LLM_UNAVAILABLE, "ingest needs an LLM and none is configured; use remember instead.")
+
+
+@contextmanager
+def _engine_errors() -> Iterator[None]:
+    try:
+        yield
+    except LlmUnavailable:
+        raise _llm_unavailable() from None
+    except EngineError as exc:
+        raise backend_unavailable() from exc
+
+
+@dataclass(frozen=True)
+class RememberResult:
+    id: str
+    duplicate: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "duplicate": self.duplicate}
+
+
+def memory_remember(
+    scope: MemoryScope, *, memory: str, pinned: bool = False, metadata: dict[str, Any] | None = None
+) -> RememberResult:
+    """Store one curated fact verbatim (no LLM). The same text twice is stored once."""
+    rate_limit_consume(scope, operation="remember")
+    digest = content_sha256(memory)
+    with advisory_lock(f"remember:{scope.engine_user_id}:{digest}"), _engine_errors():
+        known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).first()
+        if known is not None:
+            existing = engine_get(str(known.memory_id))
+            if existing is not None and existing.user_id == scope.engine_user_id:
+                return RememberResult(id=existing.id, duplicate=True)
+            known.delete()  # the memory went away behind the hash's back
+        memory_id = engine_add_text(
+            scope,
+            text=memory.strip(),
+            metadata=_system_metadata(scope, source="remember", pinned=pinned, metadata=metadata),
+        )
+        ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
+    return RememberResult(id=memory_id, duplicate=False)
+
+
+def memory_ingest(
+    scope: MemoryScope, *, messages: list[dict[str, str]], metadata: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """mem0's extraction pipeline over a conversation turn (one LLM call)."""
+    if not llm_configured():
+        raise _llm_unavailable()
+    rate_limit_consume(scope, operation="ingest")
+    with _engine_errors():
+        added = engine_ingest(
+            scope,
+            messages=messages,
+            metadata=_system_metadata(scope, source="ingest", pinned=False, metadata=metadata),
+        )
+    return [{"id": str(a.get("id")), "memory": a.get("memory"), "event": a.get("event")} for a in added]
+
+
+def memory_update(
+    scope: MemoryScope,
+    *,
+    memory_id: str,
+    memory: str | None = None,
+    pinned: bool | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> MemoryView:
+    """Change text, pin state or metadata of one of the scope's memories. Metadata is
+    merged, never wiped. Serialised per memory with concurrent updates and deletes."""
+    rate_limit_consume(scope, operation="update_memory")
+    changes = dict(metadata or {})
+    if pinned is not None:
+        changes["pinned"] = pinned
+    with advisory_lock(f"memory:{memory_id}"):
+        memory_get_owned(scope, memory_id=memory_id)
+        with _engine_errors():
+            engine_update(memory_id, text=memory.strip() if memory is not None else None, metadata=changes or None)
+            updated = engine_get(memory_id)
+        if memory is not None:
+            ContentHash.objects.filter(memory_id=memory_id).delete()
+            ContentHash.objects.bulk_create(
+                [ContentHash(engine_user_id=scope.engine_user_id, sha256=content_sha256(memory), memory_id=memory_id)],
+                ignore_conflicts=True,
+            )
+    if updated is None:
+        raise not_found()
+    return memory_view(updated)
+
+
+def memory_delete(scope: MemoryScope, *, memory_id: str) -> None:
+    rate_limit_consume(scope, operation="delete_memory")
+    with advisory_lock(f"memory:{memory_id}"):
+        memory_get_owned(scope, memory_id=memory_id)
+        with _engine_errors():
+            engine_delete(memory_id)
+        ContentHash.objects.filter(memory_id=memory_id).delete()
+
+
+def memory_clear_all(scope: MemoryScope, *, confirm: bool) -> int:
+    """Delete every memory of the scope's user, their dedupe hashes and mem0's raw
+    messages (so a later ingest cannot bring cleared facts back). Returns the count."""
+    if confirm is not True:
+        raise ServiceError(
+            ErrorCode.CONFIRMATION_REQUIRED, "clear_all_memory deletes all your memories; call it with confirm: true."
+        )
+    rate_limit_consume(scope, operation="clear_all_memory")
+    with advisory_lock(f"clear_all:{scope.engine_user_id}"):
+        count = memory_count(scope)
+        with _engine_errors():
+            engine_purge_user(scope)
+        ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
+    return count

@@ -28,6 +28,21 @@ def create_vector_tables(schema_editor) -> None:
             schema_editor.execute(statement.as_string())
 
 
+def create_paging_index(schema_editor) -> None:
+    """Keyset paging of one user's memories in creation order (list_memory)."""
+    table = settings.MEMORY_COLLECTION
+    schema_editor.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ((payload->>'user_id'), (payload->>'created_at'), id)")
+        .format(sql.Identifier(f"{table}_user_created_idx"), sql.Identifier(table))
+        .as_string()
+    )
+
+
+def drop_paging_index(schema_editor) -> None:
+    name = f"{settings.MEMORY_COLLECTION}_user_created_idx"
+    schema_editor.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)).as_string())
+
+
 def drop_vector_tables(schema_editor) -> None:
     for table in vector_table_names():
         schema_editor.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)).as_string())

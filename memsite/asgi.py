@@ -9,13 +9,16 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
 django_app = get_asgi_application()
 
-from memories.mcp import MCP_PATH, build_mcp_app  # noqa: E402 - needs Django set up
+from memories.mcp import build_mcp_app  # noqa: E402 - needs Django set up
+from memories.mcp_paths import MCP_PATH  # noqa: E402
 
-mcp_app = build_mcp_app()
+mcp_app, authenticated_mcp_app = build_mcp_app()
 
 
 async def application(scope, receive, send):
-    if scope["type"] == "lifespan" or scope["type"] == "http" and scope["path"].rstrip("/") == MCP_PATH:
+    if scope["type"] == "lifespan":
         await mcp_app(scope, receive, send)
+    elif scope["type"] == "http" and scope["path"].rstrip("/") == MCP_PATH:
+        await authenticated_mcp_app(scope, receive, send)
     else:
         await django_app(scope, receive, send)

@@ -81,3 +81,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
 def env_path(name: str, default: Path) -> Path:
     raw = env_str(name)
     return Path(raw).expanduser().resolve() if raw else default
+
+
+_WINDOWS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def env_rate(name: str, default: str) -> tuple[int, int]:
+    """`N/unit` (unit: second, minute, hour, day) as (limit, window seconds). `0` disables."""
+    raw = (env_str(name) or default).strip().lower()
+    if raw in ("0", "off"):
+        return 0, 60
+    count, _, unit = raw.partition("/")
+    try:
+        limit = int(count)
+    except ValueError:
+        raise ConfigError(f"{name} must look like 60/minute or 0, got {raw!r}") from None
+    if unit not in _WINDOWS or limit < 0:
+        raise ConfigError(f"{name} must look like 60/minute (units: {', '.join(_WINDOWS)}), got {raw!r}")
+    return limit, _WINDOWS[unit]

@@ -18,6 +18,7 @@ from memsite.env import (
     env_int,
     env_list,
     env_path,
+    env_rate,
     env_str,
 )
 
@@ -48,6 +49,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_beat",
+    "rest_framework",
+    "drf_spectacular",
     "memsite",
     "memories",
     "billing",
@@ -135,6 +138,58 @@ MEMORY_COLLECTION = env_str("MEMORY_COLLECTION", "memories")
 MEMORY_HNSW = env_bool("MEMORY_HNSW", False)
 MEM0_DIR = DATA_DIR / "mem0"
 
+# Where clients reach us (behind a proxy); otherwise derived from each request.
+PUBLIC_BASE_URL = (env_str("PUBLIC_BASE_URL") or "").rstrip("/") or None
+
+# --- Memory operations --------------------------------------------------------------
+# Recency decay for non-pinned search results: the score halves every N days.
+SEARCH_DECAY_HALF_LIFE_DAYS = env_float("SEARCH_DECAY_HALF_LIFE_DAYS", 30.0, minimum=0.01)
+# Candidates fetched per requested result, so decay can re-rank beyond the top k.
+SEARCH_CANDIDATE_FACTOR = env_int("SEARCH_CANDIDATE_FACTOR", 3, minimum=1)
+MEMORY_LOCK_TIMEOUT_S = env_float("MEMORY_LOCK_TIMEOUT_S", 10.0, minimum=0.1)
+
+# Per user and operation: "N/second|minute|hour|day"; 0 disables a limit.
+MEMORY_OPERATIONS = (
+    "search_memory", "remember", "ingest", "update_memory", "delete_memory", "list_memory", "clear_all_memory",
+)  # fmt: skip
+_RATE_DEFAULTS = {
+    "search_memory": "120/minute",
+    "remember": "60/minute",
+    "ingest": "20/minute",
+    "update_memory": "60/minute",
+    "delete_memory": "60/minute",
+    "list_memory": "120/minute",
+    "clear_all_memory": "5/hour",
+}
+RATE_LIMITS = {op: env_rate(f"RATE_LIMIT_{op.upper()}", default) for op, default in _RATE_DEFAULTS.items()}
+
+# --- Authentication -------------------------------------------------------------------
+# Agents send `Authorization: Bearer <token>`: a per-user API key (msk_...) or, when
+# OIDC_ISSUER is set, an OIDC access token (JWT) from that provider.
+OIDC_ISSUER = env_str("OIDC_ISSUER")
+OIDC_AUDIENCE = env_str("OIDC_AUDIENCE")
+OIDC_JWKS_URL = env_str("OIDC_JWKS_URL")
+OIDC_ALGORITHMS = env_list("OIDC_ALGORITHMS", ["RS256", "ES256"])
+if OIDC_ISSUER and not OIDC_AUDIENCE:
+    raise ConfigError("OIDC_ISSUER needs OIDC_AUDIENCE (the audience our access tokens carry)")
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["memories.api_auth.BearerTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "memories.api_errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "memsite memory API",
+    "DESCRIPTION": "The seven memory operations of the MCP endpoint, over REST.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "OAS_VERSION": "3.1.0",
+}
+
 # --- Celery -----------------------------------------------------------------------
 # Default broker: kombu's SQLAlchemy transport on the same Postgres (no Redis needed).
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or sqlalchemy_url(_default_db, scheme="sqla+postgresql+psycopg")
@@ -150,6 +205,7 @@ CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "memsite.worker_heartbeat", "schedule": 60.0},
     "broker-cleanup": {"task": "memsite.broker_cleanup", "schedule": 600.0},
+    "rate-windows-prune": {"task": "memories.rate_windows_prune", "schedule": 3600.0},
 }
 BROKER_MESSAGE_RETENTION_S = env_int("BROKER_MESSAGE_RETENTION_S", 3600, minimum=0)
 

@@ -1,9 +1,15 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
+from memories.mcp_paths import MCP_PATH, PROTECTED_RESOURCE_PATH
+from memories.views import protected_resource_metadata
 from memsite.views import healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path(PROTECTED_RESOURCE_PATH.lstrip("/"), protected_resource_metadata, name="oauth-protected-resource"),
+    # RFC 9728 path-suffixed form for the MCP resource.
+    path(PROTECTED_RESOURCE_PATH.lstrip("/") + MCP_PATH, protected_resource_metadata),
+    path("v1/", include("memories.urls")),
     path("admin/", admin.site.urls),
 ]

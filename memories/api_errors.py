@@ -1,0 +1,42 @@
+"""Every REST error as `{"error": {"code", "message", ...}}`, with the MCP codes."""
+
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from memories.errors import ErrorCode, ServiceError
+
+_DRF_CODES = {
+    status.HTTP_400_BAD_REQUEST: ErrorCode.INVALID_ARGUMENT,
+    status.HTTP_401_UNAUTHORIZED: ErrorCode.UNAUTHENTICATED,
+    status.HTTP_403_FORBIDDEN: ErrorCode.UNAUTHENTICATED,
+    status.HTTP_404_NOT_FOUND: ErrorCode.NOT_FOUND,
+    status.HTTP_405_METHOD_NOT_ALLOWED: ErrorCode.INVALID_ARGUMENT,
+    status.HTTP_406_NOT_ACCEPTABLE: ErrorCode.INVALID_ARGUMENT,
+    status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: ErrorCode.PAYLOAD_TOO_LARGE,
+    status.HTTP_415_UNSUPPORTED_MEDIA_TYPE: ErrorCode.INVALID_ARGUMENT,
+    status.HTTP_429_TOO_MANY_REQUESTS: ErrorCode.RATE_LIMITED,
+}
+
+
+def service_error_response(exc: ServiceError) -> Response:
+    response = Response({"error": exc.as_dict()}, status=exc.http_status)
+    if exc.retry_after_s is not None:
+        response["Retry-After"] = str(exc.retry_after_s)
+    return response
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, ServiceError):
+        return service_error_response(exc)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None  # unexpected: Django logs it and answers 500 without details
+    code = _DRF_CODES.get(response.status_code, ErrorCode.INVALID_ARGUMENT)
+    if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+        message = "A valid bearer token is required."
+    else:
+        detail = getattr(exc, "detail", None)
+        message = detail if isinstance(detail, str) else "The request was not valid."
+    response.data = {"error": {"code": code.value, "message": str(message)}}
+    return response

@@ -1,0 +1,74 @@
+"""Who is calling: a bearer token (API key or OIDC access token) to a Principal.
+
+The Principal is the only source of a MemoryScope. Nothing a client sends in a body
+or a header other than `Authorization` selects whose memories are touched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from django.conf import settings
+
+from memories.mcp_paths import PROTECTED_RESOURCE_PATH
+from memories.scope import MemoryScope
+from memories.services import api_key_authenticate
+
+
+@dataclass(frozen=True)
+class Principal:
+    user: object
+    method: Literal["api_key", "oidc", "session"]
+    client_app: str | None = None
+    credential_id: str | None = None
+
+    def scope(self) -> MemoryScope:
+        return MemoryScope.for_user(self.user, client_app=self.client_app)
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or len(token) > 8192:
+        return None
+    return token
+
+
+def authenticate_bearer(authorization: str | None) -> Principal | None:
+    """Check an `Authorization` header value. Touches the database (and, for OIDC, may
+    fetch the provider's JWKS); call from a thread in async code."""
+    token = bearer_token(authorization)
+    if token is None:
+        return None
+    if token.startswith("msk_"):
+        api_key = api_key_authenticate(token=token)
+        if api_key is None:
+            return None
+        return Principal(
+            user=api_key.user,
+            method="api_key",
+            client_app=api_key.name or f"key:{api_key.key_id}",
+            credential_id=api_key.key_id,
+        )
+    if settings.OIDC_ISSUER:
+        from memories.oidc import oidc_principal
+
+        return oidc_principal(token)
+    return None
+
+
+def protected_resource_metadata_url(base_url: str) -> str:
+    return f"{base_url}{PROTECTED_RESOURCE_PATH}"
+
+
+def www_authenticate(base_url: str, *, error: str | None = "invalid_token") -> str:
+    value = f'Bearer resource_metadata="{protected_resource_metadata_url(base_url)}"'
+    if error:
+        value += f', error="{error}"'
+    return value
+
+
+def public_base_url(scheme: str, host: str) -> str:
+    return settings.PUBLIC_BASE_URL or f"{scheme}://{host}"

@@ -1,0 +1,58 @@
+"""Domain failures with a stable machine-readable code, shared by MCP, REST and the UI."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ErrorCode(models.TextChoices):
+    NOT_FOUND = "not_found"
+    INVALID_ARGUMENT = "invalid_argument"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    RATE_LIMITED = "rate_limited"
+    CONFIRMATION_REQUIRED = "confirmation_required"
+    LLM_UNAVAILABLE = "llm_unavailable"
+    BACKEND_UNAVAILABLE = "backend_unavailable"
+    CONFLICT = "conflict"
+    UNAUTHENTICATED = "unauthenticated"
+
+
+HTTP_STATUS = {
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.INVALID_ARGUMENT: 400,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.CONFIRMATION_REQUIRED: 400,
+    ErrorCode.LLM_UNAVAILABLE: 503,
+    ErrorCode.BACKEND_UNAVAILABLE: 503,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.UNAUTHENTICATED: 401,
+}
+
+
+class ServiceError(Exception):
+    """A failure the caller can act on. `message` is for humans and never holds secrets."""
+
+    def __init__(self, code: ErrorCode, message: str, *, retry_after_s: int | None = None, details=None):
+        super().__init__(message)
+        self.code = ErrorCode(code)
+        self.message = message
+        self.retry_after_s = retry_after_s
+        self.details = details
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+    def as_dict(self) -> dict:
+        body = {"code": self.code.value, "message": self.message}
+        if self.retry_after_s is not None:
+            body["retry_after_s"] = self.retry_after_s
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+def not_found() -> ServiceError:
+    # One message for "missing" and "someone else's": the two must be indistinguishable.
+    return ServiceError(ErrorCode.NOT_FOUND, "No memory with that id.")

@@ -1,0 +1,183 @@
+"""Reads. Keyword-only functions taking a MemoryScope first; they never see another
+user's memory (it behaves exactly like a missing one)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+from django.db.models.fields.json import KT
+
+from memories.engine import EngineError, EngineMemory, engine_get, engine_search
+from memories.errors import ErrorCode, ServiceError, not_found
+from memories.models import EngineMemoryRow
+from memories.ratelimit import rate_limit_consume
+from memories.scope import MemoryScope
+
+# Metadata keys the service writes; everything else in metadata is the client's own.
+SYSTEM_KEYS = ("pinned", "source", "client_app")
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    id: str
+    memory: str
+    pinned: bool
+    metadata: dict[str, Any]
+    source: str | None
+    client_app: str | None
+    created_at: str | None
+    updated_at: str | None
+    score: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.score is None:
+            data.pop("score")
+        return data
+
+
+def memory_view(item: EngineMemory, *, score: float | None = None) -> MemoryView:
+    metadata = dict(item.metadata)
+    system = {key: metadata.pop(key, None) for key in SYSTEM_KEYS}
+    return MemoryView(
+        id=item.id,
+        memory=item.text,
+        pinned=bool(system["pinned"]),
+        metadata=metadata,
+        source=system["source"],
+        client_app=system["client_app"],
+        created_at=item.created_at,
+        updated_at=item.updated_at,
+        score=score,
+    )
+
+
+def backend_unavailable() -> ServiceError:
+    return ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "The memory engine is unavailable; retry later.")
+
+
+def memory_get_owned(scope: MemoryScope, *, memory_id: str) -> EngineMemory:
+    """The memory if it is the scope's; `not_found` for missing and foreign ids alike."""
+    try:
+        item = engine_get(memory_id)
+    except EngineError as exc:
+        raise backend_unavailable() from exc
+    if item is None or item.user_id != scope.engine_user_id:
+        raise not_found()
+    return item
+
+
+def memory_get(scope: MemoryScope, *, memory_id: str) -> MemoryView:
+    return memory_view(memory_get_owned(scope, memory_id=memory_id))
+
+
+# --- search ---------------------------------------------------------------------------
+def _age_days(item: EngineMemory, now: datetime) -> float:
+    stamp = item.updated_at or item.created_at
+    if not stamp:
+        return 0.0
+    try:
+        when = datetime.fromisoformat(stamp)
+    except ValueError:
+        return 0.0
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (now - when).total_seconds() / 86400)
+
+
+def decayed_score(item: EngineMemory, *, now: datetime) -> float:
+    """Pinned memories keep their score; others halve every half-life of age."""
+    score = item.score or 0.0
+    if item.metadata.get("pinned"):
+        return score
+    return score * 0.5 ** (_age_days(item, now) / settings.SEARCH_DECAY_HALF_LIFE_DAYS)
+
+
+def memory_search(
+    scope: MemoryScope, *, query: str, top_k: int, filters: dict[str, Any] | None = None
+) -> list[MemoryView]:
+    rate_limit_consume(scope, operation="search_memory")
+    try:
+        candidates = engine_search(
+            scope, query=query, top_k=min(100, top_k * settings.SEARCH_CANDIDATE_FACTOR), filters=filters
+        )
+    except EngineError as exc:
+        raise backend_unavailable() from exc
+    now = datetime.now(UTC)
+    ranked = sorted(((decayed_score(c, now=now), c) for c in candidates), key=lambda pair: pair[0], reverse=True)
+    return [memory_view(item, score=round(score, 6)) for score, item in ranked[:top_k]]
+
+
+# --- list -----------------------------------------------------------------------------
+def _encode_cursor(created_at: str, memory_id: str) -> str:
+    raw = json.dumps([created_at, memory_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        created_at, memory_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if not isinstance(created_at, str) or not isinstance(memory_id, str):
+            raise ValueError
+        return created_at, memory_id
+    except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "cursor is not one this server issued") from None
+
+
+def owned_rows(scope: MemoryScope, *, filters: dict[str, Any] | None = None):
+    rows = EngineMemoryRow.objects.annotate(owner=KT("payload__user_id"), created=KT("payload__created_at")).filter(
+        owner=scope.engine_user_id
+    )
+    for key, value in (filters or {}).items():
+        rows = rows.filter(**{f"payload__{key}": value})
+    return rows
+
+
+@dataclass(frozen=True)
+class MemoryPage:
+    memories: list[MemoryView]
+    next_cursor: str | None
+
+
+def memory_list(
+    scope: MemoryScope, *, cursor: str | None = None, page_size: int = 50, filters: dict[str, Any] | None = None
+) -> MemoryPage:
+    """One page in creation order (oldest first, id breaking ties): each memory
+    appears exactly once across pages, even while new ones are added."""
+    rate_limit_consume(scope, operation="list_memory")
+    rows = owned_rows(scope, filters=filters)
+    if cursor:
+        created_at, memory_id = _decode_cursor(cursor)
+        rows = rows.filter(Q(created__gt=created_at) | Q(created=created_at, id__gt=memory_id))
+    page = list(rows.order_by("created", "id")[: page_size + 1])
+    views = [memory_view(_row_to_engine(row)) for row in page[:page_size]]
+    next_cursor = None
+    if len(page) > page_size:
+        last = page[page_size - 1]
+        next_cursor = _encode_cursor(last.created or "", str(last.id))
+    return MemoryPage(memories=views, next_cursor=next_cursor)
+
+
+def _row_to_engine(row: EngineMemoryRow) -> EngineMemory:
+    payload = dict(row.payload)
+    core = {"data", "hash", "created_at", "updated_at", "user_id", "text_lemmatized", "role", "actor_id"}
+    return EngineMemory(
+        id=str(row.id),
+        text=payload.get("data", ""),
+        user_id=payload.get("user_id", ""),
+        metadata={k: v for k, v in payload.items() if k not in core},
+        created_at=payload.get("created_at"),
+        updated_at=payload.get("updated_at"),
+    )
+
+
+def memory_count(scope: MemoryScope) -> int:
+    return owned_rows(scope).count()
