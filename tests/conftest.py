@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -129,3 +130,129 @@ def celery_worker_process(transactional_db, tmp_path):  # noqa: ARG001 - needs t
     worker.start()
     yield worker
     worker.stop()
+
+
+# --- live server, MCP client, fakes ---------------------------------------------------
+@pytest.fixture(scope="session")
+def fake_llm():
+    from tests.fakes import FakeOpenAI
+
+    server = FakeOpenAI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def memsite_server_process(django_db_setup, fake_llm, tmp_path_factory):  # noqa: ARG001 - needs the test DB
+    """uvicorn serving memsite.asgi on the test database, with an OpenAI-compatible fake LLM."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("live") / "web.log"
+    env = service_env(LLM_BASE_URL=f"{fake_llm.url}/v1", LLM_MODEL="fake-model", LLM_API_KEY="fake-key")
+    log = open(log_path, "ab")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "memsite.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    log.close()
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"live server exited:\n{log_path.read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    wait_for(up, timeout=60, what="live server")
+    yield {"url": url, "log": log_path}
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(30)
+
+
+@pytest.fixture
+def memsite_server(memsite_server_process, transactional_db, clean_vectors):  # noqa: ARG001
+    return memsite_server_process["url"]
+
+
+@pytest.fixture
+def alice_key(alice) -> str:
+    from memories.services import api_key_issue
+
+    return api_key_issue(user=alice, name="alice-agent")[1]
+
+
+@pytest.fixture
+def bob_key(bob) -> str:
+    from memories.services import api_key_issue
+
+    return api_key_issue(user=bob, name="bob-agent")[1]
+
+
+class McpCaller:
+    """The official SDK client against the live server; one session per call."""
+
+    def __init__(self, url: str, token: str | None, mode: str = "legacy"):
+        self.url = f"{url}/engines/memory/mcp"
+        self.token = token
+        self.mode = mode
+        self.statuses: list[int] = []
+
+    async def _record(self, response) -> None:
+        self.statuses.append(response.status_code)
+
+    async def _session(self, work):
+        import httpx2
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        hooks = {"response": [self._record]}
+        async with httpx2.AsyncClient(headers=headers, timeout=60, event_hooks=hooks) as http:
+            transport = streamable_http_client(self.url, http_client=http)
+            async with Client(transport, mode=self.mode) as client:
+                return await work(client)
+
+    def run(self, work):
+        import asyncio
+
+        try:
+            return asyncio.run(self._session(work))
+        except BaseExceptionGroup as group:  # anyio task groups wrap what the client raised
+            while isinstance(group, BaseExceptionGroup) and len(group.exceptions) == 1:
+                group = group.exceptions[0]
+            raise group from None
+
+    def call(self, name: str, arguments: dict):
+        return self.run(lambda client: client.call_tool(name, arguments))
+
+    def ok(self, name: str, arguments: dict) -> dict:
+        result = self.call(name, arguments)
+        assert not result.is_error, result.structured_content
+        return result.structured_content
+
+    def error(self, name: str, arguments: dict) -> dict:
+        result = self.call(name, arguments)
+        assert result.is_error, result.structured_content
+        error = result.structured_content["error"]
+        assert json.loads(result.content[0].text) == result.structured_content
+        return error
+
+
+@pytest.fixture
+def mcp_as(memsite_server):
+    return lambda token, mode="legacy": McpCaller(memsite_server, token, mode)
+
+
+@pytest.fixture
+def api_client():
+    from rest_framework.test import APIClient
+
+    def make(token: str | None = None) -> APIClient:
+        client = APIClient()
+        if token:
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        return client
+
+    return make

@@ -1,0 +1,172 @@
+"""Real HTTP servers on 127.0.0.1 standing in for external services: an
+OpenAI-compatible LLM, the Gemini API and an OIDC provider. Each records what it was
+sent so tests can look at prompts and calls."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class FakeServer:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def _reply(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802 - http.server API
+                status, body = fake.handle("GET", self.path, self.headers, None)
+                self._reply(status, body)
+
+            def do_POST(self):  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                payload = json.loads(raw) if raw else None
+                fake.requests.append({"path": self.path, "headers": dict(self.headers), "json": payload})
+                status, body = fake.handle("POST", self.path, self.headers, payload)
+                self._reply(status, body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def start(self) -> FakeServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def handle(self, method: str, path: str, headers, payload) -> tuple[int, Any]:
+        raise NotImplementedError
+
+
+class FakeLLM(FakeServer):
+    """Answers every extraction call with the next queued list of facts (or none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queued: list[list[str]] = []
+        self.lock = threading.Lock()
+
+    def queue_facts(self, *facts: str) -> None:
+        with self.lock:
+            self.queued.append(list(facts))
+
+    def _next_content(self) -> str:
+        with self.lock:
+            facts = self.queued.pop(0) if self.queued else []
+        return json.dumps({"memory": [{"text": fact} for fact in facts]})
+
+    def prompts(self) -> list[str]:
+        raise NotImplementedError
+
+
+class FakeOpenAI(FakeLLM):
+    def handle(self, method, path, headers, payload):
+        if method == "POST" and path.endswith("/chat/completions"):
+            return 200, {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": payload.get("model", "fake"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": self._next_content()},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        return 404, {"error": {"message": f"no route {path}"}}
+
+    def prompts(self) -> list[str]:
+        return [
+            "\n".join(m["content"] for m in r["json"]["messages"])
+            for r in self.requests
+            if r["path"].endswith("/chat/completions")
+        ]
+
+
+class FakeGemini(FakeLLM):
+    def handle(self, method, path, headers, payload):
+        if method == "POST" and ":generateContent" in path:
+            return 200, {
+                "candidates": [
+                    {"content": {"role": "model", "parts": [{"text": self._next_content()}]}, "finishReason": "STOP"}
+                ],
+                "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 2},
+                "modelVersion": "fake",
+            }
+        return 404, {"error": {"code": 404, "message": f"no route {path}", "status": "NOT_FOUND"}}
+
+    def prompts(self) -> list[str]:
+        texts = []
+        for request in self.requests:
+            body = request["json"] or {}
+            parts = [p.get("text", "") for c in body.get("contents", []) for p in c.get("parts", [])]
+            system = body.get("systemInstruction") or body.get("system_instruction") or {}
+            parts += [p.get("text", "") for p in system.get("parts", [])]
+            texts.append("\n".join(parts))
+        return texts
+
+
+def _b64url(number: int) -> str:
+    raw = number.to_bytes((number.bit_length() + 7) // 8, "big")
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+class FakeOIDC(FakeServer):
+    """Discovery document and JWKS of an OIDC provider, plus a way to mint tokens."""
+
+    def __init__(self) -> None:
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        super().__init__()
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.kid = "test-key-1"
+
+    @property
+    def issuer(self) -> str:
+        return self.url
+
+    def handle(self, method, path, headers, payload):
+        if path == "/.well-known/openid-configuration":
+            return 200, {
+                "issuer": self.issuer,
+                "jwks_uri": f"{self.url}/jwks",
+                "authorization_endpoint": f"{self.url}/authorize",
+                "token_endpoint": f"{self.url}/token",
+            }
+        if path == "/jwks":
+            numbers = self.key.public_key().public_numbers()
+            jwk = {"kty": "RSA", "kid": self.kid, "use": "sig", "alg": "RS256"}
+            return 200, {"keys": [{**jwk, "n": _b64url(numbers.n), "e": _b64url(numbers.e)}]}
+        return 404, {"error": "not_found"}
+
+    def token(self, *, key=None, kid: str | None = None, **claims) -> str:
+        import jwt
+
+        now = int(time.time())
+        body = {"iss": self.issuer, "iat": now, "exp": now + 300, **claims}
+        return jwt.encode(body, key or self.key, algorithm="RS256", headers={"kid": kid or self.kid})
