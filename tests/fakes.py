@@ -37,7 +37,8 @@ class FakeServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 payload = json.loads(raw) if raw else None
-                fake.requests.append({"path": self.path, "headers": dict(self.headers), "json": payload})
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                fake.requests.append({"path": self.path, "headers": headers, "json": payload})
                 status, body = fake.handle("POST", self.path, self.headers, payload)
                 self._reply(status, body)
 

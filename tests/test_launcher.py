@@ -103,7 +103,7 @@ def service():
                 svc.process.wait(60)
 
 
-def _mcp_initialize(port: int) -> tuple[int, dict]:
+def _mcp_initialize(port: int, token: str | None = None) -> tuple[int, dict]:
     payload = {
         "jsonrpc": "2.0",
         "id": 1,
@@ -117,7 +117,11 @@ def _mcp_initialize(port: int) -> tuple[int, dict]:
     status, body = _get(
         f"http://127.0.0.1:{port}/engines/memory/mcp",
         data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"},
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            **({"Authorization": f"Bearer {token}"} if token else {}),
+        },
     )
     return status, json.loads(body) if body else {}
 
@@ -129,11 +133,12 @@ def test_start_stop_kill_restart(service):
     assert "uvicorn" in names and "worker" in names and "beat" in names and "postgres" in names
 
     status, body = _mcp_initialize(service.port)
-    assert status == 200, body
-    assert body["result"]["serverInfo"]["name"] == "memsite-memory"
-
+    assert status == 401 and body["error"]["code"] == "unauthenticated"
     key = service.manage("issue_api_key", "carol", "--create-user").strip().splitlines()[-1]
     assert key.startswith("msk_")
+    status, body = _mcp_initialize(service.port, key)
+    assert status == 200, body
+    assert body["result"]["serverInfo"]["name"] == "memsite-memory"
 
     # A second launcher on the same data dir is refused while the first runs.
     second = subprocess.run(
