@@ -8,6 +8,7 @@ import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -31,6 +32,7 @@ from memories.ratelimit import rate_limit_consume
 from memories.scope import MemoryScope
 from memories.selectors import MemoryView, backend_unavailable, memory_count, memory_get_owned, memory_view
 
+LAST_USED_RESOLUTION = timedelta(minutes=1)
 KEY_ID_BYTES = 6  # 12 hex chars: the public, unique lookup part
 SECRET_BYTES = 32
 
@@ -61,7 +63,10 @@ def api_key_authenticate(*, token: str) -> ApiKey | None:
         return None
     if not api_key.user.is_active:
         return None
-    ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=timezone.now())
+    now = timezone.now()
+    if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
+        # Once a minute is precise enough for "last used", and spares a write per call.
+        ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
     return api_key
 
 

@@ -94,8 +94,15 @@ _default_db = django_database_settings(DATA_DIR) if EMBEDDED_DATABASE else dj_da
 if env_str("DATABASE_NAME"):
     # Lets a helper process (e.g. a test worker) share a server but use another database.
     _default_db["NAME"] = env_str("DATABASE_NAME")
-_default_db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0)
-_default_db["CONN_HEALTH_CHECKS"] = True
+# A psycopg pool per process (Django >= 5.1): ASGI runs requests on short-lived threads,
+# where per-thread persistent connections would leak; a pool makes connecting ~free.
+DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 16, minimum=0)
+if DATABASE_POOL_MAX_SIZE:
+    _default_db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_MAX_SIZE, "timeout": 10}
+    _default_db["CONN_MAX_AGE"] = 0
+else:
+    _default_db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0)
+_default_db["CONN_HEALTH_CHECKS"] = not DATABASE_POOL_MAX_SIZE
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

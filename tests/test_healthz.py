@@ -33,11 +33,13 @@ def test_embedding_dimension_mismatch_is_named(client, settings):
 def test_database_failure_is_named(client):
     real_name = connection.settings_dict["NAME"]
     connection.close()
+    connection.close_pool()
     connection.settings_dict["NAME"] = "memsite_database_that_does_not_exist"
     try:
         response = client.get("/healthz")
     finally:
         connection.close()
+        connection.close_pool()
         connection.settings_dict["NAME"] = real_name
     assert response.status_code == 503
     assert response.json()["failing"] == ["database"]
