@@ -167,8 +167,10 @@ def main() -> int:
 def _clear(scope, memory_clear_all) -> None:
     from django.conf import settings
 
+    from memories.scope import CallContext
+
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "clear_all_memory": (0, 3600)}
-    memory_clear_all(scope, confirm=True)
+    memory_clear_all(scope, confirm=True, call=CallContext(channel="internal"))
 
 
 if __name__ == "__main__":

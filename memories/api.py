@@ -14,6 +14,15 @@ from rest_framework.views import APIView
 from memories import schemas
 from memories.errors import ErrorCode, ServiceError
 from memories.operations import operation_execute
+from memories.scope import CallContext
+
+
+def _call(request) -> CallContext:
+    return CallContext(
+        channel="rest",
+        ip=request.META.get("REMOTE_ADDR"),
+        user_agent=request.META.get("HTTP_USER_AGENT", "")[:300],
+    )
 
 
 def _body(request) -> dict[str, Any]:
@@ -58,37 +67,49 @@ class MemoryCollectionView(APIView):
         responses={200: dict},
     )
     def get(self, request):
-        return Response(operation_execute(request.auth, "list_memory", _list_arguments(request.query_params)))
+        return Response(
+            operation_execute(
+                request.auth, "list_memory", call=_call(request), arguments=_list_arguments(request.query_params)
+            )
+        )
 
     @extend_schema(operation_id="remember", request=schemas.RememberInput, responses={201: dict, 200: dict})
     def post(self, request):
-        data = operation_execute(request.auth, "remember", _body(request))
+        data = operation_execute(request.auth, "remember", call=_call(request), arguments=_body(request))
         return Response(data, status=status.HTTP_200_OK if data["duplicate"] else status.HTTP_201_CREATED)
 
 
 class MemorySearchView(APIView):
     @extend_schema(operation_id="search_memory", request=schemas.SearchInput, responses={200: dict})
     def post(self, request):
-        return Response(operation_execute(request.auth, "search_memory", _body(request)))
+        return Response(operation_execute(request.auth, "search_memory", call=_call(request), arguments=_body(request)))
 
 
 class MemoryIngestView(APIView):
     @extend_schema(operation_id="ingest", request=schemas.IngestInput, responses={200: dict})
     def post(self, request):
-        return Response(operation_execute(request.auth, "ingest", _body(request)))
+        return Response(operation_execute(request.auth, "ingest", call=_call(request), arguments=_body(request)))
 
 
 class MemoryClearView(APIView):
     @extend_schema(operation_id="clear_all_memory", request=schemas.ClearAllInput, responses={200: dict})
     def post(self, request):
-        return Response(operation_execute(request.auth, "clear_all_memory", _body(request)))
+        return Response(
+            operation_execute(request.auth, "clear_all_memory", call=_call(request), arguments=_body(request))
+        )
 
 
 class MemoryItemView(APIView):
     @extend_schema(operation_id="update_memory", request=schemas.UpdateInput, responses={200: dict})
     def patch(self, request, memory_id: str):
-        return Response(operation_execute(request.auth, "update_memory", _with_memory_id(request, memory_id)))
+        return Response(
+            operation_execute(
+                request.auth, "update_memory", call=_call(request), arguments=_with_memory_id(request, memory_id)
+            )
+        )
 
     @extend_schema(operation_id="delete_memory", responses={200: dict})
     def delete(self, request, memory_id: str):
-        return Response(operation_execute(request.auth, "delete_memory", {"memory_id": memory_id}))
+        return Response(
+            operation_execute(request.auth, "delete_memory", call=_call(request), arguments={"memory_id": memory_id})
+        )

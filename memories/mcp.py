@@ -26,6 +26,7 @@ from memories.auth import Principal, authenticate_bearer, public_base_url, www_a
 from memories.errors import ErrorCode, ServiceError
 from memories.mcp_paths import MCP_PATH
 from memories.operations import OPERATIONS, operation_execute
+from memories.scope import CallContext
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +61,20 @@ def _result(data: dict[str, Any], *, is_error: bool = False) -> types.CallToolRe
     )
 
 
-def _run_in_thread(principal: Principal, name: str, arguments: Any) -> dict[str, Any]:
+def _run_in_thread(principal: Principal, name: str, arguments: Any, call: CallContext) -> dict[str, Any]:
     close_old_connections()
     try:
-        return operation_execute(principal, name, arguments)
+        return operation_execute(principal, name, arguments, call=call)
     finally:
         close_old_connections()
+
+
+def _call_context(request) -> CallContext:
+    client = request.client if request is not None else None
+    headers = request.headers if request is not None else {}
+    return CallContext(
+        channel="mcp", ip=client.host if client else None, user_agent=(headers.get("user-agent") or "")[:300]
+    )
 
 
 async def list_tools(ctx, params) -> types.ListToolsResult:  # noqa: ARG001 - SDK handler signature
@@ -78,8 +87,11 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
     principal = (ctx.request.scope if ctx.request is not None else {}).get(PRINCIPAL_KEY)
     if principal is None:  # the middleware lets nothing unauthenticated through
         raise MCPError(types.INVALID_REQUEST, "unauthenticated")
+    call = _call_context(ctx.request)
     try:
-        data = await sync_to_async(_run_in_thread, thread_sensitive=False)(principal, params.name, params.arguments)
+        data = await sync_to_async(_run_in_thread, thread_sensitive=False)(
+            principal, params.name, params.arguments, call
+        )
     except ServiceError as exc:
         return _result({"error": exc.as_dict()}, is_error=True)
     except Exception:

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from memories import schemas
 from memories.auth import Principal
-from memories.scope import MemoryScope
+from memories.scope import CallContext, MemoryScope
 from memories.selectors import memory_list, memory_search
 from memories.services import (
     memory_clear_all,
@@ -31,45 +31,45 @@ class Operation:
     title: str
     description: str
     input_model: type[BaseModel]
-    run: Callable[[MemoryScope, Any], dict[str, Any]]
+    run: Callable[[MemoryScope, Any, CallContext], dict[str, Any]]
     read_only: bool = False
     destructive: bool = False
     idempotent: bool = False
 
 
-def _search(scope: MemoryScope, args: schemas.SearchInput) -> dict[str, Any]:
-    found = memory_search(scope, query=args.query, top_k=args.top_k, filters=args.filters)
+def _search(scope: MemoryScope, args: schemas.SearchInput, call: CallContext) -> dict[str, Any]:
+    found = memory_search(scope, query=args.query, top_k=args.top_k, filters=args.filters, call=call)
     return {"results": [view.as_dict() for view in found]}
 
 
-def _remember(scope: MemoryScope, args: schemas.RememberInput) -> dict[str, Any]:
-    return memory_remember(scope, memory=args.memory, pinned=args.pinned, metadata=args.metadata).as_dict()
+def _remember(scope: MemoryScope, args: schemas.RememberInput, call: CallContext) -> dict[str, Any]:
+    return memory_remember(scope, memory=args.memory, pinned=args.pinned, metadata=args.metadata, call=call).as_dict()
 
 
-def _ingest(scope: MemoryScope, args: schemas.IngestInput) -> dict[str, Any]:
+def _ingest(scope: MemoryScope, args: schemas.IngestInput, call: CallContext) -> dict[str, Any]:
     messages = [m.model_dump() for m in args.messages]
-    return {"results": memory_ingest(scope, messages=messages, metadata=args.metadata)}
+    return {"results": memory_ingest(scope, messages=messages, metadata=args.metadata, call=call)}
 
 
-def _update(scope: MemoryScope, args: schemas.UpdateInput) -> dict[str, Any]:
+def _update(scope: MemoryScope, args: schemas.UpdateInput, call: CallContext) -> dict[str, Any]:
     view = memory_update(
-        scope, memory_id=args.memory_id, memory=args.memory, pinned=args.pinned, metadata=args.metadata
+        scope, memory_id=args.memory_id, memory=args.memory, pinned=args.pinned, metadata=args.metadata, call=call
     )
     return {"memory": view.as_dict()}
 
 
-def _delete(scope: MemoryScope, args: schemas.DeleteInput) -> dict[str, Any]:
-    memory_delete(scope, memory_id=args.memory_id)
+def _delete(scope: MemoryScope, args: schemas.DeleteInput, call: CallContext) -> dict[str, Any]:
+    memory_delete(scope, memory_id=args.memory_id, call=call)
     return {"id": args.memory_id, "deleted": True}
 
 
-def _list(scope: MemoryScope, args: schemas.ListInput) -> dict[str, Any]:
-    page = memory_list(scope, cursor=args.cursor, page_size=args.page_size, filters=args.filters)
+def _list(scope: MemoryScope, args: schemas.ListInput, call: CallContext) -> dict[str, Any]:
+    page = memory_list(scope, cursor=args.cursor, page_size=args.page_size, filters=args.filters, call=call)
     return {"memories": [view.as_dict() for view in page.memories], "next_cursor": page.next_cursor}
 
 
-def _clear_all(scope: MemoryScope, args: schemas.ClearAllInput) -> dict[str, Any]:
-    return {"deleted": memory_clear_all(scope, confirm=args.confirm)}
+def _clear_all(scope: MemoryScope, args: schemas.ClearAllInput, call: CallContext) -> dict[str, Any]:
+    return {"deleted": memory_clear_all(scope, confirm=args.confirm, call=call)}
 
 
 OPERATIONS: dict[str, Operation] = {
@@ -141,8 +141,9 @@ OPERATIONS: dict[str, Operation] = {
 }
 
 
-def operation_execute(principal: Principal, name: str, arguments: Any) -> dict[str, Any]:
-    """Run one operation for the authenticated principal. Raises ServiceError."""
+def operation_execute(principal: Principal, name: str, arguments: Any, *, call: CallContext) -> dict[str, Any]:
+    """Run one operation for the authenticated principal. Raises ServiceError. A call
+    that returns has recorded exactly one usage event; one that raises, none."""
     operation = OPERATIONS[name]
     validated = schemas.validate_input(operation.input_model, arguments)
-    return operation.run(principal.scope(), validated)
+    return operation.run(principal.scope(), validated, call)

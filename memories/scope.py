@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 
 DEFAULT_TENANT = "default"
 
@@ -24,3 +25,14 @@ class MemoryScope:
         if user is None or not user.is_authenticated or user.pk is None:
             raise PermissionError("a MemoryScope needs an authenticated user")
         return cls(tenant=DEFAULT_TENANT, user_pk=user.pk, client_app=client_app, session_id=session_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallContext:
+    """How a call reached us: one per request. `request_id` is the billing idempotency
+    key and ties the call's usage event (and later its audit rows) together."""
+
+    channel: str  # "mcp", "rest", "ui", "admin"
+    request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    ip: str | None = None
+    user_agent: str | None = None

@@ -14,11 +14,12 @@ from django.conf import settings
 from django.db.models import Q
 from django.db.models.fields.json import KT
 
+from billing.services import usage_event_record
 from memories.engine import EngineError, EngineMemory, engine_get, engine_search
 from memories.errors import ErrorCode, ServiceError, not_found
 from memories.models import EngineMemoryRow
 from memories.ratelimit import rate_limit_consume
-from memories.scope import MemoryScope
+from memories.scope import CallContext, MemoryScope
 
 # Metadata keys the service writes; everything else in metadata is the client's own.
 SYSTEM_KEYS = ("pinned", "source", "client_app")
@@ -101,7 +102,7 @@ def decayed_score(item: EngineMemory, *, now: datetime) -> float:
 
 
 def memory_search(
-    scope: MemoryScope, *, query: str, top_k: int, filters: dict[str, Any] | None = None
+    scope: MemoryScope, *, query: str, top_k: int, filters: dict[str, Any] | None = None, call: CallContext
 ) -> list[MemoryView]:
     rate_limit_consume(scope, operation="search_memory")
     try:
@@ -112,7 +113,9 @@ def memory_search(
         raise backend_unavailable() from exc
     now = datetime.now(UTC)
     ranked = sorted(((decayed_score(c, now=now), c) for c in candidates), key=lambda pair: pair[0], reverse=True)
-    return [memory_view(item, score=round(score, 6)) for score, item in ranked[:top_k]]
+    results = [memory_view(item, score=round(score, 6)) for score, item in ranked[:top_k]]
+    usage_event_record(scope, operation="search_memory", call=call)
+    return results
 
 
 # --- list -----------------------------------------------------------------------------
@@ -148,7 +151,12 @@ class MemoryPage:
 
 
 def memory_list(
-    scope: MemoryScope, *, cursor: str | None = None, page_size: int = 50, filters: dict[str, Any] | None = None
+    scope: MemoryScope,
+    *,
+    cursor: str | None = None,
+    page_size: int = 50,
+    filters: dict[str, Any] | None = None,
+    call: CallContext,
 ) -> MemoryPage:
     """One page in creation order (oldest first, id breaking ties): each memory
     appears exactly once across pages, even while new ones are added."""
@@ -163,6 +171,7 @@ def memory_list(
     if len(page) > page_size:
         last = page[page_size - 1]
         next_cursor = _encode_cursor(last.created or "", str(last.id))
+    usage_event_record(scope, operation="list_memory", call=call)
     return MemoryPage(memories=views, next_cursor=next_cursor)
 
 

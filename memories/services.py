@@ -14,6 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from billing.services import usage_event_record
 from memories.engine import (
     EngineError,
     LlmUnavailable,
@@ -29,7 +30,7 @@ from memories.errors import ErrorCode, ServiceError, not_found
 from memories.locks import advisory_lock
 from memories.models import ApiKey, ContentHash
 from memories.ratelimit import rate_limit_consume
-from memories.scope import MemoryScope
+from memories.scope import CallContext, MemoryScope
 from memories.selectors import MemoryView, backend_unavailable, memory_count, memory_get_owned, memory_view
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -111,7 +112,12 @@ class RememberResult:
 
 
 def memory_remember(
-    scope: MemoryScope, *, memory: str, pinned: bool = False, metadata: dict[str, Any] | None = None
+    scope: MemoryScope,
+    *,
+    memory: str,
+    pinned: bool = False,
+    metadata: dict[str, Any] | None = None,
+    call: CallContext,
 ) -> RememberResult:
     """Store one curated fact verbatim (no LLM). The same text twice is stored once."""
     rate_limit_consume(scope, operation="remember")
@@ -121,6 +127,7 @@ def memory_remember(
         if known is not None:
             existing = engine_get(str(known.memory_id))
             if existing is not None and existing.user_id == scope.engine_user_id:
+                usage_event_record(scope, operation="remember", call=call)
                 return RememberResult(id=existing.id, duplicate=True)
             known.delete()  # the memory went away behind the hash's back
         memory_id = engine_add_text(
@@ -128,12 +135,18 @@ def memory_remember(
             text=memory.strip(),
             metadata=_system_metadata(scope, source="remember", pinned=pinned, metadata=metadata),
         )
-        ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
+        with transaction.atomic():
+            ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
+            usage_event_record(scope, operation="remember", call=call)
     return RememberResult(id=memory_id, duplicate=False)
 
 
 def memory_ingest(
-    scope: MemoryScope, *, messages: list[dict[str, str]], metadata: dict[str, Any] | None = None
+    scope: MemoryScope,
+    *,
+    messages: list[dict[str, str]],
+    metadata: dict[str, Any] | None = None,
+    call: CallContext,
 ) -> list[dict[str, Any]]:
     """mem0's extraction pipeline over a conversation turn (one LLM call)."""
     if not llm_configured():
@@ -145,6 +158,7 @@ def memory_ingest(
             messages=messages,
             metadata=_system_metadata(scope, source="ingest", pinned=False, metadata=metadata),
         )
+    usage_event_record(scope, operation="ingest", call=call)
     return [{"id": str(a.get("id")), "memory": a.get("memory"), "event": a.get("event")} for a in added]
 
 
@@ -155,6 +169,7 @@ def memory_update(
     memory: str | None = None,
     pinned: bool | None = None,
     metadata: dict[str, Any] | None = None,
+    call: CallContext,
 ) -> MemoryView:
     """Change text, pin state or metadata of one of the scope's memories. Metadata is
     merged, never wiped. Serialised per memory with concurrent updates and deletes."""
@@ -167,27 +182,35 @@ def memory_update(
         with _engine_errors():
             engine_update(memory_id, text=memory.strip() if memory is not None else None, metadata=changes or None)
             updated = engine_get(memory_id)
-        if memory is not None:
-            ContentHash.objects.filter(memory_id=memory_id).delete()
-            ContentHash.objects.bulk_create(
-                [ContentHash(engine_user_id=scope.engine_user_id, sha256=content_sha256(memory), memory_id=memory_id)],
-                ignore_conflicts=True,
-            )
-    if updated is None:
-        raise not_found()
+        if updated is None:
+            raise not_found()
+        with transaction.atomic():
+            if memory is not None:
+                _rehash(scope, memory_id=memory_id, text=memory)
+            usage_event_record(scope, operation="update_memory", call=call)
     return memory_view(updated)
 
 
-def memory_delete(scope: MemoryScope, *, memory_id: str) -> None:
+def _rehash(scope: MemoryScope, *, memory_id: str, text: str) -> None:
+    ContentHash.objects.filter(memory_id=memory_id).delete()
+    ContentHash.objects.bulk_create(
+        [ContentHash(engine_user_id=scope.engine_user_id, sha256=content_sha256(text), memory_id=memory_id)],
+        ignore_conflicts=True,
+    )
+
+
+def memory_delete(scope: MemoryScope, *, memory_id: str, call: CallContext) -> None:
     rate_limit_consume(scope, operation="delete_memory")
     with advisory_lock(f"memory:{memory_id}"):
         memory_get_owned(scope, memory_id=memory_id)
         with _engine_errors():
             engine_delete(memory_id)
-        ContentHash.objects.filter(memory_id=memory_id).delete()
+        with transaction.atomic():
+            ContentHash.objects.filter(memory_id=memory_id).delete()
+            usage_event_record(scope, operation="delete_memory", call=call)
 
 
-def memory_clear_all(scope: MemoryScope, *, confirm: bool) -> int:
+def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) -> int:
     """Delete every memory of the scope's user, their dedupe hashes and mem0's raw
     messages (so a later ingest cannot bring cleared facts back). Returns the count."""
     if confirm is not True:
@@ -199,5 +222,7 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool) -> int:
         count = memory_count(scope)
         with _engine_errors():
             engine_purge_user(scope)
-        ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
+        with transaction.atomic():
+            ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
+            usage_event_record(scope, operation="clear_all_memory", call=call)
     return count

@@ -197,6 +197,18 @@ SPECTACULAR_SETTINGS = {
     "OAS_VERSION": "3.1.0",
 }
 
+# --- Billing ---------------------------------------------------------------------------
+# Every successful call leaves one usage event in an outbox; a worker POSTs them here.
+PAYMENT_GATEWAY_URL = env_str("PAYMENT_GATEWAY_URL")
+USAGE_INGEST_API_KEY = env_str("USAGE_INGEST_API_KEY")
+if PAYMENT_GATEWAY_URL and not USAGE_INGEST_API_KEY and not LOCAL_DEV:
+    raise ConfigError("PAYMENT_GATEWAY_URL needs USAGE_INGEST_API_KEY")
+USAGE_BATCH_SIZE = env_int("USAGE_BATCH_SIZE", 100, minimum=1)
+USAGE_DELIVERY_TIMEOUT_S = env_float("USAGE_DELIVERY_TIMEOUT_S", 10.0, minimum=0.1)
+USAGE_RETRY_BASE_S = env_float("USAGE_RETRY_BASE_S", 5.0, minimum=0.0)
+USAGE_RETRY_MAX_S = env_float("USAGE_RETRY_MAX_S", 600.0, minimum=0.0)
+USAGE_CLAIM_LEASE_S = env_float("USAGE_CLAIM_LEASE_S", 120.0, minimum=1.0)
+
 # --- Celery -----------------------------------------------------------------------
 # Default broker: kombu's SQLAlchemy transport on the same Postgres (no Redis needed).
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or sqlalchemy_url(_default_db, scheme="sqla+postgresql+psycopg")
@@ -213,6 +225,7 @@ CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "memsite.worker_heartbeat", "schedule": 60.0},
     "broker-cleanup": {"task": "memsite.broker_cleanup", "schedule": 600.0},
     "rate-windows-prune": {"task": "memories.rate_windows_prune", "schedule": 3600.0},
+    "usage-delivery-sweep": {"task": "billing.deliver_usage_events", "schedule": 60.0},
 }
 BROKER_MESSAGE_RETENTION_S = env_int("BROKER_MESSAGE_RETENTION_S", 3600, minimum=0)
 

@@ -12,8 +12,13 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from memories.scope import MemoryScope
+from memories.scope import CallContext, MemoryScope
 from tests.environment import ROOT, TEST_DATABASE
+
+
+def internal_call() -> CallContext:
+    """A fresh call context (own request id) for tests that call services directly."""
+    return CallContext(channel="internal")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,6 +5,7 @@ import pytest
 from memories import engine
 from memories.selectors import memory_list
 from memories.services import memory_ingest
+from tests.conftest import internal_call
 from tests.fakes import FakeGemini, FakeOpenAI
 
 TURN = [
@@ -32,7 +33,7 @@ def test_ingest_with_an_openai_compatible_llm(settings, alice_scope):
         settings.LLM_API_KEY = "fake-key"
         fake.queue_facts("User adopted Otis, a Welsh Corgi, 8 weeks old", "Otis enjoys playing fetch")
 
-        added = memory_ingest(alice_scope, messages=TURN, metadata={"session_id": "abc123"})
+        added = memory_ingest(alice_scope, messages=TURN, metadata={"session_id": "abc123"}, call=internal_call())
 
         assert sorted(a["memory"] for a in added) == [
             "Otis enjoys playing fetch",
@@ -43,7 +44,7 @@ def test_ingest_with_an_openai_compatible_llm(settings, alice_scope):
         assert request["json"]["model"] == "local-model"
         assert request["headers"]["authorization"] == "Bearer fake-key"
         assert "Welsh Corgi named Otis" in fake.prompts()[0]
-        stored = memory_list(alice_scope).memories
+        stored = memory_list(alice_scope, call=internal_call()).memories
         assert {m.memory for m in stored} == {a["memory"] for a in added}
         assert all(m.source == "ingest" and m.metadata == {"session_id": "abc123"} for m in stored)
     finally:
@@ -59,7 +60,7 @@ def test_ingest_with_gemini(settings, monkeypatch, alice_scope):
         settings.GOOGLE_API_KEY = "fake-gemini-key"
         fake.queue_facts("User's dog Otis is a Welsh Corgi")
 
-        added = memory_ingest(alice_scope, messages=TURN)
+        added = memory_ingest(alice_scope, messages=TURN, call=internal_call())
 
         assert [a["memory"] for a in added] == ["User's dog Otis is a Welsh Corgi"]
         request = fake.requests[0]
@@ -78,9 +79,9 @@ def test_ingest_without_llm(settings, alice_scope):
     settings.LLM_BASE_URL = None
     settings.GOOGLE_API_KEY = None
     with pytest.raises(ServiceError) as excinfo:
-        memory_ingest(alice_scope, messages=TURN)
+        memory_ingest(alice_scope, messages=TURN, call=internal_call())
     assert excinfo.value.code == "llm_unavailable"
-    assert memory_list(alice_scope).memories == []
+    assert memory_list(alice_scope, call=internal_call()).memories == []
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from audit.models import MemoryHistory
 from memories import engine
 from memories.scope import MemoryScope
 from memories.services import memory_remember
+from tests.conftest import internal_call
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +18,9 @@ ALICE_FACT = "Alice's locker code is 4417"
 
 @pytest.fixture
 def alice_memory(alice, memsite_server) -> str:  # noqa: ARG001 - flushes data after the test
-    return memory_remember(MemoryScope.for_user(alice), memory=ALICE_FACT, metadata={"kind": "secret"}).id
+    return memory_remember(
+        MemoryScope.for_user(alice), memory=ALICE_FACT, metadata={"kind": "secret"}, call=internal_call()
+    ).id
 
 
 def _alice_memory_untouched(memory_id: str) -> None:

@@ -5,6 +5,7 @@ from django.db import connection
 
 from memories.scope import MemoryScope
 from memories.services import memory_remember
+from tests.conftest import internal_call
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +77,9 @@ def _database_state() -> tuple:
 
 @pytest.fixture
 def existing(alice, memsite_server):  # noqa: ARG001
-    return memory_remember(MemoryScope.for_user(alice), memory="An existing memory", pinned=True).id
+    return memory_remember(
+        MemoryScope.for_user(alice), memory="An existing memory", pinned=True, call=internal_call()
+    ).id
 
 
 def test_every_tool_rejects_bad_arguments_and_changes_nothing(mcp_as, alice_key, existing):
