@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -31,11 +33,26 @@ def usage_event_record(scope: MemoryScope, *, operation: str, call: CallContext)
     return event
 
 
+_window_lock = threading.Lock()
+_window_ends_at = 0.0
+
+
 def _enqueue_delivery() -> None:
+    """Start a delivery for this commit, at most one per window per process: a run
+    sends every due event in batches, so one task per window covers all calls in it
+    (and publishing to the broker costs more than recording the event)."""
+    global _window_ends_at
+    window = settings.USAGE_ENQUEUE_WINDOW_S
+    with _window_lock:
+        now = time.monotonic()
+        if now < _window_ends_at:
+            return
+        _window_ends_at = now + window
     from billing.tasks import deliver_usage_events
 
     try:
-        deliver_usage_events.delay()
+        # Runs after the window closes, so it sees every event committed inside it.
+        deliver_usage_events.apply_async(countdown=window or None)
     except Exception as exc:  # the broker is down: the minute sweep will deliver it
         logger.warning("could not enqueue usage delivery (%s); the sweep will pick it up", type(exc).__name__)
 

@@ -30,8 +30,8 @@ if [ ! -x "$VENV/bin/python" ] || ! is_py312 "$VENV/bin/python"; then
   "$PY" -m venv "$VENV"
 fi
 
-stamp="$VENV/.requirements.sha256"
-want="$(cat "$ROOT"/requirements*.txt | sha256sum | cut -d' ' -f1)-$REQS"
+stamp="$VENV/.installed-${REQS%.txt}"
+want="$(cat "$ROOT"/requirements*.txt | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "memsite: installing $REQS into .venv (first run takes a few minutes)" >&2
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null

@@ -208,6 +208,8 @@ USAGE_DELIVERY_TIMEOUT_S = env_float("USAGE_DELIVERY_TIMEOUT_S", 10.0, minimum=0
 USAGE_RETRY_BASE_S = env_float("USAGE_RETRY_BASE_S", 5.0, minimum=0.0)
 USAGE_RETRY_MAX_S = env_float("USAGE_RETRY_MAX_S", 600.0, minimum=0.0)
 USAGE_CLAIM_LEASE_S = env_float("USAGE_CLAIM_LEASE_S", 120.0, minimum=1.0)
+# Calls within this window (per process) share one delivery task; 0 = one per call.
+USAGE_ENQUEUE_WINDOW_S = env_float("USAGE_ENQUEUE_WINDOW_S", 1.0, minimum=0.0)
 
 # --- Celery -----------------------------------------------------------------------
 # Default broker: kombu's SQLAlchemy transport on the same Postgres (no Redis needed).

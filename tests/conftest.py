@@ -137,6 +137,14 @@ def celery_worker_process(transactional_db, tmp_path):  # noqa: ARG001 - needs t
     worker.stop()
 
 
+@pytest.fixture
+def billing_worker(transactional_db, tmp_path, fake_gateway):  # noqa: ARG001
+    """A worker delivering to the fake gateway, with fast retries. Not started yet."""
+    worker = WorkerProcess(tmp_path / "billing-worker.log", service_env(**billing_env(fake_gateway)))
+    yield worker
+    worker.stop()
+
+
 # --- live server, MCP client, fakes ---------------------------------------------------
 @pytest.fixture(scope="session")
 def fake_llm():
@@ -148,11 +156,46 @@ def fake_llm():
 
 
 @pytest.fixture(scope="session")
-def memsite_server_process(django_db_setup, fake_llm, tmp_path_factory):  # noqa: ARG001 - needs the test DB
-    """uvicorn serving memsite.asgi on the test database, with an OpenAI-compatible fake LLM."""
+def fake_gateway_server():
+    from tests.fakes import FakeGateway
+
+    server = FakeGateway().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fake_gateway(fake_gateway_server):
+    fake_gateway_server.reset()
+    yield fake_gateway_server
+    fake_gateway_server.reset()
+
+
+GATEWAY_KEY = "test-usage-ingest-key"
+
+
+def billing_env(gateway) -> dict[str, str]:
+    return {
+        "PAYMENT_GATEWAY_URL": f"{gateway.url}/usage",
+        "USAGE_INGEST_API_KEY": GATEWAY_KEY,
+        "USAGE_RETRY_BASE_S": "0.1",
+        "USAGE_RETRY_MAX_S": "0.5",
+        "USAGE_DELIVERY_TIMEOUT_S": "1",
+        "USAGE_CLAIM_LEASE_S": "3",
+    }
+
+
+@pytest.fixture(scope="session")
+def memsite_server_process(django_db_setup, fake_llm, fake_gateway_server, tmp_path_factory):  # noqa: ARG001
+    """uvicorn serving memsite.asgi on the test database, with fakes of the LLM and the gateway."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("live") / "web.log"
-    env = service_env(LLM_BASE_URL=f"{fake_llm.url}/v1", LLM_MODEL="fake-model", LLM_API_KEY="fake-key")
+    env = service_env(
+        LLM_BASE_URL=f"{fake_llm.url}/v1",
+        LLM_MODEL="fake-model",
+        LLM_API_KEY="fake-key",
+        **billing_env(fake_gateway_server),
+    )
     log = open(log_path, "ab")  # noqa: SIM115
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "memsite.asgi:application", "--host", "127.0.0.1", "--port", str(port)],

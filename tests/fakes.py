@@ -171,3 +171,45 @@ class FakeOIDC(FakeServer):
         now = int(time.time())
         body = {"iss": self.issuer, "iat": now, "exp": now + 300, **claims}
         return jwt.encode(body, key or self.key, algorithm="RS256", headers={"kid": kid or self.kid})
+
+
+class FakeGateway(FakeServer):
+    """The payment gateway's usage-ingest endpoint, with failure modes to switch on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.requests = []
+            self.received: list[dict] = []  # every event in every request that got through
+            self.fail_next = 0  # answer 503 to this many requests
+            self.hang_next = 0  # sleep past the client's timeout on this many requests
+            self.hang_s = 3.0
+            self.slow_s = 0.0  # sleep this long before answering every request
+            self.refuse_ids: set[str] = set()  # 422 for any batch holding one of these
+            self.started = threading.Event()
+
+    def handle(self, method, path, headers, payload):
+        if method != "POST" or path != "/usage":
+            return 404, {"error": "not_found"}
+        self.started.set()
+        with self.lock:
+            if self.fail_next:
+                self.fail_next -= 1
+                return 503, {"error": "busy"}
+            hang = self.hang_next > 0
+            self.hang_next -= 1 if hang else 0
+            events = payload["events"]
+            if any(e["request_id"] in self.refuse_ids for e in events):
+                return 422, {"error": "unknown user"}
+        time.sleep(self.hang_s if hang else self.slow_s)
+        with self.lock:
+            self.received.extend(events)
+        return 200, {"accepted": len(events)}
+
+    def received_ids(self) -> list[str]:
+        with self.lock:
+            return [e["request_id"] for e in self.received]

@@ -1,0 +1,61 @@
+from django.contrib import admin, messages
+from django.db.models import Count
+from django.template.response import TemplateResponse
+from django.urls import path
+from django.utils import timezone
+
+from billing.models import UsageEvent
+from billing.services import usage_events_retry
+
+
+@admin.register(UsageEvent)
+class UsageEventAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "user_id", "operation", "channel", "status", "attempts", "last_error", "delivered_at")
+    list_filter = ("status", "operation", "channel", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("=user_id", "=request_id")
+    date_hierarchy = "created_at"
+    ordering = ("-created_at",)
+    actions = ("retry_delivery",)
+    show_full_result_count = False
+    list_per_page = 100
+    readonly_fields = [f.name for f in UsageEvent._meta.fields]
+    change_list_template = "admin/billing/usageevent/change_list.html"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # the outbox is read-only; the retry action is the only change staff make
+
+    @admin.action(description="Retry delivery of the selected events", permissions=["retry"])
+    def retry_delivery(self, request, queryset):
+        count = usage_events_retry(event_ids=list(queryset.values_list("pk", flat=True)))
+        self.message_user(request, f"{count} event(s) queued for delivery.", messages.SUCCESS)
+
+    def has_retry_permission(self, request):
+        return request.user.has_perm("billing.change_usageevent")
+
+    def get_urls(self):
+        totals = path("totals/", self.admin_site.admin_view(self.totals_view), name="billing_usageevent_totals")
+        return [totals, *super().get_urls()]
+
+    def totals_view(self, request):
+        """Calls per user and operation (optionally for the last N days), for support."""
+        days = request.GET.get("days", "30")
+        rows = UsageEvent.objects.all()
+        if days.isdigit():
+            rows = rows.filter(created_at__gte=timezone.now() - timezone.timedelta(days=int(days)))
+        totals = (
+            rows.values("user_id", "operation", "status").annotate(calls=Count("id")).order_by("user_id", "operation")
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Usage totals",
+            "opts": self.model._meta,
+            "totals": totals[:2000],
+            "days": days,
+        }
+        return TemplateResponse(request, "admin/billing/usageevent/totals.html", context)
