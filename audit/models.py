@@ -1,6 +1,7 @@
 import uuid
 
 from django.db import models
+from django.utils import timezone
 
 
 class MemoryHistory(models.Model):
@@ -25,6 +26,9 @@ class MemoryHistory(models.Model):
     actor_id = models.CharField(max_length=255, null=True, blank=True)
     role = models.CharField(max_length=32, null=True, blank=True)
     recorded_at = models.DateTimeField(auto_now_add=True)
+    # Who caused this version (the engine does not know; the service tells the store).
+    request_id = models.CharField(max_length=64, blank=True, db_index=True)
+    changed_by = models.CharField(max_length=300, blank=True)
 
     class Meta:
         verbose_name_plural = "memory history"
@@ -32,3 +36,72 @@ class MemoryHistory(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} {self.memory_id}"
+
+
+class AuditEvent(models.Model):
+    """One row per call that reads or changes memories (MCP, REST, UI, admin), success or
+    not. Append-only: database triggers refuse UPDATE, DELETE and TRUNCATE except for the
+    retention job. Actor and scope are copied, so rows outlive users and memories."""
+
+    class Outcome(models.TextChoices):
+        OK = "ok"
+        ERROR = "error"
+        DENIED = "denied"  # e.g. another user's memory id (answered as not_found)
+
+    class TurnEvent(models.TextChoices):
+        WRITE = "memory_write"
+        RECALL = "memory_recall"
+        FORGET = "memory_forget"
+
+    id = models.BigAutoField(primary_key=True)
+    occurred_at = models.DateTimeField(default=timezone.now)
+    request_id = models.CharField(max_length=64, db_index=True)
+    channel = models.CharField(max_length=16)
+    operation = models.CharField(max_length=40)
+    outcome = models.CharField(max_length=8, choices=Outcome.choices)
+    error_code = models.CharField(max_length=40, blank=True)
+    actor_user_id = models.BigIntegerField(null=True, blank=True)
+    actor_username = models.CharField(max_length=150, blank=True)
+    actor_auth = models.CharField(max_length=16, blank=True)
+    actor_client_app = models.CharField(max_length=200, blank=True)
+    staff_user_id = models.BigIntegerField(null=True, blank=True)
+    staff_username = models.CharField(max_length=150, blank=True)
+    tenant = models.CharField(max_length=64, blank=True)
+    subject_user_id = models.BigIntegerField(null=True, blank=True)
+    memory_ids = models.JSONField(default=list, blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    user_agent = models.CharField(max_length=300, blank=True)
+    turn_id = models.CharField(max_length=128, blank=True)
+    turn_event = models.CharField(max_length=16, choices=TurnEvent.choices, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["subject_user_id", "-id"], name="audit_subject_recent"),
+            models.Index(fields=["operation", "-id"], name="audit_operation_recent"),
+            models.Index(fields=["outcome", "-id"], name="audit_outcome_recent"),
+            models.Index(fields=["occurred_at"], name="audit_occurred_at"),
+            models.Index(fields=["turn_id", "id"], name="audit_turn", condition=~models.Q(turn_id="")),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.id} {self.operation} {self.outcome}"
+
+
+class AuditExportBatch(models.Model):
+    """One exported object (gzipped JSONL) plus its manifest. The highest `last_id` is
+    the export watermark: the next run starts after it."""
+
+    first_id = models.BigIntegerField()
+    last_id = models.BigIntegerField(unique=True)
+    row_count = models.PositiveIntegerField()
+    sha256 = models.CharField(max_length=64)
+    object_key = models.CharField(max_length=300)
+    manifest_key = models.CharField(max_length=300)
+    exported_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.first_id}-{self.last_id} ({self.row_count} rows)"

@@ -33,12 +33,17 @@ HTTP_STATUS = {
 class ServiceError(Exception):
     """A failure the caller can act on. `message` is for humans and never holds secrets."""
 
-    def __init__(self, code: ErrorCode, message: str, *, retry_after_s: int | None = None, details=None):
+    def __init__(
+        self, code: ErrorCode, message: str, *, retry_after_s: int | None = None, details=None, denied: bool = False
+    ):
         super().__init__(message)
         self.code = ErrorCode(code)
         self.message = message
         self.retry_after_s = retry_after_s
         self.details = details
+        # Only for the audit trail (the caller sees a plain not_found): the id exists
+        # but belongs to someone else.
+        self.denied = denied
 
     @property
     def http_status(self) -> int:
@@ -53,6 +58,6 @@ class ServiceError(Exception):
         return body
 
 
-def not_found() -> ServiceError:
+def not_found(*, denied: bool = False) -> ServiceError:
     # One message for "missing" and "someone else's": the two must be indistinguishable.
-    return ServiceError(ErrorCode.NOT_FOUND, "No memory with that id.")
+    return ServiceError(ErrorCode.NOT_FOUND, "No memory with that id.", denied=denied)

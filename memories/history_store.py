@@ -6,6 +6,9 @@ engine swaps in this class, which implements the same methods.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +18,18 @@ from audit.models import MemoryHistory
 from memories.models import EngineMessage
 
 KEEP_LAST_MESSAGES = 10
+
+# mem0 writes history rows without knowing who asked; the service says it here.
+_attribution: ContextVar[tuple[str, str]] = ContextVar("memsite_history_attribution", default=("", ""))
+
+
+@contextmanager
+def history_attribution(*, request_id: str, changed_by: str) -> Iterator[None]:
+    token = _attribution.set((request_id, changed_by))
+    try:
+        yield
+    finally:
+        _attribution.reset(token)
 
 
 def _user_id_of(session_scope: str) -> str:
@@ -26,7 +41,10 @@ def _user_id_of(session_scope: str) -> str:
 
 
 def _history_row(record: dict[str, Any]) -> MemoryHistory:
+    request_id, changed_by = _attribution.get()
     return MemoryHistory(
+        request_id=request_id,
+        changed_by=changed_by[:300],
         memory_id=record["memory_id"],
         old_memory=record.get("old_memory"),
         new_memory=record.get("new_memory"),

@@ -6,14 +6,18 @@ build the scope from the authenticated principal, call the service, shape the re
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from django.db import transaction
 from pydantic import BaseModel
 
+from audit.services import audit_failure
 from memories import schemas
 from memories.auth import Principal
+from memories.errors import ErrorCode, ServiceError
 from memories.scope import CallContext, MemoryScope
 from memories.selectors import memory_list, memory_search
 from memories.services import (
@@ -23,6 +27,8 @@ from memories.services import (
     memory_remember,
     memory_update,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -142,8 +148,43 @@ OPERATIONS: dict[str, Operation] = {
 
 
 def operation_execute(principal: Principal, name: str, arguments: Any, *, call: CallContext) -> dict[str, Any]:
-    """Run one operation for the authenticated principal. Raises ServiceError. A call
-    that returns has recorded exactly one usage event; one that raises, none."""
+    """Run one operation for the authenticated principal; raises ServiceError.
+
+    Whatever happens, the call leaves exactly one audit row. A call that returns has
+    also recorded exactly one usage event; one that raises, none."""
     operation = OPERATIONS[name]
-    validated = schemas.validate_input(operation.input_model, arguments)
-    return operation.run(principal.scope(), validated, call)
+    scope = principal.scope()
+    call = replace(
+        call,
+        actor_username=principal.user.get_username(),
+        actor_auth=principal.method,
+        turn_id=call.turn_id or _turn_id(arguments),
+    )
+    try:
+        validated = schemas.validate_input(operation.input_model, arguments)
+        return operation.run(scope, validated, call)
+    except ServiceError as error:
+        _audit_failure(scope, call, name, error, arguments)
+        raise
+    except Exception:
+        error = ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "unexpected failure")
+        _audit_failure(scope, call, name, error, arguments)
+        raise
+
+
+def _turn_id(arguments: Any) -> str:
+    """Agents group a turn's calls by putting turn_id (or session_id) in metadata."""
+    metadata = arguments.get("metadata") if isinstance(arguments, dict) else None
+    if not isinstance(metadata, dict):
+        return ""
+    value = metadata.get("turn_id") or metadata.get("session_id")
+    return value[:128] if isinstance(value, str) else ""
+
+
+def _audit_failure(scope: MemoryScope, call: CallContext, name: str, error: ServiceError, arguments: Any) -> None:
+    memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
+    try:
+        with transaction.atomic():
+            audit_failure(scope, call=call, operation=name, error=error, memory_id=memory_id)
+    except Exception:  # never hide the caller's error behind an audit failure, but say so
+        logger.exception("could not write the audit row for a failed %s call", name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -32,7 +33,18 @@ class CallContext:
     """How a call reached us: one per request. `request_id` is the billing idempotency
     key and ties the call's usage event (and later its audit rows) together."""
 
-    channel: str  # "mcp", "rest", "ui", "admin"
+    channel: str  # "mcp", "rest", "ui", "admin", "internal"
     request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     ip: str | None = None
     user_agent: str | None = None
+    actor_username: str = ""
+    actor_auth: str = ""  # "api_key", "oidc", "session"
+    staff_user_id: int | None = None
+    staff_username: str = ""
+    turn_id: str = ""  # groups one agent turn's memory activity
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def changed_by(self) -> str:
+        who = f"staff:{self.staff_username}" if self.staff_username else (self.actor_username or "?")
+        return f"{who} ({self.channel})"

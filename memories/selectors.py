@@ -11,10 +11,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from django.db.models.fields.json import KT
 
-from billing.services import usage_event_record
+from audit.services import audit_text
+from memories.accounting import call_succeeded
 from memories.engine import EngineError, EngineMemory, engine_get, engine_search
 from memories.errors import ErrorCode, ServiceError, not_found
 from memories.models import EngineMemoryRow
@@ -71,7 +73,7 @@ def memory_get_owned(scope: MemoryScope, *, memory_id: str) -> EngineMemory:
     except EngineError as exc:
         raise backend_unavailable() from exc
     if item is None or item.user_id != scope.engine_user_id:
-        raise not_found()
+        raise not_found(denied=item is not None)
     return item
 
 
@@ -114,7 +116,14 @@ def memory_search(
     now = datetime.now(UTC)
     ranked = sorted(((decayed_score(c, now=now), c) for c in candidates), key=lambda pair: pair[0], reverse=True)
     results = [memory_view(item, score=round(score, 6)) for score, item in ranked[:top_k]]
-    usage_event_record(scope, operation="search_memory", call=call)
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation="search_memory",
+            memory_ids=[r.id for r in results],
+            detail={"query": audit_text(query), "top_k": top_k, "filters": filters or {}, "results": len(results)},
+        )
     return results
 
 
@@ -171,7 +180,14 @@ def memory_list(
     if len(page) > page_size:
         last = page[page_size - 1]
         next_cursor = _encode_cursor(last.created or "", str(last.id))
-    usage_event_record(scope, operation="list_memory", call=call)
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation="list_memory",
+            memory_ids=[v.id for v in views],
+            detail={"page_size": page_size, "paged": bool(cursor), "filters": filters or {}, "results": len(views)},
+        )
     return MemoryPage(memories=views, next_cursor=next_cursor)
 
 
@@ -190,3 +206,7 @@ def _row_to_engine(row: EngineMemoryRow) -> EngineMemory:
 
 def memory_count(scope: MemoryScope) -> int:
     return owned_rows(scope).count()
+
+
+def memory_ids_owned(scope: MemoryScope) -> list[str]:
+    return [str(i) for i in owned_rows(scope).values_list("id", flat=True)]

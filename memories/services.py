@@ -14,7 +14,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from billing.services import usage_event_record
+from audit.services import audit_snapshot, audit_text
+from memories.accounting import call_succeeded
 from memories.engine import (
     EngineError,
     LlmUnavailable,
@@ -27,11 +28,12 @@ from memories.engine import (
     llm_configured,
 )
 from memories.errors import ErrorCode, ServiceError, not_found
+from memories.history_store import history_attribution
 from memories.locks import advisory_lock
 from memories.models import ApiKey, ContentHash
 from memories.ratelimit import rate_limit_consume
 from memories.scope import CallContext, MemoryScope
-from memories.selectors import MemoryView, backend_unavailable, memory_count, memory_get_owned, memory_view
+from memories.selectors import MemoryView, backend_unavailable, memory_get_owned, memory_ids_owned, memory_view
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 KEY_ID_BYTES = 6  # 12 hex chars: the public, unique lookup part
@@ -127,17 +129,22 @@ def memory_remember(
         if known is not None:
             existing = engine_get(str(known.memory_id))
             if existing is not None and existing.user_id == scope.engine_user_id:
-                usage_event_record(scope, operation="remember", call=call)
+                with transaction.atomic():
+                    call_succeeded(
+                        scope, call=call, operation="remember", memory_ids=[existing.id], detail={"duplicate": True}
+                    )
                 return RememberResult(id=existing.id, duplicate=True)
             known.delete()  # the memory went away behind the hash's back
-        memory_id = engine_add_text(
-            scope,
-            text=memory.strip(),
-            metadata=_system_metadata(scope, source="remember", pinned=pinned, metadata=metadata),
-        )
+        with _attributed(call):
+            memory_id = engine_add_text(
+                scope,
+                text=memory.strip(),
+                metadata=_system_metadata(scope, source="remember", pinned=pinned, metadata=metadata),
+            )
         with transaction.atomic():
             ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
-            usage_event_record(scope, operation="remember", call=call)
+            after = audit_snapshot(memory=memory.strip(), pinned=pinned, metadata=metadata or {})
+            call_succeeded(scope, call=call, operation="remember", memory_ids=[memory_id], after=after)
     return RememberResult(id=memory_id, duplicate=False)
 
 
@@ -152,14 +159,24 @@ def memory_ingest(
     if not llm_configured():
         raise _llm_unavailable()
     rate_limit_consume(scope, operation="ingest")
-    with _engine_errors():
+    with _engine_errors(), _attributed(call):
         added = engine_ingest(
             scope,
             messages=messages,
             metadata=_system_metadata(scope, source="ingest", pinned=False, metadata=metadata),
         )
-    usage_event_record(scope, operation="ingest", call=call)
-    return [{"id": str(a.get("id")), "memory": a.get("memory"), "event": a.get("event")} for a in added]
+    results = [{"id": str(a.get("id")), "memory": a.get("memory"), "event": a.get("event")} for a in added]
+    with transaction.atomic():
+        after = [{**r, "memory": audit_text(r["memory"])} for r in results]
+        call_succeeded(
+            scope,
+            call=call,
+            operation="ingest",
+            memory_ids=[r["id"] for r in results],
+            after=after,
+            detail={"messages": len(messages)},
+        )
+    return results
 
 
 def memory_update(
@@ -178,8 +195,8 @@ def memory_update(
     if pinned is not None:
         changes["pinned"] = pinned
     with advisory_lock(f"memory:{memory_id}"):
-        memory_get_owned(scope, memory_id=memory_id)
-        with _engine_errors():
+        current = memory_get_owned(scope, memory_id=memory_id)
+        with _engine_errors(), _attributed(call):
             engine_update(memory_id, text=memory.strip() if memory is not None else None, metadata=changes or None)
             updated = engine_get(memory_id)
         if updated is None:
@@ -187,8 +204,26 @@ def memory_update(
         with transaction.atomic():
             if memory is not None:
                 _rehash(scope, memory_id=memory_id, text=memory)
-            usage_event_record(scope, operation="update_memory", call=call)
+            call_succeeded(
+                scope,
+                call=call,
+                operation="update_memory",
+                memory_ids=[memory_id],
+                before=_snapshot(current),
+                after=_snapshot(updated),
+            )
     return memory_view(updated)
+
+
+def _snapshot(item) -> dict[str, Any]:
+    view = memory_view(item)
+    return audit_snapshot(memory=view.memory, pinned=view.pinned, metadata=view.metadata)
+
+
+@contextmanager
+def _attributed(call: CallContext) -> Iterator[None]:
+    with history_attribution(request_id=call.request_id, changed_by=call.changed_by):
+        yield
 
 
 def _rehash(scope: MemoryScope, *, memory_id: str, text: str) -> None:
@@ -202,12 +237,14 @@ def _rehash(scope: MemoryScope, *, memory_id: str, text: str) -> None:
 def memory_delete(scope: MemoryScope, *, memory_id: str, call: CallContext) -> None:
     rate_limit_consume(scope, operation="delete_memory")
     with advisory_lock(f"memory:{memory_id}"):
-        memory_get_owned(scope, memory_id=memory_id)
-        with _engine_errors():
+        current = memory_get_owned(scope, memory_id=memory_id)
+        with _engine_errors(), _attributed(call):
             engine_delete(memory_id)
         with transaction.atomic():
             ContentHash.objects.filter(memory_id=memory_id).delete()
-            usage_event_record(scope, operation="delete_memory", call=call)
+            call_succeeded(
+                scope, call=call, operation="delete_memory", memory_ids=[memory_id], before=_snapshot(current)
+            )
 
 
 def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) -> int:
@@ -219,10 +256,16 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
         )
     rate_limit_consume(scope, operation="clear_all_memory")
     with advisory_lock(f"clear_all:{scope.engine_user_id}"):
-        count = memory_count(scope)
-        with _engine_errors():
+        memory_ids = memory_ids_owned(scope)
+        with _engine_errors(), _attributed(call):
             engine_purge_user(scope)
         with transaction.atomic():
             ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
-            usage_event_record(scope, operation="clear_all_memory", call=call)
-    return count
+            call_succeeded(
+                scope,
+                call=call,
+                operation="clear_all_memory",
+                memory_ids=memory_ids,
+                detail={"deleted": len(memory_ids)},
+            )
+    return len(memory_ids)

@@ -211,6 +211,10 @@ USAGE_CLAIM_LEASE_S = env_float("USAGE_CLAIM_LEASE_S", 120.0, minimum=1.0)
 # Calls within this window (per process) share one delivery task; 0 = one per call.
 USAGE_ENQUEUE_WINDOW_S = env_float("USAGE_ENQUEUE_WINDOW_S", 1.0, minimum=0.0)
 
+# --- Audit -------------------------------------------------------------------------------
+# Keep memory text out of audit rows (a sha256 and the length instead).
+AUDIT_REDACT_CONTENT = env_bool("AUDIT_REDACT_CONTENT", False)
+
 # --- Celery -----------------------------------------------------------------------
 # Default broker: kombu's SQLAlchemy transport on the same Postgres (no Redis needed).
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or sqlalchemy_url(_default_db, scheme="sqla+postgresql+psycopg")

@@ -22,7 +22,14 @@ def internal_call() -> CallContext:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _engine_closed_before_test_db_teardown(django_db_setup):  # noqa: PT004
+def _test_database_ready(django_db_setup, django_db_blocker):  # noqa: PT004
+    """Let test isolation TRUNCATE the append-only audit tables (the triggers still
+    refuse UPDATE and DELETE), and close the engine before the test DB is dropped."""
+    with django_db_blocker.unblock():
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER DATABASE {connection.settings_dict['NAME']} SET memsite.audit_allow_truncate = 'on'")
+        connection.close()
+        connection.close_pool()
     yield
     from kombu.transport.sqlalchemy import Channel
 

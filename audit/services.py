@@ -1,0 +1,91 @@
+"""Writes to the audit trail. Rows copy everything they need (actor, scope, content)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from django.conf import settings
+
+from audit.models import AuditEvent
+from memories.errors import ServiceError
+from memories.scope import CallContext, MemoryScope
+
+TURN_EVENTS = {
+    "remember": AuditEvent.TurnEvent.WRITE,
+    "ingest": AuditEvent.TurnEvent.WRITE,
+    "update_memory": AuditEvent.TurnEvent.WRITE,
+    "search_memory": AuditEvent.TurnEvent.RECALL,
+    "list_memory": AuditEvent.TurnEvent.RECALL,
+    "delete_memory": AuditEvent.TurnEvent.FORGET,
+    "clear_all_memory": AuditEvent.TurnEvent.FORGET,
+}
+MAX_MEMORY_IDS = 10_000
+
+
+def audit_text(text: str | None) -> Any:
+    """Content as it may appear in an audit row: verbatim, or hash + length when
+    AUDIT_REDACT_CONTENT is on."""
+    if text is None or not settings.AUDIT_REDACT_CONTENT:
+        return text
+    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "length": len(text)}
+
+
+def audit_snapshot(*, memory: str, pinned: bool, metadata: dict[str, Any]) -> dict[str, Any]:
+    return {"memory": audit_text(memory), "pinned": pinned, "metadata": metadata}
+
+
+def audit_record(
+    scope: MemoryScope | None,
+    *,
+    call: CallContext,
+    operation: str,
+    outcome: str = AuditEvent.Outcome.OK,
+    error_code: str = "",
+    memory_ids: list[str] | tuple[str, ...] = (),
+    before: Any = None,
+    after: Any = None,
+    detail: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """One audit row. Inside the transaction of the change it records, if there is one."""
+    return AuditEvent.objects.create(
+        request_id=call.request_id,
+        channel=call.channel,
+        operation=operation,
+        outcome=outcome,
+        error_code=error_code,
+        actor_user_id=scope.user_pk if scope and not call.staff_username else None,
+        actor_username=call.actor_username,
+        actor_auth=call.actor_auth,
+        actor_client_app=(scope.client_app or "") if scope else "",
+        staff_user_id=call.staff_user_id,
+        staff_username=call.staff_username,
+        tenant=scope.tenant if scope else "",
+        subject_user_id=scope.user_pk if scope else None,
+        memory_ids=[str(m) for m in memory_ids][:MAX_MEMORY_IDS],
+        before=before,
+        after=after,
+        detail=detail or {},
+        duration_ms=round((time.monotonic() - call.started_at) * 1000, 2),
+        ip=call.ip or None,
+        user_agent=(call.user_agent or "")[:300],
+        turn_id=call.turn_id[:128],
+        turn_event=TURN_EVENTS.get(operation, "") if call.turn_id else "",
+    )
+
+
+def audit_failure(
+    scope: MemoryScope | None, *, call: CallContext, operation: str, error: ServiceError, memory_id: Any = None
+) -> AuditEvent:
+    outcome = AuditEvent.Outcome.DENIED if error.denied else AuditEvent.Outcome.ERROR
+    memory_ids = [str(memory_id)[:64]] if isinstance(memory_id, str) and memory_id else []
+    return audit_record(
+        scope,
+        call=call,
+        operation=operation,
+        outcome=outcome,
+        error_code=error.code.value,
+        memory_ids=memory_ids,
+        detail={"message": error.message},
+    )
