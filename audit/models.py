@@ -1,5 +1,6 @@
 import uuid
 
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.utils import timezone
 
@@ -85,6 +86,7 @@ class AuditEvent(models.Model):
             models.Index(fields=["outcome", "-id"], name="audit_outcome_recent"),
             models.Index(fields=["occurred_at"], name="audit_occurred_at"),
             models.Index(fields=["turn_id", "id"], name="audit_turn", condition=~models.Q(turn_id="")),
+            GinIndex(fields=["memory_ids"], name="audit_memory_ids"),
         ]
 
     def __str__(self) -> str:

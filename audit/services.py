@@ -89,3 +89,23 @@ def audit_failure(
         memory_ids=memory_ids,
         detail={"message": error.message},
     )
+
+
+def audit_staff_action(
+    request,
+    *,
+    operation: str,
+    subject_user_id: int | None = None,
+    memory_ids: list[str] | tuple[str, ...] = (),
+    detail: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Staff actions in the admin are audited like any other call."""
+    call = CallContext(
+        channel="admin",
+        ip=request.META.get("REMOTE_ADDR"),
+        user_agent=request.META.get("HTTP_USER_AGENT", "")[:300],
+        staff_user_id=request.user.pk,
+        staff_username=request.user.get_username(),
+    )
+    scope = MemoryScope(tenant="default", user_pk=subject_user_id) if subject_user_id is not None else None
+    return audit_record(scope, call=call, operation=operation, memory_ids=memory_ids, detail=detail)

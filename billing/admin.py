@@ -4,6 +4,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
 
+from audit.services import audit_staff_action
 from billing.models import UsageEvent
 from billing.services import usage_events_retry
 
@@ -32,7 +33,9 @@ class UsageEventAdmin(admin.ModelAdmin):
 
     @admin.action(description="Retry delivery of the selected events", permissions=["retry"])
     def retry_delivery(self, request, queryset):
-        count = usage_events_retry(event_ids=list(queryset.values_list("pk", flat=True)))
+        ids = list(queryset.values_list("pk", flat=True))
+        count = usage_events_retry(event_ids=ids)
+        audit_staff_action(request, operation="admin_retry_usage_events", detail={"event_ids": ids, "queued": count})
         self.message_user(request, f"{count} event(s) queued for delivery.", messages.SUCCESS)
 
     def has_retry_permission(self, request):

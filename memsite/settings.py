@@ -7,6 +7,7 @@ local development (MEMSITE_ENV=local, the default for a checkout).
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 
 from memsite.dbconf import sqlalchemy_url
 from memsite.embedded_pg import django_database_settings
@@ -214,6 +215,40 @@ USAGE_ENQUEUE_WINDOW_S = env_float("USAGE_ENQUEUE_WINDOW_S", 1.0, minimum=0.0)
 # --- Audit -------------------------------------------------------------------------------
 # Keep memory text out of audit rows (a sha256 and the length instead).
 AUDIT_REDACT_CONTENT = env_bool("AUDIT_REDACT_CONTENT", False)
+AUDIT_EXPORT_BATCH_SIZE = env_int("AUDIT_EXPORT_BATCH_SIZE", 50_000, minimum=1)
+AUDIT_EXPORT_LAG_S = env_int("AUDIT_EXPORT_LAG_S", 300, minimum=0)
+AUDIT_RETENTION_DAYS = env_int("AUDIT_RETENTION_DAYS", 0, minimum=0)  # 0 = keep forever
+
+# Exported audit batches go to S3-compatible storage under object lock (Cloudflare R2 in
+# production); without a bucket, to files under the data dir (no lock).
+AUDIT_S3_BUCKET = env_str("AUDIT_S3_BUCKET")
+_AUDIT_LOCK_MODE = env_choice("AUDIT_OBJECT_LOCK_MODE", "COMPLIANCE", ("COMPLIANCE", "GOVERNANCE", "none"))
+if AUDIT_S3_BUCKET:
+    _audit_storage = {
+        "BACKEND": "audit.storage.LockedS3Storage",
+        "OPTIONS": {
+            "bucket_name": AUDIT_S3_BUCKET,
+            "endpoint_url": env_str("AUDIT_S3_ENDPOINT_URL"),
+            "access_key": env_str("AUDIT_S3_ACCESS_KEY_ID"),
+            "secret_key": env_str("AUDIT_S3_SECRET_ACCESS_KEY"),
+            "region_name": env_str("AUDIT_S3_REGION", "auto"),
+            "location": env_str("AUDIT_S3_PREFIX", "audit"),
+            "file_overwrite": False,
+            "addressing_style": env_choice("AUDIT_S3_ADDRESSING_STYLE", "path", ("path", "virtual", "auto")),
+            "object_lock_mode": None if _AUDIT_LOCK_MODE == "none" else _AUDIT_LOCK_MODE,
+            "object_lock_days": env_int("AUDIT_OBJECT_LOCK_DAYS", 2555, minimum=1),
+        },
+    }
+else:
+    _audit_storage = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": DATA_DIR / "audit-export"},
+    }
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": DATA_DIR / "media"}},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "audit": _audit_storage,
+}
 
 # --- Celery -----------------------------------------------------------------------
 # Default broker: kombu's SQLAlchemy transport on the same Postgres (no Redis needed).
@@ -232,6 +267,8 @@ CELERY_BEAT_SCHEDULE = {
     "broker-cleanup": {"task": "memsite.broker_cleanup", "schedule": 600.0},
     "rate-windows-prune": {"task": "memories.rate_windows_prune", "schedule": 3600.0},
     "usage-delivery-sweep": {"task": "billing.deliver_usage_events", "schedule": 60.0},
+    "audit-export-nightly": {"task": "audit.export", "schedule": crontab(hour=2, minute=17)},
+    "audit-retention-daily": {"task": "audit.retention_purge", "schedule": crontab(hour=4, minute=41)},
 }
 BROKER_MESSAGE_RETENTION_S = env_int("BROKER_MESSAGE_RETENTION_S", 3600, minimum=0)
 

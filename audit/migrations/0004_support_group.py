@@ -1,14 +1,8 @@
-"""The `support` group: staff who may look at everything in the admin and change nothing."""
+"""Create the `support` group (see audit/support.py)."""
 
 from django.db import migrations
 
-SUPPORT_GROUP = "support"
-VIEWABLE = {
-    "audit": ["auditevent", "memoryhistory", "auditexportbatch"],
-    "memories": ["enginememoryrow", "apikey", "ratewindow", "externalidentity", "contenthash"],
-    "billing": ["usageevent"],
-    "auth": ["user"],
-}
+from audit.support import SUPPORT_GROUP, support_group_ensure
 
 
 def create_support_group(apps, schema_editor):
@@ -20,11 +14,7 @@ def create_support_group(apps, schema_editor):
         create_permissions(app_config, apps=apps, verbosity=0)
         app_config.models_module = None
 
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    group, _ = Group.objects.get_or_create(name=SUPPORT_GROUP)
-    codenames = [f"view_{model}" for models in VIEWABLE.values() for model in models]
-    group.permissions.set(Permission.objects.filter(codename__in=codenames, content_type__app_label__in=VIEWABLE))
+    support_group_ensure(apps.get_model("auth", "Group"), apps.get_model("auth", "Permission"))
 
 
 def remove_support_group(apps, schema_editor):

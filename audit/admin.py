@@ -1,0 +1,138 @@
+"""Forensic admin: read-only views of the audit trail, memory history and memories."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from django.contrib import admin
+from django.core.paginator import Paginator
+from django.db import connection
+from django.db.models import Q
+from django.urls import reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+
+from audit.models import AuditEvent, AuditExportBatch, MemoryHistory
+
+_UUID = re.compile(r"^[0-9a-fA-F-]{32,36}$")
+
+
+class EstimatedCountPaginator(Paginator):
+    """COUNT(*) over millions of rows is the slow part of a changelist; when nothing
+    filters the list, use the planner's row estimate instead."""
+
+    @cached_property
+    def count(self):
+        query = getattr(self.object_list, "query", None)
+        if query is not None and not query.where:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT reltuples::bigint FROM pg_class WHERE relname = %s", [query.model._meta.db_table]
+                )
+                row = cursor.fetchone()
+            if row and row[0] > 10_000:
+                return row[0]
+        return super().count
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id", "occurred_at", "channel", "operation", "outcome", "error_code", "actor", "actor_client_app",
+        "subject_timeline", "memories_short", "turn_id", "duration_ms",
+    )  # fmt: skip
+    list_filter = ("outcome", "operation", "channel", "turn_event", ("occurred_at", admin.DateFieldListFilter))
+    search_fields = ("actor_username",)
+    search_help_text = "A request id, memory id, turn id, user id (digits) or username."
+    ordering = ("-id",)
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    list_per_page = 100
+    readonly_fields = [f.name for f in AuditEvent._meta.fields]
+
+    def lookup_allowed(self, lookup, value, request=None):
+        # Links from timelines and turns filter on these directly.
+        if lookup in ("subject_user_id", "actor_user_id", "turn_id", "request_id", "staff_user_id"):
+            return True
+        return super().lookup_allowed(lookup, value, request)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if term.isdigit():
+            return queryset.filter(Q(subject_user_id=int(term)) | Q(actor_user_id=int(term))), False
+        if _UUID.match(term):
+            try:
+                canonical = str(uuid.UUID(term))
+            except ValueError:
+                canonical = term
+            return queryset.filter(Q(request_id=canonical) | Q(memory_ids__contains=[canonical])), False
+        return queryset.filter(Q(actor_username=term) | Q(staff_username=term) | Q(turn_id=term)), False
+
+    @admin.display(description="actor")
+    def actor(self, obj):
+        return f"staff:{obj.staff_username}" if obj.staff_username else obj.actor_username
+
+    @admin.display(description="user (timeline)")
+    def subject_timeline(self, obj):
+        if obj.subject_user_id is None:
+            return "-"
+        url = reverse("admin:audit_auditevent_changelist") + f"?subject_user_id={obj.subject_user_id}"
+        return format_html('<a href="{}">{}</a>', url, obj.subject_user_id)
+
+    @admin.display(description="memories")
+    def memories_short(self, obj):
+        ids = obj.memory_ids or []
+        shown = ", ".join(str(i)[:8] for i in ids[:3])
+        return f"{shown} (+{len(ids) - 3})" if len(ids) > 3 else shown
+
+
+@admin.register(MemoryHistory)
+class MemoryHistoryAdmin(ReadOnlyAdmin):
+    list_display = ("recorded_at", "memory_id", "event", "old_short", "new_short", "changed_by", "request_id")
+    list_filter = ("event",)
+    search_fields = ("=memory_id", "=request_id")
+    ordering = ("-recorded_at",)
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    readonly_fields = [f.name for f in MemoryHistory._meta.fields]
+
+    @admin.display(description="old")
+    def old_short(self, obj):
+        return (obj.old_memory or "")[:80]
+
+    @admin.display(description="new")
+    def new_short(self, obj):
+        return (obj.new_memory or "")[:80]
+
+
+@admin.register(AuditExportBatch)
+class AuditExportBatchAdmin(ReadOnlyAdmin):
+    list_display = ("exported_at", "first_id", "last_id", "row_count", "object_key", "sha256")
+    ordering = ("-last_id",)
+
+
+def history_table(memory_id: str):
+    rows = MemoryHistory.objects.filter(memory_id=memory_id).order_by("recorded_at", "id")
+    return format_html(
+        "<table><thead><tr><th>when</th><th>event</th><th>before</th><th>after</th><th>who</th></tr></thead>"
+        "<tbody>{}</tbody></table>",
+        format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            ((r.recorded_at, r.event, r.old_memory or "", r.new_memory or "", r.changed_by) for r in rows),
+        ),
+    )

@@ -1,0 +1,121 @@
+"""Export of the audit trail to object storage: gzipped JSONL batches plus a manifest
+each, under object lock. Resumable and idempotent: the highest exported id is the
+watermark; a rerun after a crash finds objects it already wrote (same rows, same bytes)
+and does not write them again."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.files.base import ContentFile
+from django.core.files.storage import storages
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from audit.models import AuditEvent, AuditExportBatch
+from memories.locks import advisory_lock
+
+logger = logging.getLogger(__name__)
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+@dataclass
+class ExportReport:
+    batches: int = 0
+    rows: int = 0
+    reused_objects: int = 0
+    keys: list[str] = field(default_factory=list)
+
+
+def _encode(rows: list[dict]) -> bytes:
+    lines = (json.dumps(row, cls=DjangoJSONEncoder, sort_keys=True, ensure_ascii=False) for row in rows)
+    # mtime=0: the same rows always give the same bytes, so a rerun can recognise its own object.
+    return gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
+
+
+def _already_written(storage, key: str, digest: str) -> bool:
+    if not storage.exists(key):
+        return False
+    with storage.open(key, "rb") as existing:
+        found = hashlib.sha256(existing.read()).hexdigest()
+    if found != digest:
+        raise ExportError(f"{key} exists with different content (sha256 {found}); refusing to continue")
+    return True
+
+
+def _export_batch(storage, rows: list[dict], report: ExportReport) -> None:
+    body = _encode(rows)
+    digest = hashlib.sha256(body).hexdigest()
+    first_id, last_id = rows[0]["id"], rows[-1]["id"]
+    key = f"{first_id:015d}-{last_id:015d}.jsonl.gz"
+    manifest_key = f"{first_id:015d}-{last_id:015d}.manifest.json"
+    if _already_written(storage, key, digest):
+        report.reused_objects += 1
+    else:
+        storage.save(key, ContentFile(body))
+    if not storage.exists(manifest_key):
+        manifest = {
+            "object": key,
+            "format": "jsonl+gzip",
+            "first_id": first_id,
+            "last_id": last_id,
+            "count": len(rows),
+            "sha256": digest,
+            "exported_at": timezone.now().isoformat(),
+        }
+        storage.save(manifest_key, ContentFile(json.dumps(manifest, indent=2).encode()))
+    with transaction.atomic():
+        AuditExportBatch.objects.create(
+            first_id=first_id,
+            last_id=last_id,
+            row_count=len(rows),
+            sha256=digest,
+            object_key=key,
+            manifest_key=manifest_key,
+        )
+    report.batches += 1
+    report.rows += len(rows)
+    report.keys.append(key)
+
+
+def audit_export(*, batch_size: int | None = None, storage=None) -> ExportReport:
+    """Export every audit row not exported yet, except the last AUDIT_EXPORT_LAG_S of
+    them (so that a transaction still in flight cannot commit a lower id behind us)."""
+    storage = storage or storages["audit"]
+    batch_size = batch_size or settings.AUDIT_EXPORT_BATCH_SIZE
+    report = ExportReport()
+    with advisory_lock("audit-export", timeout_s=1):
+        cutoff = timezone.now() - timedelta(seconds=settings.AUDIT_EXPORT_LAG_S)
+        while True:
+            watermark = AuditExportBatch.objects.aggregate(last=Max("last_id"))["last"] or 0
+            rows = list(
+                AuditEvent.objects.filter(id__gt=watermark, occurred_at__lt=cutoff).order_by("id").values()[:batch_size]
+            )
+            if not rows:
+                break
+            _export_batch(storage, rows, report)
+    logger.info("audit export: %s rows in %s batches", report.rows, report.batches)
+    return report
+
+
+def audit_retention_purge(*, older_than_days: int) -> int:
+    """Delete audit rows that are exported and older than the retention period: the
+    only path the append-only triggers let through."""
+    watermark = AuditExportBatch.objects.aggregate(last=Max("last_id"))["last"] or 0
+    cutoff = timezone.now() - timedelta(days=older_than_days)
+    with transaction.atomic():
+        with transaction.get_connection().cursor() as cursor:
+            cursor.execute("SET LOCAL memsite.audit_retention = 'on'")
+        deleted, _ = AuditEvent.objects.filter(id__lte=watermark, occurred_at__lt=cutoff).delete()
+    return deleted

@@ -1,0 +1,137 @@
+from django.contrib import admin, messages
+from django.db.models.fields.json import KT
+
+from audit.admin import EstimatedCountPaginator, ReadOnlyAdmin, history_table
+from audit.services import audit_staff_action
+from memories.models import ApiKey, EngineMemoryRow, ExternalIdentity, RateWindow
+from memories.services import api_key_revoke
+
+
+def _user_pk(engine_user_id: str) -> int | None:
+    _, _, pk = (engine_user_id or "").rpartition(":")
+    return int(pk) if pk.isdigit() else None
+
+
+@admin.register(EngineMemoryRow)
+class MemoryAdmin(ReadOnlyAdmin):
+    """The engine's table, read-only. Opening a memory (its content) is audited."""
+
+    list_display = ("id", "owner", "text_short", "pinned", "source", "created", "updated")
+    search_fields = ("id",)
+    search_help_text = "Words of the memory text, a memory id, or user:<id>."
+    fields = ("id", "owner", "text", "pinned", "source", "client_app", "metadata", "created", "updated", "history")
+    readonly_fields = fields
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    list_per_page = 100
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .defer("payload")
+            .annotate(owner_id=KT("payload__user_id"), created_at=KT("payload__created_at"))
+            .only("id", "payload")
+            .order_by("-created_at")
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if term.startswith("user:") and term[5:].isdigit():
+            return queryset.filter(owner_id__endswith=f":{term[5:]}"), False
+        try:
+            import uuid
+
+            return queryset.filter(id=uuid.UUID(term)), False
+        except ValueError:
+            return queryset.filter(payload__data__icontains=term), False
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        memory = self.get_object(request, object_id)
+        if memory is not None:
+            audit_staff_action(
+                request,
+                operation="admin_view_memory",
+                subject_user_id=_user_pk(memory.payload.get("user_id", "")),
+                memory_ids=[str(memory.id)],
+            )
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    @admin.display(description="user")
+    def owner(self, obj):
+        return _user_pk(obj.payload.get("user_id", ""))
+
+    @admin.display(description="text")
+    def text_short(self, obj):
+        return (obj.payload.get("data") or "")[:100]
+
+    @admin.display(description="text")
+    def text(self, obj):
+        return obj.payload.get("data")
+
+    @admin.display(boolean=True)
+    def pinned(self, obj):
+        return bool(obj.payload.get("pinned"))
+
+    def source(self, obj):
+        return obj.payload.get("source")
+
+    def client_app(self, obj):
+        return obj.payload.get("client_app")
+
+    def metadata(self, obj):
+        hidden = {"data", "hash", "text_lemmatized", "user_id", "created_at", "updated_at", "pinned", "source"}
+        return {k: v for k, v in obj.payload.items() if k not in hidden and k != "client_app"}
+
+    def created(self, obj):
+        return obj.payload.get("created_at")
+
+    def updated(self, obj):
+        return obj.payload.get("updated_at")
+
+    @admin.display(description="history")
+    def history(self, obj):
+        return history_table(str(obj.id))
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(ReadOnlyAdmin):
+    list_display = ("key_id", "user", "name", "created_at", "last_used_at", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    search_fields = ("=key_id", "user__username")
+    actions = ("revoke",)
+    readonly_fields = ("user", "name", "key_id", "created_at", "last_used_at", "revoked_at")
+    exclude = ("secret_hash",)
+
+    @admin.action(description="Revoke the selected keys", permissions=["revoke"])
+    def revoke(self, request, queryset):
+        revoked = 0
+        for key in queryset.select_related("user"):
+            if api_key_revoke(user=key.user, key_id=key.key_id):
+                revoked += 1
+                audit_staff_action(
+                    request,
+                    operation="admin_revoke_api_key",
+                    subject_user_id=key.user_id,
+                    detail={"key_id": key.key_id},
+                )
+        self.message_user(request, f"{revoked} key(s) revoked.", messages.SUCCESS)
+
+    def has_revoke_permission(self, request):
+        return request.user.has_perm("memories.change_apikey")
+
+
+@admin.register(RateWindow)
+class RateWindowAdmin(ReadOnlyAdmin):
+    list_display = ("user", "operation", "window_start", "window_seconds", "count")
+    list_filter = ("operation",)
+    search_fields = ("user__username",)
+    ordering = ("-window_start",)
+
+
+@admin.register(ExternalIdentity)
+class ExternalIdentityAdmin(ReadOnlyAdmin):
+    list_display = ("user", "issuer", "subject", "created_at")
+    search_fields = ("=subject", "user__username")
