@@ -7,15 +7,18 @@ import base64
 import binascii
 import json
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.db.models.fields.json import KT
+from django.db.models.functions import TruncDate
 
-from audit.services import audit_text
+from audit.models import MemoryHistory
+from audit.services import audit_record, audit_text
+from billing.models import UsageEvent
 from memories.accounting import call_succeeded
 from memories.engine import EngineError, EngineMemory, engine_get, engine_search
 from memories.errors import ErrorCode, ServiceError, not_found
@@ -77,8 +80,39 @@ def memory_get_owned(scope: MemoryScope, *, memory_id: str) -> EngineMemory:
     return item
 
 
-def memory_get(scope: MemoryScope, *, memory_id: str) -> MemoryView:
-    return memory_view(memory_get_owned(scope, memory_id=memory_id))
+def memory_get(scope: MemoryScope, *, memory_id: str, call: CallContext) -> MemoryView:
+    """One memory with its content, for people (the web UI): audited, not billed (it is
+    not one of the agent tools)."""
+    view = memory_view(memory_get_owned(scope, memory_id=memory_id))
+    audit_record(scope, call=call, operation="get_memory", memory_ids=[view.id])
+    return view
+
+
+def memory_versions(scope: MemoryScope, *, memory_id: str) -> list[dict[str, Any]]:
+    """Every version of one of the scope's memories, oldest first, with who made it."""
+    memory_get_owned(scope, memory_id=memory_id)
+    return list(
+        MemoryHistory.objects.filter(memory_id=memory_id)
+        .order_by("recorded_at", "id")
+        .values("event", "old_memory", "new_memory", "changed_by", "recorded_at")
+    )
+
+
+def memory_client_apps(scope: MemoryScope) -> list[str]:
+    apps = owned_rows(scope).annotate(app=KT("payload__client_app")).values_list("app", flat=True).distinct()
+    return sorted(a for a in apps if a)
+
+
+def usage_by_day(scope: MemoryScope, *, days: int = 30) -> list[dict[str, Any]]:
+    """The user's billed calls per operation per day."""
+    since = datetime.now(UTC) - timedelta(days=days)
+    return list(
+        UsageEvent.objects.filter(user_id=str(scope.user_pk), created_at__gte=since)
+        .annotate(day=TruncDate("created_at"))
+        .values("day", "operation")
+        .annotate(calls=Count("id"))
+        .order_by("-day", "operation")
+    )
 
 
 # --- search ---------------------------------------------------------------------------
@@ -144,12 +178,23 @@ def _decode_cursor(cursor: str) -> tuple[str, str]:
         raise ServiceError(ErrorCode.INVALID_ARGUMENT, "cursor is not one this server issued") from None
 
 
-def owned_rows(scope: MemoryScope, *, filters: dict[str, Any] | None = None):
+def owned_rows(
+    scope: MemoryScope,
+    *,
+    filters: dict[str, Any] | None = None,
+    created_from: str | None = None,
+    created_before: str | None = None,
+):
     rows = EngineMemoryRow.objects.annotate(owner=KT("payload__user_id"), created=KT("payload__created_at")).filter(
         owner=scope.engine_user_id
     )
     for key, value in (filters or {}).items():
         rows = rows.filter(**{f"payload__{key}": value})
+    # ISO-8601 UTC timestamps compare correctly as text.
+    if created_from:
+        rows = rows.filter(created__gte=created_from)
+    if created_before:
+        rows = rows.filter(created__lt=created_before)
     return rows
 
 
@@ -165,12 +210,14 @@ def memory_list(
     cursor: str | None = None,
     page_size: int = 50,
     filters: dict[str, Any] | None = None,
+    created_from: str | None = None,
+    created_before: str | None = None,
     call: CallContext,
 ) -> MemoryPage:
     """One page in creation order (oldest first, id breaking ties): each memory
     appears exactly once across pages, even while new ones are added."""
     rate_limit_consume(scope, operation="list_memory")
-    rows = owned_rows(scope, filters=filters)
+    rows = owned_rows(scope, filters=filters, created_from=created_from, created_before=created_before)
     if cursor:
         created_at, memory_id = _decode_cursor(cursor)
         rows = rows.filter(Q(created__gt=created_at) | Q(created=created_at, id__gt=memory_id))

@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.postgres",
     "django_celery_beat",
     "rest_framework",
     "drf_spectacular",
@@ -122,6 +123,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "web-memories"
+LOGOUT_REDIRECT_URL = "login"
 SESSION_COOKIE_SECURE = not LOCAL_DEV
 CSRF_COOKIE_SECURE = not LOCAL_DEV
 

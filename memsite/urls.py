@@ -12,4 +12,5 @@ urlpatterns = [
     path(PROTECTED_RESOURCE_PATH.lstrip("/") + MCP_PATH, protected_resource_metadata),
     path("v1/", include("memories.urls")),
     path("admin/", admin.site.urls),
+    path("", include("memories.web_urls")),
 ]

@@ -1,0 +1,19 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from memories import web
+
+urlpatterns = [
+    path("", web.home, name="web-home"),
+    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("memories/", web.memory_index, name="web-memories"),
+    path("memories/clear/", web.memory_clear, name="web-clear"),
+    path("memories/<uuid:memory_id>/", web.memory_detail, name="web-memory"),
+    path("memories/<uuid:memory_id>/pin/", web.memory_pin, name="web-memory-pin"),
+    path("memories/<uuid:memory_id>/edit/", web.memory_edit, name="web-memory-edit"),
+    path("memories/<uuid:memory_id>/delete/", web.memory_delete_view, name="web-memory-delete"),
+    path("keys/", web.api_keys, name="web-keys"),
+    path("keys/<str:key_id>/revoke/", web.api_key_revoke_view, name="web-key-revoke"),
+    path("usage/", web.usage, name="web-usage"),
+]
