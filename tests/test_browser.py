@@ -1,0 +1,208 @@
+"""The web UI in real headless Chromium (Debian's chromium + chromedriver, installed by
+.ci/run), against the live server. Saves a screenshot of each page to docs/screenshots/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+
+from memories import engine
+from memories.scope import MemoryScope
+from memories.services import memory_remember
+from tests.conftest import internal_call
+from tests.environment import ROOT
+
+pytestmark = pytest.mark.slow
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+if not (CHROMIUM and CHROMEDRIVER):
+    if os.environ.get("CI"):
+        raise RuntimeError("CI needs Debian's chromium and chromium-driver (.ci/run installs them)")
+    pytest.skip(
+        "chromium/chromedriver not installed (apt-get install chromium chromium-driver)", allow_module_level=True
+    )
+
+
+@pytest.fixture
+def browser(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run",
+        "--disable-dev-shm-usage", "--disable-features=Translate,MediaRouter,OptimizationHints",
+        f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1280,1000",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver.implicitly_wait(5)
+    yield driver
+    driver.quit()
+
+
+class Page:
+    def __init__(self, driver, base_url: str):
+        self.driver, self.base = driver, base_url
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base + path)
+
+    def find(self, css: str):
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_element(By.CSS_SELECTOR, css)
+
+    def fill(self, css: str, text: str) -> None:
+        field = self.find(css)
+        field.clear()
+        field.send_keys(text)
+
+    def _navigating(self, element) -> None:
+        """Click something that loads a new page, and wait until it has."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        old = self.driver.find_element(By.TAG_NAME, "html")
+        element.click()
+        WebDriverWait(self.driver, 15).until(expected_conditions.staleness_of(old))
+
+    def click(self, css: str) -> None:
+        self._navigating(self.find(css))
+
+    def click_text(self, text: str) -> None:
+        from selenium.webdriver.common.by import By
+
+        self._navigating(
+            self.driver.find_element(By.XPATH, f"//*[self::a or self::button][normalize-space()='{text}']")
+        )
+
+    @property
+    def text(self) -> str:
+        return self.find("main").text
+
+    def shot(self, name: str) -> None:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        height = self.driver.execute_script("return document.documentElement.scrollHeight")
+        width = self.driver.get_window_size()["width"]
+        self.driver.set_window_size(width, max(600, min(height + 140, 2400)))
+        self.driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+
+
+def _age(memory_id: str, days: int) -> None:
+    stamp = (datetime.now(UTC) - timedelta(days=days)).isoformat()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE memories SET payload = payload"
+            " || jsonb_build_object('created_at', %s::text, 'updated_at', %s::text) WHERE id = %s",
+            [stamp, stamp, memory_id],
+        )
+
+
+def test_browse_search_pin_edit_delete_and_keys(browser, memsite_server, alice, mcp_as):
+    scope = MemoryScope.for_user(alice)
+    facts = [
+        "I bake sourdough bread every Sunday",
+        "My daughter Mia is allergic to peanuts",
+        "I prefer aisle seats on long flights",
+        "Our team standup is at 9:30 on weekdays",
+    ]
+    ids = {fact: memory_remember(scope, memory=fact, call=internal_call()).id for fact in facts}
+    _age(ids[facts[0]], 120)
+    page = Page(browser, memsite_server)
+
+    page.open("/memories/")
+    assert "/accounts/login/" in browser.current_url
+    page.shot("01-login")
+    page.fill("#id_username", "alice")
+    page.fill("#id_password", "alice-password-1")
+    page.click("button[type=submit]")
+    assert "My memories" in page.text and "Mia is allergic" in page.text
+    page.shot("02-memories")
+
+    page.fill("#q", "bread baking")
+    page.click("form.filters button[type=submit]")
+    assert page.find(".memories li .text").text == facts[0]
+    page.shot("03-search")
+
+    page.click(".memories li .text a")
+    page.click_text("Pin")
+    assert "Pinned" in page.find("h1").text
+    # Pinned in the UI: search_memory over MCP returns it without recency decay.
+    raw = next(r for r in engine.engine_search(scope, query="sourdough bread", top_k=5) if r.id == ids[facts[0]])
+    key_holder = {}
+
+    page.fill("#memory", "I bake sourdough bread every Saturday")
+    page.click_text("Save changes")
+    assert "every Saturday" in page.find("main > p:nth-of-type(2)").text
+    assert "alice (ui)" in page.text
+    page.shot("04-memory-detail")
+
+    page.open("/keys/")
+    page.fill("#name", "browser-test-agent")
+    page.click_text("Create key")
+    key = page.find("#key-value").text
+    assert key.startswith("msk_")
+    key_holder["key"] = key
+    browser.execute_script(
+        "for (const id of ['key-value', 'mcp-config']) {"
+        " const el = document.getElementById(id); el.textContent = el.textContent.replace(/msk_[A-Za-z0-9_-]+/, "
+        "'msk_0123456789ab_EXAMPLE-KEY-SHOWN-ONCE'); }"
+    )
+    page.shot("05-api-key-created")
+
+    mcp = mcp_as(key_holder["key"])
+    found = mcp.ok("search_memory", {"query": "sourdough bread", "top_k": 5})["results"]
+    pinned = next(r for r in found if r["id"] == ids[facts[0]])
+    assert pinned["pinned"] is True
+    raw_now = next(r for r in engine.engine_search(scope, query="sourdough bread", top_k=5) if r.id == ids[facts[0]])
+    assert pinned["score"] == pytest.approx(raw_now.score, abs=1e-6)  # no decay, despite 120 days
+    assert raw.score is not None
+
+    page.click_text("Revoke")
+    assert "revoked" in page.text
+    page.shot("06-api-keys")
+    with pytest.raises(Exception):  # noqa: B017 - the SDK client raises on the 401
+        mcp_as(key_holder["key"]).call("list_memory", {})
+
+    page.open(f"/memories/{ids[facts[2]]}/")
+    page.click_text("Delete…")
+    assert "Delete this memory?" in page.text
+    page.shot("07-delete-confirmation")
+    page.click_text("Delete memory")
+    assert "Memory deleted." in page.text and "aisle seats" not in page.text
+    assert engine.engine_get(ids[facts[2]]) is None
+
+    page.open("/usage/")
+    assert "search_memory" in page.text
+    page.shot("08-usage")
+    page.open("/memories/clear/")
+    page.shot("09-clear-all")
+
+    browser.set_window_size(390, 844)  # a phone
+    page.open("/memories/")
+    assert page.find("#q").is_displayed()
+    width = browser.execute_script("return document.documentElement.scrollWidth")
+    assert width <= 390, f"horizontal scroll on a phone: {width}px"
+    page.shot("10-phone")
+
+
+def test_bob_sees_404_for_alices_memory(browser, memsite_server, alice, bob):
+    memory_id = memory_remember(MemoryScope.for_user(alice), memory="Alice's secret", call=internal_call()).id
+    page = Page(browser, memsite_server)
+    page.open("/accounts/login/")
+    page.fill("#id_username", "bob")
+    page.fill("#id_password", "bob-password-1")
+    page.click("button[type=submit]")
+    for path in (f"/memories/{memory_id}/", f"/memories/{memory_id}/delete/"):
+        page.open(path)
+        assert "Not Found" in browser.page_source or "404" in browser.title
+        assert "Alice's secret" not in browser.page_source
