@@ -5,7 +5,7 @@ from memories import web
 
 urlpatterns = [
     path("", web.home, name="web-home"),
-    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("accounts/login/", web.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("memories/", web.memory_index, name="web-memories"),
     path("memories/clear/", web.memory_clear, name="web-clear"),

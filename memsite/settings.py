@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.postgres",
     "django_celery_beat",
+    "mozilla_django_oidc",
     "rest_framework",
     "drf_spectacular",
     "memsite",
@@ -82,6 +83,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "memories.context_processors.web",
             ],
         },
     },
@@ -184,6 +186,27 @@ OIDC_JWKS_URL = env_str("OIDC_JWKS_URL")
 OIDC_ALGORITHMS = env_list("OIDC_ALGORITHMS", ["RS256", "ES256"])
 if OIDC_ISSUER and not OIDC_AUDIENCE:
     raise ConfigError("OIDC_ISSUER needs OIDC_AUDIENCE (the audience our access tokens carry)")
+
+# Web UI login through the same provider (authorization code + PKCE): set the client.
+OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID")
+OIDC_RP_CLIENT_SECRET = env_str("OIDC_RP_CLIENT_SECRET")
+OIDC_WEB_LOGIN = bool(OIDC_RP_CLIENT_ID)
+if OIDC_WEB_LOGIN and not OIDC_ISSUER:
+    raise ConfigError("OIDC_RP_CLIENT_ID needs OIDC_ISSUER")
+OIDC_RP_SIGN_ALGO = env_str("OIDC_RP_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid email profile")
+OIDC_USE_PKCE = True
+OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("OIDC_OP_AUTHORIZATION_ENDPOINT")
+OIDC_OP_TOKEN_ENDPOINT = env_str("OIDC_OP_TOKEN_ENDPOINT")
+OIDC_OP_USER_ENDPOINT = env_str("OIDC_OP_USER_ENDPOINT")
+OIDC_OP_JWKS_ENDPOINT = env_str("OIDC_OP_JWKS_ENDPOINT")
+OIDC_OP_LOGOUT_ENDPOINT = env_str("OIDC_OP_LOGOUT_ENDPOINT")
+OIDC_AUTHENTICATE_CLASS = "memories.oidc_web.LoginStart"
+OIDC_CALLBACK_CLASS = "memories.oidc_web.LoginCallback"
+OIDC_OP_LOGOUT_URL_METHOD = "memories.oidc_web.provider_logout_url"
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+if OIDC_WEB_LOGIN:
+    AUTHENTICATION_BACKENDS.append("memories.oidc_web.MemsiteOIDCBackend")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["memories.api_auth.BearerTokenAuthentication"],

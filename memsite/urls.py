@@ -12,5 +12,6 @@ urlpatterns = [
     path(PROTECTED_RESOURCE_PATH.lstrip("/") + MCP_PATH, protected_resource_metadata),
     path("v1/", include("memories.urls")),
     path("admin/", admin.site.urls),
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("", include("memories.web_urls")),
 ]

@@ -5,11 +5,14 @@ sent so tests can look at prompts and calls."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 
 class FakeServer:
@@ -22,6 +25,12 @@ class FakeServer:
                 pass
 
             def _reply(self, status: int, body: Any) -> None:
+                if status in (301, 302, 303):
+                    self.send_response(status)
+                    self.send_header("Location", body)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -36,7 +45,10 @@ class FakeServer:
             def do_POST(self):  # noqa: N802
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                payload = json.loads(raw) if raw else None
+                if "application/x-www-form-urlencoded" in (self.headers.get("Content-Type") or ""):
+                    payload = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+                else:
+                    payload = json.loads(raw) if raw else None
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 fake.requests.append({"path": self.path, "headers": headers, "json": payload})
                 status, body = fake.handle("POST", self.path, self.headers, payload)
@@ -138,7 +150,8 @@ def _b64url(number: int) -> str:
 
 
 class FakeOIDC(FakeServer):
-    """Discovery document and JWKS of an OIDC provider, plus a way to mint tokens."""
+    """An OIDC provider: discovery, JWKS, an authorize endpoint that signs in
+    `self.login_as` at once, and a token endpoint that checks PKCE."""
 
     def __init__(self) -> None:
         from cryptography.hazmat.primitives.asymmetric import rsa
@@ -146,6 +159,9 @@ class FakeOIDC(FakeServer):
         super().__init__()
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.kid = "test-key-1"
+        self.client_id = "memsite-web"
+        self.login_as = {"sub": "web-user-1", "email": "erin@example.com", "preferred_username": "erin"}
+        self.codes: dict[str, dict] = {}
 
     @property
     def issuer(self) -> str:
@@ -158,12 +174,36 @@ class FakeOIDC(FakeServer):
                 "jwks_uri": f"{self.url}/jwks",
                 "authorization_endpoint": f"{self.url}/authorize",
                 "token_endpoint": f"{self.url}/token",
+                "end_session_endpoint": f"{self.url}/logout",
             }
+        if path.startswith("/authorize"):
+            return self._authorize({k: v[0] for k, v in parse_qs(urlsplit(path).query).items()})
+        if path == "/token" and method == "POST":
+            return self._token(payload or {})
         if path == "/jwks":
             numbers = self.key.public_key().public_numbers()
             jwk = {"kty": "RSA", "kid": self.kid, "use": "sig", "alg": "RS256"}
             return 200, {"keys": [{**jwk, "n": _b64url(numbers.n), "e": _b64url(numbers.e)}]}
         return 404, {"error": "not_found"}
+
+    def _authorize(self, query: dict) -> tuple[int, Any]:
+        if query.get("client_id") != self.client_id or query.get("code_challenge_method") != "S256":
+            return 400, {"error": "invalid_request"}
+        code = base64.urlsafe_b64encode(os.urandom(18)).decode()
+        self.codes[code] = query
+        return 302, f"{query['redirect_uri']}?{urlencode({'code': code, 'state': query['state']})}"
+
+    def _token(self, form: dict) -> tuple[int, Any]:
+        grant = self.codes.pop(form.get("code", ""), None)
+        if grant is None or form.get("redirect_uri") != grant["redirect_uri"]:
+            return 400, {"error": "invalid_grant"}
+        verifier = form.get("code_verifier", "")
+        challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).decode().rstrip("=")
+        if challenge != grant["code_challenge"]:
+            return 400, {"error": "invalid_grant", "error_description": "PKCE verification failed"}
+        id_token = self.token(aud=self.client_id, nonce=grant.get("nonce"), **self.login_as)
+        access = self.token(aud="memsite", azp=self.client_id, **self.login_as)
+        return 200, {"access_token": access, "id_token": id_token, "token_type": "Bearer", "expires_in": 300}
 
     def token(self, *, key=None, kid: str | None = None, **claims) -> str:
         import jwt

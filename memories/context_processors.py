@@ -1,0 +1,9 @@
+from django.contrib.auth import BACKEND_SESSION_KEY
+
+OIDC_BACKEND = "memories.oidc_web.MemsiteOIDCBackend"
+
+
+def web(request) -> dict:
+    """Whether signing out should also end the session at the OIDC provider."""
+    session = getattr(request, "session", None)
+    return {"oidc_logout": bool(session) and session.get(BACKEND_SESSION_KEY) == OIDC_BACKEND}
