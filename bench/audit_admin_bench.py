@@ -6,15 +6,10 @@ bench/run audit_admin [--rows 1000000] [--repeat 10]
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
-from pathlib import Path
 
-from bench.engine_bench import percentiles, timed
-
-ROOT = Path(__file__).resolve().parent.parent
+from bench.common import bench_database, percentiles, timed, write_results
 
 FILL = """
 INSERT INTO audit_auditevent (occurred_at, request_id, channel, operation, outcome, error_code, actor_user_id,
@@ -79,23 +74,9 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=10)
     args = parser.parse_args()
-    os.environ.setdefault("MEMSITE_DATA_DIR", str(ROOT / "var" / "bench"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    from memsite.launcher import embedded_database_for_command
-
-    with embedded_database_for_command():
-        call_command("migrate", verbosity=0)
+    with bench_database():
         results = run(args.rows, args.repeat)
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    out = out_dir / f"audit-admin-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"benchmark": "audit_admin", "rows": args.rows, "results": results}, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    write_results("audit-admin", results, rows=args.rows)
     return 0
 
 

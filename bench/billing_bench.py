@@ -7,15 +7,9 @@ transaction, plus the on-commit enqueue of the delivery task (Postgres broker).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
-from pathlib import Path
 
-from bench.engine_bench import percentiles, timed
-
-ROOT = Path(__file__).resolve().parent.parent
+from bench.common import bench_database, percentiles, timed, write_results
 
 
 def run(calls: int) -> dict:
@@ -57,27 +51,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000)
     args = parser.parse_args()
-    os.environ.setdefault("MEMSITE_DATA_DIR", str(ROOT / "var" / "bench"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    from memsite.launcher import embedded_database_for_command
-
-    with embedded_database_for_command():
-        call_command("migrate", verbosity=0)
+    with bench_database():
         results = run(args.calls)
-        from django.db import connection
-
-        with connection.cursor() as cursor:  # the bench's delivery tasks have no worker
-            cursor.execute("DELETE FROM kombu_message")
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    out = out_dir / f"billing-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"benchmark": "billing", "results": results}, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    write_results("billing", results)
     return 0
 
 

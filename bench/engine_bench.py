@@ -10,15 +10,10 @@ throughput; writes JSON to bench/results/.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
-import statistics
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.common import bench_database, percentiles, timed, write_results
 
 SUBJECTS = ["my sister", "our landlord", "the dentist", "my manager", "the kids", "grandma", "my friend Tom", "the vet"]
 VERBS = ["booked", "cancelled", "moved", "paid for", "forgot", "asked about", "recommended", "complained about"]
@@ -36,25 +31,6 @@ def synthetic_fact(rng: random.Random, i: int) -> str:
 
 def synthetic_query(rng: random.Random) -> str:
     return f"what did {rng.choice(SUBJECTS)} do about {rng.choice(OBJECTS)}?"
-
-
-def percentiles(samples_ms: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_ms)
-    cuts = statistics.quantiles(ordered, n=100, method="inclusive")
-    return {
-        "n": len(ordered),
-        "p50_ms": round(cuts[49], 2),
-        "p95_ms": round(cuts[94], 2),
-        "p99_ms": round(cuts[98], 2),
-        "mean_ms": round(statistics.fmean(ordered), 2),
-        "per_s": round(1000 / statistics.fmean(ordered), 1),
-    }
-
-
-def timed(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return (time.perf_counter() - started) * 1000
 
 
 def run(sizes: list[int], queries: int, add_samples: int) -> dict:
@@ -93,26 +69,9 @@ def main() -> int:
     parser.add_argument("--add-samples", type=int, default=200, help="adds timed just before each size")
     args = parser.parse_args()
 
-    os.environ.setdefault("MEMSITE_DATA_DIR", str(ROOT / "var" / "bench"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    from memsite.launcher import embedded_database_for_command
-
-    with embedded_database_for_command():
-        call_command("migrate", verbosity=0)
+    with bench_database():
         results = run(args.sizes, args.queries, args.add_samples)
-        from memories.engine import engine_close
-
-        engine_close()
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    out = out_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"benchmark": "engine", "results": results}, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    write_results("engine", results)
     return 0
 
 

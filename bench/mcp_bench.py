@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -20,11 +19,10 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from bench.engine_bench import percentiles, synthetic_fact, synthetic_query
+from bench.common import ROOT, bench_database, percentiles, write_results
+from bench.engine_bench import synthetic_fact, synthetic_query
 
-ROOT = Path(__file__).resolve().parent.parent
 RATE_LIMITS_OFF = {f"RATE_LIMIT_{op}": "0" for op in ("REMEMBER", "SEARCH_MEMORY", "CLEAR_ALL_MEMORY")}
 
 
@@ -126,20 +124,12 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200, help="timed calls per figure")
     args = parser.parse_args()
 
-    os.environ.setdefault("MEMSITE_DATA_DIR", str(ROOT / "var" / "bench"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
-    import django
+    with bench_database():
+        from django.contrib.auth import get_user_model
 
-    django.setup()
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
+        from memories.scope import MemoryScope
+        from memories.services import api_key_issue, memory_clear_all
 
-    from memories.scope import MemoryScope
-    from memories.services import api_key_issue, memory_clear_all
-    from memsite.launcher import embedded_database_for_command
-
-    with embedded_database_for_command():
-        call_command("migrate", verbosity=0)
         user, _ = get_user_model().objects.get_or_create(username="bench-mcp")
         token = api_key_issue(user=user, name="bench")[1]
         os.environ.update(RATE_LIMITS_OFF)
@@ -153,14 +143,7 @@ def main() -> int:
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(30)
-        from memories.engine import engine_close
-
-        engine_close()
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    out = out_dir / f"mcp-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"benchmark": "mcp", "results": results}, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    write_results("mcp", results)
     return 0
 
 
