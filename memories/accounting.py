@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from audit.services import audit_record
+from django.db import transaction
+
+from audit.services import audit_failure, audit_record
 from billing.services import usage_event_record
+from memories.errors import ErrorCode, ServiceError
 from memories.scope import CallContext, MemoryScope
+
+logger = logging.getLogger(__name__)
 
 
 def call_succeeded(
@@ -25,3 +33,26 @@ def call_succeeded(
     audit_record(
         scope, call=call, operation=operation, memory_ids=memory_ids, before=before, after=after, detail=detail
     )
+
+
+@contextmanager
+def failures_audited(scope: MemoryScope, *, call: CallContext, operation: str, memory_id: Any = None) -> Iterator[None]:
+    """A call that fails still leaves its one audit row (and no usage event)."""
+    try:
+        yield
+    except ServiceError as error:
+        _audit_failure(scope, call, operation, error, memory_id)
+        raise
+    except Exception:
+        _audit_failure(
+            scope, call, operation, ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "unexpected failure"), memory_id
+        )
+        raise
+
+
+def _audit_failure(scope, call, operation, error, memory_id) -> None:
+    try:
+        with transaction.atomic():
+            audit_failure(scope, call=call, operation=operation, error=error, memory_id=memory_id)
+    except Exception:  # never hide the caller's error behind an audit failure, but say so
+        logger.exception("could not write the audit row for a failed %s call", operation)

@@ -11,13 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from django.db import transaction
 from pydantic import BaseModel
 
-from audit.services import audit_failure
 from memories import schemas
+from memories.accounting import failures_audited
 from memories.auth import Principal
-from memories.errors import ErrorCode, ServiceError
 from memories.scope import CallContext, MemoryScope
 from memories.selectors import memory_list, memory_search
 from memories.services import (
@@ -160,16 +158,10 @@ def operation_execute(principal: Principal, name: str, arguments: Any, *, call: 
         actor_auth=principal.method,
         turn_id=call.turn_id or _turn_id(arguments),
     )
-    try:
+    memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
+    with failures_audited(scope, call=call, operation=name, memory_id=memory_id):
         validated = schemas.validate_input(operation.input_model, arguments)
         return operation.run(scope, validated, call)
-    except ServiceError as error:
-        _audit_failure(scope, call, name, error, arguments)
-        raise
-    except Exception:
-        error = ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "unexpected failure")
-        _audit_failure(scope, call, name, error, arguments)
-        raise
 
 
 def _turn_id(arguments: Any) -> str:
@@ -179,12 +171,3 @@ def _turn_id(arguments: Any) -> str:
         return ""
     value = metadata.get("turn_id") or metadata.get("session_id")
     return value[:128] if isinstance(value, str) else ""
-
-
-def _audit_failure(scope: MemoryScope, call: CallContext, name: str, error: ServiceError, arguments: Any) -> None:
-    memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
-    try:
-        with transaction.atomic():
-            audit_failure(scope, call=call, operation=name, error=error, memory_id=memory_id)
-    except Exception:  # never hide the caller's error behind an audit failure, but say so
-        logger.exception("could not write the audit row for a failed %s call", name)

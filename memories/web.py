@@ -15,6 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from memories.accounting import failures_audited
 from memories.errors import ErrorCode, ServiceError
 from memories.mcp_paths import MCP_PATH
 from memories.models import ApiKey
@@ -49,9 +50,11 @@ def _call(request) -> CallContext:
     )
 
 
-def _owned_or_404(fn, *args, **kwargs):
+def _owned_or_404(operation: str, fn, scope: MemoryScope, *, call: CallContext, **kwargs):
+    """Run a service on one memory; a missing or foreign id is a 404 (and audited)."""
     try:
-        return fn(*args, **kwargs)
+        with failures_audited(scope, call=call, operation=operation, memory_id=kwargs.get("memory_id")):
+            return fn(scope, call=call, **kwargs)
     except ServiceError as exc:
         if exc.code == ErrorCode.NOT_FOUND:
             raise Http404("No memory with that id.") from None
@@ -103,20 +106,22 @@ def memory_index(request):
     }
     try:
         if query:
-            found = memory_search(scope, query=query, top_k=SEARCH_RESULTS, filters=filters or None, call=call)
+            with failures_audited(scope, call=call, operation="search_memory"):
+                found = memory_search(scope, query=query, top_k=SEARCH_RESULTS, filters=filters or None, call=call)
             if date_from or date_to:
                 found = [m for m in found if _within(m.created_at, date_from, date_to)]
             context["memories"] = found
         else:
-            page = memory_list(
-                scope,
-                cursor=request.GET.get("cursor") or None,
-                page_size=PAGE_SIZE,
-                filters=filters or None,
-                created_from=date_from,
-                created_before=_day_after(date_to),
-                call=call,
-            )
+            with failures_audited(scope, call=call, operation="list_memory"):
+                page = memory_list(
+                    scope,
+                    cursor=request.GET.get("cursor") or None,
+                    page_size=PAGE_SIZE,
+                    filters=filters or None,
+                    created_from=date_from,
+                    created_before=_day_after(date_to),
+                    call=call,
+                )
             context.update(memories=page.memories, next_cursor=page.next_cursor)
     except ServiceError as exc:
         messages.error(request, exc.message)
@@ -141,7 +146,7 @@ def _within(created_at: str | None, date_from: str | None, date_to: str | None) 
 @require_GET
 def memory_detail(request, memory_id: str):
     scope = _scope(request)
-    memory = _owned_or_404(memory_get, scope, memory_id=str(memory_id), call=_call(request))
+    memory = _owned_or_404("get_memory", memory_get, scope, memory_id=str(memory_id), call=_call(request))
     versions = memory_versions(scope, memory_id=memory.id)
     return render(
         request, "web/memory_detail.html", {"memory": memory, "versions": versions, "max_chars": MEMORY_MAX_CHARS}
@@ -149,20 +154,16 @@ def memory_detail(request, memory_id: str):
 
 
 def _update(request, memory_id: str, arguments: dict) -> HttpResponseRedirect:
+    scope, call = _scope(request), _call(request)
+
+    def validated_update(scope, *, call, memory_id):
+        data = validate_input(UpdateInput, {"memory_id": memory_id, **arguments})
+        return memory_update(scope, memory_id=data.memory_id, memory=data.memory, pinned=data.pinned, call=call)
+
     try:
-        data = validate_input(UpdateInput, {"memory_id": str(memory_id), **arguments})
-        _owned_or_404(
-            memory_update,
-            _scope(request),
-            memory_id=data.memory_id,
-            memory=data.memory,
-            pinned=data.pinned,
-            call=_call(request),
-        )
+        _owned_or_404("update_memory", validated_update, scope, memory_id=str(memory_id), call=call)
         messages.success(request, "Saved.")
     except ServiceError as exc:
-        if exc.code == ErrorCode.NOT_FOUND:
-            raise
         messages.error(request, exc.message)
     return redirect("web-memory", memory_id=memory_id)
 
@@ -184,10 +185,10 @@ def memory_edit(request, memory_id: str):
 def memory_delete_view(request, memory_id: str):
     scope, call = _scope(request), _call(request)
     if request.method == "GET":
-        memory = _owned_or_404(memory_get, scope, memory_id=str(memory_id), call=call)
+        memory = _owned_or_404("get_memory", memory_get, scope, memory_id=str(memory_id), call=call)
         return render(request, "web/memory_delete.html", {"memory": memory})
     try:
-        _owned_or_404(memory_delete, scope, memory_id=str(memory_id), call=call)
+        _owned_or_404("delete_memory", memory_delete, scope, memory_id=str(memory_id), call=call)
     except ServiceError as exc:
         messages.error(request, exc.message)
         return redirect("web-memory", memory_id=memory_id)
@@ -202,14 +203,17 @@ CLEAR_PHRASE = "delete all my memories"
 @require_http_methods(["GET", "POST"])
 def memory_clear(request):
     if request.method == "POST":
-        if request.POST.get("confirmation", "").strip().lower() != CLEAR_PHRASE:
-            messages.error(request, f'Type "{CLEAR_PHRASE}" to confirm.')
-        else:
-            try:
-                deleted = memory_clear_all(_scope(request), confirm=True, call=_call(request))
-                messages.success(request, f"Deleted {deleted} memories.")
-                return redirect("web-memories")
-            except ServiceError as exc:
+        scope, call = _scope(request), _call(request)
+        confirmed = request.POST.get("confirmation", "").strip().lower() == CLEAR_PHRASE
+        try:
+            with failures_audited(scope, call=call, operation="clear_all_memory"):
+                deleted = memory_clear_all(scope, confirm=confirmed, call=call)
+            messages.success(request, f"Deleted {deleted} memories.")
+            return redirect("web-memories")
+        except ServiceError as exc:
+            if exc.code == ErrorCode.CONFIRMATION_REQUIRED:
+                messages.error(request, f'Type "{CLEAR_PHRASE}" to confirm.')
+            else:
                 messages.error(request, exc.message)
     return render(request, "web/memory_clear.html", {"phrase": CLEAR_PHRASE})
 

@@ -119,3 +119,21 @@ def test_csrf_is_enforced():
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
     assert client.post("/keys/", {"name": "x"}).status_code == 403
+
+
+def test_each_ui_action_leaves_exactly_one_audit_row(client, alice, alice_memory):
+    client.force_login(alice)
+    actions = [
+        ("get", "/memories/", {}, "list_memory", "ok"),
+        ("get", "/memories/?q=bread", {}, "search_memory", "ok"),
+        ("get", f"/memories/{alice_memory}/", {}, "get_memory", "ok"),
+        ("post", f"/memories/{alice_memory}/pin/", {"pinned": "true"}, "update_memory", "ok"),
+        ("post", f"/memories/{alice_memory}/edit/", {"memory": ""}, "update_memory", "error"),
+        ("post", f"/memories/{alice_memory}/delete/", {}, "delete_memory", "ok"),
+        ("post", "/memories/clear/", {"confirmation": "delete all my memories"}, "clear_all_memory", "ok"),
+    ]
+    for method, url, data, operation, outcome in actions:
+        before = AuditEvent.objects.count()
+        getattr(client, method)(url, data)
+        rows = list(AuditEvent.objects.order_by("-id")[: AuditEvent.objects.count() - before])
+        assert [(r.operation, r.outcome, r.channel) for r in rows] == [(operation, outcome, "ui")], url
