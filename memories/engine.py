@@ -224,6 +224,11 @@ def engine_search(
     return [_from_item(item) for item in result.get("results") or []]
 
 
+def engine_embed_query(text: str) -> list[float]:
+    """The query vector the engine would search with."""
+    return _call("embed", get_memory().embedding_model.embed, text, "search")
+
+
 def engine_get(memory_id: str) -> EngineMemory | None:
     """Any user's memory by id; callers check ownership against their scope."""
     memory = get_memory()

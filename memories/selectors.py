@@ -20,10 +20,11 @@ from audit.models import MemoryHistory
 from audit.services import audit_record, audit_text
 from billing.models import UsageEvent
 from memories.accounting import call_succeeded
-from memories.engine import EngineError, EngineMemory, engine_get, engine_search
+from memories.engine import EngineError, EngineMemory, engine_get
 from memories.errors import ErrorCode, ServiceError, not_found
 from memories.models import EngineMemoryRow
 from memories.ratelimit import rate_limit_consume
+from memories.retrieval import hybrid_search
 from memories.scope import CallContext, MemoryScope
 
 # Metadata keys the service writes; everything else in metadata is the client's own.
@@ -130,11 +131,14 @@ def _age_days(item: EngineMemory, now: datetime) -> float:
 
 
 def decayed_score(item: EngineMemory, *, now: datetime) -> float:
-    """Pinned memories keep their score; others halve every half-life of age."""
+    """Pinned memories keep their score. Others lose relevance with age, halving the
+    decaying part every half-life, but never below SEARCH_DECAY_FLOOR of it: an old
+    exact match should still beat a fresh unrelated memory."""
     score = item.score or 0.0
     if item.metadata.get("pinned"):
         return score
-    return score * 0.5 ** (_age_days(item, now) / settings.SEARCH_DECAY_HALF_LIFE_DAYS)
+    floor = settings.SEARCH_DECAY_FLOOR
+    return score * (floor + (1 - floor) * 0.5 ** (_age_days(item, now) / settings.SEARCH_DECAY_HALF_LIFE_DAYS))
 
 
 def memory_search(
@@ -142,8 +146,8 @@ def memory_search(
 ) -> list[MemoryView]:
     rate_limit_consume(scope, operation="search_memory")
     try:
-        candidates = engine_search(
-            scope, query=query, top_k=min(100, top_k * settings.SEARCH_CANDIDATE_FACTOR), filters=filters
+        candidates = hybrid_search(
+            scope, query=query, limit=min(100, top_k * settings.SEARCH_CANDIDATE_FACTOR), filters=filters
         )
     except EngineError as exc:
         raise backend_unavailable() from exc

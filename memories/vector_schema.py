@@ -38,6 +38,29 @@ def create_paging_index(schema_editor) -> None:
     )
 
 
+def create_fulltext_column(schema_editor) -> None:
+    """A stored tsvector of the memory text, for the lexical half of hybrid search."""
+    table = sql.Identifier(settings.MEMORY_COLLECTION)
+    schema_editor.execute(
+        sql.SQL(
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS fts tsvector"
+            " GENERATED ALWAYS AS (to_tsvector('english', coalesce(payload->>'data', ''))) STORED"
+        )
+        .format(table)
+        .as_string()
+    )
+    schema_editor.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (fts)")
+        .format(sql.Identifier(f"{settings.MEMORY_COLLECTION}_fts_idx"), table)
+        .as_string()
+    )
+
+
+def drop_fulltext_column(schema_editor) -> None:
+    table = sql.Identifier(settings.MEMORY_COLLECTION)
+    schema_editor.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS fts").format(table).as_string())
+
+
 def drop_paging_index(schema_editor) -> None:
     name = f"{settings.MEMORY_COLLECTION}_user_created_idx"
     schema_editor.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)).as_string())

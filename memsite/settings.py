@@ -158,8 +158,15 @@ PUBLIC_BASE_URL = (env_str("PUBLIC_BASE_URL") or "").rstrip("/") or None
 # --- Memory operations --------------------------------------------------------------
 # Recency decay for non-pinned search results: the score halves every N days.
 SEARCH_DECAY_HALF_LIFE_DAYS = env_float("SEARCH_DECAY_HALF_LIFE_DAYS", 30.0, minimum=0.01)
+SEARCH_DECAY_FLOOR = env_float("SEARCH_DECAY_FLOOR", 0.5, minimum=0.0)
 # Candidates fetched per requested result, so decay can re-rank beyond the top k.
 SEARCH_CANDIDATE_FACTOR = env_int("SEARCH_CANDIDATE_FACTOR", 3, minimum=1)
+# Hybrid retrieval (memories/retrieval.py): each of the vector and BM25 rankings
+# contributes weight / (SEARCH_RRF_K + rank) for its top SEARCH_CANDIDATES. 0 turns one off.
+SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 1.0, minimum=0.0)
+SEARCH_LEXICAL_WEIGHT = env_float("SEARCH_LEXICAL_WEIGHT", 2.0, minimum=0.0)
+SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
+SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 100, minimum=1)
 MEMORY_LOCK_TIMEOUT_S = env_float("MEMORY_LOCK_TIMEOUT_S", 10.0, minimum=0.1)
 
 # Per user and operation: "N/second|minute|hour|day"; 0 disables a limit.

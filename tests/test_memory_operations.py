@@ -11,6 +11,7 @@ from django.db import connection, connections
 from memories import engine
 from memories.errors import ErrorCode, ServiceError
 from memories.models import ContentHash
+from memories.retrieval import hybrid_search
 from memories.selectors import memory_list, memory_search
 from memories.services import memory_clear_all, memory_delete, memory_remember, memory_update
 from tests.conftest import internal_call
@@ -184,16 +185,17 @@ def _age(memory_id: str, days: int) -> None:
 def test_recency_decay_and_pinned_results(alice_scope):
     old = memory_remember(alice_scope, memory="My favourite food is ramen", call=internal_call()).id
     new = memory_remember(alice_scope, memory="My favourite food is pho", call=internal_call()).id
-    _age(old, 120)  # four half-lives: a sixteenth of its score
+    _age(old, 120)  # four half-lives: 0.5 + 0.5/16 of its score (the floor keeps half)
     results = memory_search(alice_scope, query="What is my favourite food?", top_k=2, call=internal_call())
     assert [r.id for r in results] == [new, old]
-    assert results[1].score < results[0].score / 4
+    raw = {r.id: r.score for r in hybrid_search(alice_scope, query="What is my favourite food?", limit=6)}
+    assert results[1].score == pytest.approx(raw[old] * (0.5 + 0.5 / 16), rel=1e-3)
 
     memory_update(alice_scope, memory_id=old, pinned=True, call=internal_call())
     _age(old, 120)
     results = memory_search(alice_scope, query="favourite food ramen", top_k=2, call=internal_call())
     assert results[0].id == old and results[0].pinned is True
-    raw = engine.engine_search(alice_scope, query="favourite food ramen", top_k=2)
+    raw = hybrid_search(alice_scope, query="favourite food ramen", limit=6)
     assert results[0].score == pytest.approx(next(r.score for r in raw if r.id == old), abs=1e-6)
 
 
