@@ -20,6 +20,7 @@ from memories.scope import MemoryScope
 
 BM25_K1 = 1.2
 BM25_B = 0.75
+MAX_QUERY_TERMS = 32
 
 _CORE = {"data", "hash", "created_at", "updated_at", "user_id", "text_lemmatized", "role", "actor_id"}
 
@@ -39,48 +40,48 @@ def _owned_clause(filters: dict[str, Any] | None) -> tuple[sql.Composable, list[
 
 def vector_ranking(scope: MemoryScope, vector: list[float], *, limit: int, filters=None) -> list[str]:
     owned, params = _owned_clause(filters)
-    query = sql.SQL("SELECT id FROM {} WHERE {} ORDER BY vector <=> %s::vector LIMIT %s").format(_table(), owned)
+    # Our MiniLM vectors are unit length, so inner product ranks like cosine, for less work.
+    operator = sql.SQL("<#>" if settings.EMBEDDER == "local" else "<=>")
+    query = sql.SQL("SELECT id FROM {} WHERE {} ORDER BY vector {} %s::vector LIMIT %s").format(
+        _table(), owned, operator
+    )
     literal = "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
     with connection.cursor() as cursor:
         cursor.execute(query.as_string(cursor.connection), [scope.engine_user_id, *params, literal, limit])
         return [str(row[0]) for row in cursor.fetchall()]
 
 
-_BM25 = """
-WITH owned AS MATERIALIZED (SELECT id, fts FROM {table} WHERE {owned}),
-stats AS MATERIALIZED (SELECT count(*)::float AS n, greatest(avg(length(fts)), 1)::float AS avgdl FROM owned),
-terms AS MATERIALIZED (
-    SELECT t AS lexeme, (SELECT count(*) FROM owned WHERE fts @@ quote_literal(t)::tsquery)::float AS df
-    FROM unnest(%s::text[]) AS t
-),
-matched AS (SELECT id, fts, length(fts)::float AS dl FROM owned WHERE fts @@ %s::tsquery)
-SELECT m.id,
-       sum(ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5))
-           * (cardinality(u.positions) * ({k1} + 1))
-           / (cardinality(u.positions) + {k1} * (1 - {b} + {b} * m.dl / s.avgdl))) AS score
-FROM matched m CROSS JOIN stats s
-CROSS JOIN LATERAL unnest(m.fts) AS u
-JOIN terms t ON t.lexeme = u.lexeme
-GROUP BY m.id
-ORDER BY score DESC, m.id
-LIMIT %s
-"""
+def _bm25_statement(terms: int) -> str:
+    """BM25 in one pass over the user's rows: each row is matched against each query
+    term once; corpus size, mean length and document frequencies come from the same
+    rows. Memories are short, so a term's frequency in one is taken as 1."""
+    # Only placeholders and constants are interpolated; values travel as parameters.
+    matches = ", ".join(f"(fts @@ %s::tsquery)::int AS m{i}" for i in range(terms))
+    dfs = ", ".join(f"sum(m{i}) AS df{i}" for i in range(terms))
+    idf = " + ".join(f"ln(1 + (s.n - s.df{i} + 0.5) / (s.df{i} + 0.5)) * m{i}" for i in range(terms))
+    any_match = " + ".join(f"m{i}" for i in range(terms))
+    return (
+        f"WITH owned AS MATERIALIZED (SELECT id, length(fts) AS dl, {matches} FROM {{table}} WHERE {{owned}}),"  # noqa: S608
+        f" s AS (SELECT count(*)::float AS n, greatest(avg(dl), 1)::float AS avgdl, {dfs} FROM owned)"
+        f" SELECT id, ({idf}) * {BM25_K1 + 1} / (1 + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * dl / s.avgdl)) AS score"
+        f" FROM owned, s WHERE {any_match} > 0 ORDER BY score DESC, id LIMIT %s"
+    )
+
+
+def _tsquery(lexeme: str) -> str:
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def lexical_ranking(scope: MemoryScope, query: str, *, limit: int, filters=None) -> list[str]:
-    owned, params = _owned_clause(filters)
+    owned, owned_params = _owned_clause(filters)
     with connection.cursor() as cursor:
         cursor.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [query])
-        lexemes = cursor.fetchone()[0] or []
+        lexemes = (cursor.fetchone()[0] or [])[:MAX_QUERY_TERMS]
         if not lexemes:
             return []
-        any_term = " | ".join("'" + lexeme.replace("'", "''").replace("\\", "\\\\") + "'" for lexeme in lexemes)
-        statement = sql.SQL(_BM25.format(table="{table}", owned="{owned}", k1=BM25_K1, b=BM25_B)).format(
-            table=_table(), owned=owned
-        )
-        cursor.execute(
-            statement.as_string(cursor.connection), [scope.engine_user_id, *params, lexemes, any_term, limit]
-        )
+        statement = sql.SQL(_bm25_statement(len(lexemes))).format(table=_table(), owned=owned)
+        params = [*(_tsquery(lexeme) for lexeme in lexemes), scope.engine_user_id, *owned_params, limit]
+        cursor.execute(statement.as_string(cursor.connection), params)
         return [str(row[0]) for row in cursor.fetchall()]
 
 

@@ -1,0 +1,126 @@
+"""search_memory at 10k memories for one user, with 100k rows in the table across users.
+
+    bench/run search [--users 10] [--per-user 10000] [--queries 200]
+
+The filler rows are inserted straight into the engine's table (embedding 100k texts
+one by one through `remember` would take ~15 minutes on these machines); the searches go
+through the product path (`memory_search`: hybrid retrieval, decay, audit row, usage
+event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+from datetime import UTC, datetime
+
+from bench.common import bench_database, percentiles, timed, write_results
+from bench.engine_bench import synthetic_fact, synthetic_query
+
+CHUNK = 1000
+
+
+def fill(users: int, per_user: int) -> list:
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    from memories.engine import get_memory
+    from memories.scope import MemoryScope
+
+    scopes = []
+    for n in range(users):
+        user, _ = get_user_model().objects.get_or_create(username=f"bench-search-{n}")
+        scopes.append(MemoryScope.for_user(user, client_app="bench"))
+    table = settings.MEMORY_COLLECTION
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {table} WHERE payload->>'user_id' = %s", [scopes[0].engine_user_id])  # noqa: S608
+        if cursor.fetchone()[0] == per_user:
+            return scopes
+        cursor.execute(
+            f"DELETE FROM {table} WHERE payload->>'user_id' = ANY(%s)",  # noqa: S608
+            [[s.engine_user_id for s in scopes]],
+        )
+    rng = random.Random(11)
+    texts = [synthetic_fact(rng, i) for i in range(per_user)]
+    print(f"  embedding {len(texts)} texts", file=sys.stderr)
+    vectors = get_memory().embedding_model.embed_batch(texts)
+    literals = ["[" + ",".join(f"{x:.7g}" for x in v) + "]" for v in vectors]
+    now = datetime.now(UTC).isoformat()
+    for scope in scopes:
+        print(f"  inserting {per_user} rows for {scope.engine_user_id}", file=sys.stderr)
+        for start in range(0, per_user, CHUNK):
+            rows = []
+            for i in range(start, min(per_user, start + CHUNK)):
+                payload = {
+                    "data": texts[i], "hash": hashlib.md5(texts[i].encode()).hexdigest(),  # noqa: S324
+                    "created_at": now, "updated_at": now, "user_id": scope.engine_user_id,
+                    "text_lemmatized": texts[i], "role": "user", "pinned": False, "source": "bench",
+                }  # fmt: skip
+                rows.append((literals[i], json.dumps(payload)))
+            with connection.cursor() as cursor:
+                cursor.executemany(
+                    f"INSERT INTO {table} (id, vector, payload) VALUES (gen_random_uuid(), %s::vector, %s::jsonb)",  # noqa: S608
+                    rows,
+                )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {table}")
+    return scopes
+
+
+def run(users: int, per_user: int, queries: int) -> dict:
+    from django.conf import settings
+    from django.db import connection
+
+    from memories.retrieval import hybrid_search
+    from memories.scope import CallContext
+    from memories.selectors import memory_search
+
+    scopes = fill(users, per_user)
+    settings.RATE_LIMITS = {op: (0, 60) for op in settings.RATE_LIMITS}
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {settings.MEMORY_COLLECTION}")  # noqa: S608
+        total = cursor.fetchone()[0]
+    rng = random.Random(5)
+    scope = scopes[0]
+    for _ in range(10):  # warm caches
+        memory_search(scope, query=synthetic_query(rng), top_k=10, call=CallContext(channel="internal"))
+    results = {
+        "rows_in_table": total,
+        "memories_for_user": per_user,
+        "search_memory": percentiles(
+            [
+                timed(
+                    lambda q=synthetic_query(rng): memory_search(
+                        scope, query=q, top_k=10, call=CallContext(channel="internal")
+                    )
+                )
+                for _ in range(queries)
+            ]
+        ),
+        "hybrid_search_only": percentiles(
+            [timed(lambda q=synthetic_query(rng): hybrid_search(scope, query=q, limit=30)) for _ in range(queries)]
+        ),
+    }
+    for name, figures in results.items():
+        print(f"{name:<20} {figures}")
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=10)
+    parser.add_argument("--per-user", type=int, default=10_000)
+    parser.add_argument("--queries", type=int, default=200)
+    args = parser.parse_args()
+    with bench_database():
+        results = run(args.users, args.per_user, args.queries)
+    write_results("search", results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
