@@ -88,25 +88,27 @@ class Page:
 
         self._retry(fill_once)
 
-    def _navigating(self, element) -> None:
+    def _navigating(self, element) -> None:  # element: a callable finding it
         """Click something that loads a new page, and wait until it has."""
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support import expected_conditions
         from selenium.webdriver.support.ui import WebDriverWait
 
-        old = self.driver.find_element(By.TAG_NAME, "html")
-        element.click()
+        old = self._retry(lambda: self.driver.find_element(By.TAG_NAME, "html"))
+        self._retry(lambda: element().click())
         WebDriverWait(self.driver, 15).until(expected_conditions.staleness_of(old))
 
     def click(self, css: str) -> None:
-        self._navigating(self.find(css))
+        self._navigating(lambda: self.find(css))
 
     def click_text(self, text: str) -> None:
         from selenium.webdriver.common.by import By
 
-        self._navigating(
-            self.driver.find_element(By.XPATH, f"//*[self::a or self::button][normalize-space()='{text}']")
-        )
+        xpath = f"//*[self::a or self::button][normalize-space()='{text}']"
+        self._navigating(lambda: self.driver.find_element(By.XPATH, xpath))
+
+    def text_of(self, css: str) -> str:
+        return self._retry(lambda: self.find(css).text)
 
     @property
     def text(self) -> str:
@@ -153,25 +155,25 @@ def test_browse_search_pin_edit_delete_and_keys(browser, memsite_server, alice, 
 
     page.fill("#q", "bread baking")
     page.click("form.filters button[type=submit]")
-    assert page.find(".memories li .text").text == facts[0]
+    assert page.text_of(".memories li .text") == facts[0]
     page.shot("03-search")
 
     page.click(".memories li .text a")
     page.click_text("Pin")
-    assert "Pinned" in page.find("h1").text
+    assert "Pinned" in page.text_of("h1")
     # Pinned in the UI: search_memory over MCP returns it without recency decay.
     key_holder = {}
 
     page.fill("#memory", "I bake sourdough bread every Saturday")
     page.click_text("Save changes")
-    assert "every Saturday" in page.find("main > p:nth-of-type(2)").text
+    assert "every Saturday" in page.text_of("main > p:nth-of-type(2)")
     assert "alice (ui)" in page.text
     page.shot("04-memory-detail")
 
     page.open("/keys/")
     page.fill("#name", "browser-test-agent")
     page.click_text("Create key")
-    key = page.find("#key-value").text
+    key = page.text_of("#key-value")
     assert key.startswith("msk_")
     key_holder["key"] = key
     browser.execute_script(
