@@ -79,6 +79,19 @@ def clean_vectors():
             cursor.execute(f'DELETE FROM "{table}"')  # noqa: S608 - our own table names
 
 
+def age_memory(memory_id: str, days: int) -> None:
+    """Make a memory look `days` old (created and last updated then)."""
+    from datetime import UTC, datetime, timedelta
+
+    stamp = (datetime.now(UTC) - timedelta(days=days)).isoformat()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE memories SET payload = payload"
+            " || jsonb_build_object('created_at', %s::text, 'updated_at', %s::text) WHERE id = %s",
+            [stamp, stamp, memory_id],
+        )
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
 
 from memories import engine
 from memories.retrieval import hybrid_search
 from memories.scope import MemoryScope
 from memories.services import memory_remember
-from tests.conftest import internal_call
+from tests.conftest import age_memory, internal_call
 from tests.environment import ROOT
 
 pytestmark = pytest.mark.slow
@@ -91,12 +89,27 @@ class Page:
     def _navigating(self, element) -> None:  # element: a callable finding it
         """Click something that loads a new page, and wait until it has."""
         from selenium.webdriver.common.by import By
-        from selenium.webdriver.support import expected_conditions
         from selenium.webdriver.support.ui import WebDriverWait
 
         old = self._retry(lambda: self.driver.find_element(By.TAG_NAME, "html"))
         self._retry(lambda: element().click())
-        WebDriverWait(self.driver, 15).until(expected_conditions.staleness_of(old))
+        WebDriverWait(self.driver, 15).until(lambda _: self._gone(old))
+
+    @staticmethod
+    def _gone(element) -> bool:
+        """True once `element` belongs to a replaced document. Chromium reports that as
+        a stale element or as a node that no longer belongs to the document."""
+        from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+
+        try:
+            element.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
 
     def click(self, css: str) -> None:
         self._navigating(lambda: self.find(css))
@@ -122,16 +135,6 @@ class Page:
         self.driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
 
 
-def _age(memory_id: str, days: int) -> None:
-    stamp = (datetime.now(UTC) - timedelta(days=days)).isoformat()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE memories SET payload = payload"
-            " || jsonb_build_object('created_at', %s::text, 'updated_at', %s::text) WHERE id = %s",
-            [stamp, stamp, memory_id],
-        )
-
-
 def test_browse_search_pin_edit_delete_and_keys(browser, memsite_server, alice, mcp_as):
     scope = MemoryScope.for_user(alice)
     facts = [
@@ -141,7 +144,7 @@ def test_browse_search_pin_edit_delete_and_keys(browser, memsite_server, alice, 
         "Our team standup is at 9:30 on weekdays",
     ]
     ids = {fact: memory_remember(scope, memory=fact, call=internal_call()).id for fact in facts}
-    _age(ids[facts[0]], 120)
+    age_memory(ids[facts[0]], 120)
     page = Page(browser, memsite_server)
 
     page.open("/memories/")

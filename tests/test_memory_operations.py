@@ -3,10 +3,9 @@
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 
 from memories import engine
 from memories.errors import ErrorCode, ServiceError
@@ -14,7 +13,7 @@ from memories.models import ContentHash
 from memories.retrieval import hybrid_search
 from memories.selectors import memory_list, memory_search
 from memories.services import memory_clear_all, memory_delete, memory_remember, memory_update
-from tests.conftest import internal_call
+from tests.conftest import age_memory, internal_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -172,27 +171,17 @@ def test_list_filters_and_bad_cursor(alice_scope):
 
 
 # --- search -----------------------------------------------------------------------------
-def _age(memory_id: str, days: int) -> None:
-    stamp = (datetime.now(UTC) - timedelta(days=days)).isoformat()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE memories SET payload = payload"
-            " || jsonb_build_object('created_at', %s::text, 'updated_at', %s::text) WHERE id = %s",
-            [stamp, stamp, memory_id],
-        )
-
-
 def test_recency_decay_and_pinned_results(alice_scope):
     old = memory_remember(alice_scope, memory="My favourite food is ramen", call=internal_call()).id
     new = memory_remember(alice_scope, memory="My favourite food is pho", call=internal_call()).id
-    _age(old, 120)  # four half-lives: 0.5 + 0.5/16 of its score (the floor keeps half)
+    age_memory(old, 120)  # four half-lives: 0.5 + 0.5/16 of its score (the floor keeps half)
     results = memory_search(alice_scope, query="What is my favourite food?", top_k=2, call=internal_call())
     assert [r.id for r in results] == [new, old]
     raw = {r.id: r.score for r in hybrid_search(alice_scope, query="What is my favourite food?", limit=6)}
     assert results[1].score == pytest.approx(raw[old] * (0.5 + 0.5 / 16), rel=1e-3)
 
     memory_update(alice_scope, memory_id=old, pinned=True, call=internal_call())
-    _age(old, 120)
+    age_memory(old, 120)
     results = memory_search(alice_scope, query="favourite food ramen", top_k=2, call=internal_call())
     assert results[0].id == old and results[0].pinned is True
     raw = hybrid_search(alice_scope, query="favourite food ramen", limit=6)
