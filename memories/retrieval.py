@@ -62,7 +62,7 @@ def _bm25_statement(terms: int) -> str:
     any_match = " + ".join(f"m{i}" for i in range(terms))
     return (
         f"WITH owned AS MATERIALIZED (SELECT id, length(fts) AS dl, {matches} FROM {{table}} WHERE {{owned}}),"  # noqa: S608
-        f" s AS (SELECT count(*)::float AS n, greatest(avg(dl), 1)::float AS avgdl, {dfs} FROM owned)"
+        f" s AS MATERIALIZED (SELECT count(*)::float AS n, greatest(avg(dl), 1)::float AS avgdl, {dfs} FROM owned)"
         f" SELECT id, ({idf}) * {BM25_K1 + 1} / (1 + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * dl / s.avgdl)) AS score"
         f" FROM owned, s WHERE {any_match} > 0 ORDER BY score DESC, id LIMIT %s"
     )
