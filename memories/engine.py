@@ -169,6 +169,25 @@ def _call(what: str, fn, *args, **kwargs):
         raise EngineError(f"memory engine {what} failed ({type(exc).__name__})") from exc
 
 
+# Keys mem0 keeps in a row's payload for itself; the rest is the memory's metadata.
+ENGINE_PAYLOAD_KEYS = frozenset(
+    {"data", "hash", "created_at", "updated_at", "user_id", "text_lemmatized", "role", "actor_id"}
+)
+
+
+def engine_memory_from_row(memory_id: Any, payload: dict[str, Any], *, score: float | None = None) -> EngineMemory:
+    """A row of the engine's table (read with SQL, not through mem0) as an EngineMemory."""
+    return EngineMemory(
+        id=str(memory_id),
+        text=payload.get("data", ""),
+        user_id=payload.get("user_id", ""),
+        metadata={k: v for k, v in payload.items() if k not in ENGINE_PAYLOAD_KEYS},
+        created_at=payload.get("created_at"),
+        updated_at=payload.get("updated_at"),
+        score=score,
+    )
+
+
 def _from_item(item: dict[str, Any]) -> EngineMemory:
     return EngineMemory(
         id=str(item["id"]),

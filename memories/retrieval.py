@@ -9,20 +9,19 @@ embedding comes from the engine.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
 from psycopg import sql
 
-from memories.engine import EngineMemory, engine_embed_query
+from memories.engine import EngineMemory, engine_embed_query, engine_memory_from_row
 from memories.scope import MemoryScope
 
 BM25_K1 = 1.2
 BM25_B = 0.75
 MAX_QUERY_TERMS = 32
-
-_CORE = {"data", "hash", "created_at", "updated_at", "user_id", "text_lemmatized", "role", "actor_id"}
 
 
 def _table() -> sql.Identifier:
@@ -104,14 +103,7 @@ def _load(ids: list[str]) -> dict[str, EngineMemory]:
     loaded = {}
     for memory_id, payload in rows:
         payload = payload if isinstance(payload, dict) else json.loads(payload)
-        loaded[str(memory_id)] = EngineMemory(
-            id=str(memory_id),
-            text=payload.get("data", ""),
-            user_id=payload.get("user_id", ""),
-            metadata={k: v for k, v in payload.items() if k not in _CORE},
-            created_at=payload.get("created_at"),
-            updated_at=payload.get("updated_at"),
-        )
+        loaded[str(memory_id)] = engine_memory_from_row(memory_id, payload)
     return loaded
 
 
@@ -132,8 +124,4 @@ def hybrid_search(
         )
     fused = fuse(rankings, k=settings.SEARCH_RRF_K)[:limit]
     loaded = _load([memory_id for memory_id, _ in fused])
-    return [
-        EngineMemory(**{**loaded[memory_id].__dict__, "score": score})
-        for memory_id, score in fused
-        if memory_id in loaded
-    ]
+    return [replace(loaded[memory_id], score=score) for memory_id, score in fused if memory_id in loaded]

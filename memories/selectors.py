@@ -20,7 +20,7 @@ from audit.models import MemoryHistory
 from audit.services import audit_record, audit_text
 from billing.models import UsageEvent
 from memories.accounting import call_succeeded
-from memories.engine import EngineError, EngineMemory, engine_get
+from memories.engine import EngineError, EngineMemory, engine_get, engine_memory_from_row
 from memories.errors import ErrorCode, ServiceError, not_found
 from memories.models import EngineMemoryRow
 from memories.ratelimit import rate_limit_consume
@@ -226,7 +226,7 @@ def memory_list(
         created_at, memory_id = _decode_cursor(cursor)
         rows = rows.filter(Q(created__gt=created_at) | Q(created=created_at, id__gt=memory_id))
     page = list(rows.order_by("created", "id")[: page_size + 1])
-    views = [memory_view(_row_to_engine(row)) for row in page[:page_size]]
+    views = [memory_view(engine_memory_from_row(row.id, row.payload)) for row in page[:page_size]]
     next_cursor = None
     if len(page) > page_size:
         last = page[page_size - 1]
@@ -240,19 +240,6 @@ def memory_list(
             detail={"page_size": page_size, "paged": bool(cursor), "filters": filters or {}, "results": len(views)},
         )
     return MemoryPage(memories=views, next_cursor=next_cursor)
-
-
-def _row_to_engine(row: EngineMemoryRow) -> EngineMemory:
-    payload = dict(row.payload)
-    core = {"data", "hash", "created_at", "updated_at", "user_id", "text_lemmatized", "role", "actor_id"}
-    return EngineMemory(
-        id=str(row.id),
-        text=payload.get("data", ""),
-        user_id=payload.get("user_id", ""),
-        metadata={k: v for k, v in payload.items() if k not in core},
-        created_at=payload.get("created_at"),
-        updated_at=payload.get("updated_at"),
-    )
 
 
 def memory_count(scope: MemoryScope) -> int:
