@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import uuid
 
-from django.conf import settings
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connection
@@ -15,6 +14,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
 from audit.models import AuditEvent, AuditExportBatch, MemoryHistory
+from core.choices import Channel, Operation
 
 _UUID = re.compile(r"^[0-9a-fA-F-]{32,36}$")
 
@@ -54,8 +54,8 @@ def fixed_choices_filter(field: str, values: list[str]):
     return FixedChoicesFilter
 
 
-OPERATIONS = [*settings.MEMORY_OPERATIONS, "admin_view_memory", "admin_revoke_api_key", "admin_retry_usage_events"]
-CHANNELS = ["mcp", "rest", "ui", "admin", "internal"]
+OPERATIONS = list(Operation.values)
+CHANNELS = list(Channel.values)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -21,7 +21,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from audit.models import AuditEvent, AuditExportBatch
-from memories.locks import advisory_lock
+from core.locks import advisory_lock
 
 logger = logging.getLogger(__name__)
 

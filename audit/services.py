@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from audit.models import AuditEvent
-from memories.errors import ServiceError
-from memories.scope import CallContext, MemoryScope
+from core.calls import call_context_from_request
+from core.choices import Channel, Operation
+from core.errors import ServiceError
+from core.scope import DEFAULT_TENANT, MemoryScope
+
+if TYPE_CHECKING:
+    from core.scope import CallContext
 
 TURN_EVENTS = {
-    "remember": AuditEvent.TurnEvent.WRITE,
-    "ingest": AuditEvent.TurnEvent.WRITE,
-    "update_memory": AuditEvent.TurnEvent.WRITE,
-    "search_memory": AuditEvent.TurnEvent.RECALL,
-    "list_memory": AuditEvent.TurnEvent.RECALL,
-    "delete_memory": AuditEvent.TurnEvent.FORGET,
-    "clear_all_memory": AuditEvent.TurnEvent.FORGET,
+    Operation.REMEMBER: AuditEvent.TurnEvent.WRITE,
+    Operation.INGEST: AuditEvent.TurnEvent.WRITE,
+    Operation.UPDATE_MEMORY: AuditEvent.TurnEvent.WRITE,
+    Operation.SEARCH_MEMORY: AuditEvent.TurnEvent.RECALL,
+    Operation.LIST_MEMORY: AuditEvent.TurnEvent.RECALL,
+    Operation.DELETE_MEMORY: AuditEvent.TurnEvent.FORGET,
+    Operation.CLEAR_ALL_MEMORY: AuditEvent.TurnEvent.FORGET,
 }
 MAX_MEMORY_IDS = 10_000
 
@@ -99,13 +104,8 @@ def audit_staff_action(
     memory_ids: list[str] | tuple[str, ...] = (),
     detail: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    """Staff actions in the admin are audited like any other call."""
-    call = CallContext(
-        channel="admin",
-        ip=request.META.get("REMOTE_ADDR"),
-        user_agent=request.META.get("HTTP_USER_AGENT", "")[:300],
-        staff_user_id=request.user.pk,
-        staff_username=request.user.get_username(),
-    )
-    scope = MemoryScope(tenant="default", user_pk=subject_user_id) if subject_user_id is not None else None
+    """Staff actions in the admin are audited like any other call. Call it inside the
+    transaction of the change it records."""
+    call = call_context_from_request(request, channel=Channel.ADMIN, staff=True)
+    scope = MemoryScope(tenant=DEFAULT_TENANT, user_pk=subject_user_id) if subject_user_id is not None else None
     return audit_record(scope, call=call, operation=operation, memory_ids=memory_ids, detail=detail)

@@ -17,7 +17,7 @@ def run(calls: int) -> dict:
 
     from billing.models import UsageEvent
     from billing.services import usage_event_record
-    from memories.scope import CallContext, MemoryScope
+    from core.scope import CallContext, MemoryScope
 
     scope = MemoryScope(tenant="bench", user_pk=0)
 

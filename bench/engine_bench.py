@@ -34,8 +34,8 @@ def synthetic_query(rng: random.Random) -> str:
 
 
 def run(sizes: list[int], queries: int, add_samples: int) -> dict:
+    from core.scope import MemoryScope
     from memories import engine
-    from memories.scope import MemoryScope
 
     scope = MemoryScope(tenant="bench", user_pk=1)
     engine.engine_purge_user(scope)

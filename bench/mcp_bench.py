@@ -127,7 +127,7 @@ def main() -> int:
     with bench_database():
         from django.contrib.auth import get_user_model
 
-        from memories.scope import MemoryScope
+        from core.scope import MemoryScope
         from memories.services import api_key_issue, memory_clear_all
 
         user, _ = get_user_model().objects.get_or_create(username="bench-mcp")
@@ -150,7 +150,7 @@ def main() -> int:
 def _clear(scope, memory_clear_all) -> None:
     from django.conf import settings
 
-    from memories.scope import CallContext
+    from core.scope import CallContext
 
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "clear_all_memory": (0, 3600)}
     memory_clear_all(scope, confirm=True, call=CallContext(channel="internal"))

@@ -28,8 +28,8 @@ def fill(users: int, per_user: int) -> list:
     from django.contrib.auth import get_user_model
     from django.db import connection
 
+    from core.scope import MemoryScope
     from memories.engine import get_memory
-    from memories.scope import MemoryScope
 
     scopes = []
     for n in range(users):
@@ -75,9 +75,9 @@ def run(users: int, per_user: int, queries: int) -> dict:
     from django.conf import settings
     from django.db import connection
 
-    from memories.retrieval import hybrid_search
-    from memories.scope import CallContext
-    from memories.selectors import memory_search
+    from core.scope import CallContext
+    from memories.engine.retrieval import hybrid_search
+    from memories.services import memory_search
 
     scopes = fill(users, per_user)
     settings.RATE_LIMITS = {op: (0, 60) for op in settings.RATE_LIMITS}

@@ -1,4 +1,5 @@
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import Count
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -7,6 +8,7 @@ from django.utils import timezone
 from audit.services import audit_staff_action
 from billing.models import UsageEvent
 from billing.services import usage_events_retry
+from core.choices import Operation
 
 
 @admin.register(UsageEvent)
@@ -34,8 +36,11 @@ class UsageEventAdmin(admin.ModelAdmin):
     @admin.action(description="Retry delivery of the selected events", permissions=["retry"])
     def retry_delivery(self, request, queryset):
         ids = list(queryset.values_list("pk", flat=True))
-        count = usage_events_retry(event_ids=ids)
-        audit_staff_action(request, operation="admin_retry_usage_events", detail={"event_ids": ids, "queued": count})
+        with transaction.atomic():  # the audit row commits with the change or not at all
+            count = usage_events_retry(event_ids=ids)
+            audit_staff_action(
+                request, operation=Operation.ADMIN_RETRY_USAGE_EVENTS, detail={"event_ids": ids, "queued": count}
+            )
         self.message_user(request, f"{count} event(s) queued for delivery.", messages.SUCCESS)
 
     def has_retry_permission(self, request):

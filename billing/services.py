@@ -16,7 +16,8 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from billing.models import UsageEvent
-from memories.scope import CallContext, MemoryScope
+from billing.tasks import deliver_usage_events as deliver_usage_events_task
+from core.scope import CallContext, MemoryScope
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +49,9 @@ def _enqueue_delivery() -> None:
         if now < _window_ends_at:
             return
         _window_ends_at = now + window
-    from billing.tasks import deliver_usage_events
-
     try:
         # Runs after the window closes, so it sees every event committed inside it.
-        deliver_usage_events.apply_async(countdown=window or None)
+        deliver_usage_events_task.apply_async(countdown=window or None)
     except Exception as exc:  # the broker is down: the minute sweep will deliver it
         logger.warning("could not enqueue usage delivery (%s); the sweep will pick it up", type(exc).__name__)
 

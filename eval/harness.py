@@ -28,7 +28,7 @@ def _user(username: str, *, keep: bool = False):
     from django.conf import settings
     from django.contrib.auth import get_user_model
 
-    from memories.scope import CallContext, MemoryScope
+    from core.scope import CallContext, MemoryScope
     from memories.services import memory_clear_all
 
     user, _ = get_user_model().objects.get_or_create(username=username)
@@ -60,15 +60,15 @@ def _stored(scope, conversation_id: str, turns: list, remember) -> dict[str, set
 
 
 def _remember(scope, text: str, metadata: dict) -> str:
-    from memories.scope import CallContext
+    from core.scope import CallContext
     from memories.services import memory_remember
 
     return memory_remember(scope, memory=text, metadata=metadata, call=CallContext(channel="internal")).id
 
 
 def _search(scope, query: str, latencies: list[float]) -> list[str]:
-    from memories.scope import CallContext
-    from memories.selectors import memory_search
+    from core.scope import CallContext
+    from memories.services import memory_search
 
     started = time.perf_counter()
     found = memory_search(scope, query=query, top_k=TOP_K, call=CallContext(channel="internal"))

@@ -1,10 +1,17 @@
 from django.contrib import admin, messages
-from django.db.models.fields.json import KT
+from django.db import transaction
 
 from audit.admin import EstimatedCountPaginator, ReadOnlyAdmin, history_table
 from audit.services import audit_staff_action
+from core.choices import Operation
+from memories.engine import EngineMemory, engine_memory_of, engine_rows_matching, engine_rows_newest_first
 from memories.models import ApiKey, EngineMemoryRow, ExternalIdentity, RateWindow
+from memories.selectors import SYSTEM_KEYS
 from memories.services import api_key_revoke
+
+
+def _memory(row: EngineMemoryRow) -> EngineMemory:
+    return engine_memory_of(row)
 
 
 def _user_pk(engine_user_id: str) -> int | None:
@@ -26,70 +33,55 @@ class MemoryAdmin(ReadOnlyAdmin):
     list_per_page = 100
 
     def get_queryset(self, request):
-        return (
-            super()
-            .get_queryset(request)
-            .defer("payload")
-            .annotate(owner_id=KT("payload__user_id"), created_at=KT("payload__created_at"))
-            .only("id", "payload")
-            .order_by("-created_at")
-        )
+        return engine_rows_newest_first(super().get_queryset(request).only("id", "payload"))
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
         if not term:
             return queryset, False
-        if term.startswith("user:") and term[5:].isdigit():
-            return queryset.filter(owner_id__endswith=f":{term[5:]}"), False
-        try:
-            import uuid
-
-            return queryset.filter(id=uuid.UUID(term)), False
-        except ValueError:
-            return queryset.filter(payload__data__icontains=term), False
+        return engine_rows_matching(queryset, term), False
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         memory = self.get_object(request, object_id)
         if memory is not None:
             audit_staff_action(
                 request,
-                operation="admin_view_memory",
-                subject_user_id=_user_pk(memory.payload.get("user_id", "")),
+                operation=Operation.ADMIN_VIEW_MEMORY,
+                subject_user_id=_user_pk(engine_memory_of(memory).user_id),
                 memory_ids=[str(memory.id)],
             )
         return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="user")
     def owner(self, obj):
-        return _user_pk(obj.payload.get("user_id", ""))
+        return _user_pk(_memory(obj).user_id)
 
     @admin.display(description="text")
     def text_short(self, obj):
-        return (obj.payload.get("data") or "")[:100]
+        return (_memory(obj).text or "")[:100]
 
     @admin.display(description="text")
     def text(self, obj):
-        return obj.payload.get("data")
+        return _memory(obj).text
 
     @admin.display(boolean=True)
     def pinned(self, obj):
-        return bool(obj.payload.get("pinned"))
+        return bool(_memory(obj).metadata.get("pinned"))
 
     def source(self, obj):
-        return obj.payload.get("source")
+        return _memory(obj).metadata.get("source")
 
     def client_app(self, obj):
-        return obj.payload.get("client_app")
+        return _memory(obj).metadata.get("client_app")
 
     def metadata(self, obj):
-        hidden = {"data", "hash", "text_lemmatized", "user_id", "created_at", "updated_at", "pinned", "source"}
-        return {k: v for k, v in obj.payload.items() if k not in hidden and k != "client_app"}
+        return {k: v for k, v in _memory(obj).metadata.items() if k not in SYSTEM_KEYS}
 
     def created(self, obj):
-        return obj.payload.get("created_at")
+        return _memory(obj).created_at
 
     def updated(self, obj):
-        return obj.payload.get("updated_at")
+        return _memory(obj).updated_at
 
     @admin.display(description="history")
     def history(self, obj):
@@ -109,14 +101,16 @@ class ApiKeyAdmin(ReadOnlyAdmin):
     def revoke(self, request, queryset):
         revoked = 0
         for key in queryset.select_related("user"):
-            if api_key_revoke(user=key.user, key_id=key.key_id):
-                revoked += 1
-                audit_staff_action(
-                    request,
-                    operation="admin_revoke_api_key",
-                    subject_user_id=key.user_id,
-                    detail={"key_id": key.key_id},
-                )
+            # The audit row commits with the revocation or not at all.
+            with transaction.atomic():
+                if api_key_revoke(user=key.user, key_id=key.key_id):
+                    revoked += 1
+                    audit_staff_action(
+                        request,
+                        operation=Operation.ADMIN_REVOKE_API_KEY,
+                        subject_user_id=key.user_id,
+                        detail={"key_id": key.key_id},
+                    )
         self.message_user(request, f"{revoked} key(s) revoked.", messages.SUCCESS)
 
     def has_revoke_permission(self, request):

@@ -10,8 +10,7 @@ from typing import Literal
 
 from django.conf import settings
 
-from memories.mcp_paths import PROTECTED_RESOURCE_PATH
-from memories.scope import MemoryScope
+from core.scope import MemoryScope
 from memories.services import api_key_authenticate
 
 
@@ -57,18 +56,3 @@ def authenticate_bearer(authorization: str | None) -> Principal | None:
 
         return oidc_principal(token)
     return None
-
-
-def protected_resource_metadata_url(base_url: str) -> str:
-    return f"{base_url}{PROTECTED_RESOURCE_PATH}"
-
-
-def www_authenticate(base_url: str, *, error: str | None = "invalid_token") -> str:
-    value = f'Bearer resource_metadata="{protected_resource_metadata_url(base_url)}"'
-    if error:
-        value += f', error="{error}"'
-    return value
-
-
-def public_base_url(scheme: str, host: str) -> str:
-    return settings.PUBLIC_BASE_URL or f"{scheme}://{host}"

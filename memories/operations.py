@@ -1,7 +1,10 @@
-"""The seven memory operations as one table, served alike by MCP tools and REST views.
+"""The memory operations as one table, and the ONE dispatcher that MCP tools, REST views
+and the web UI all call.
 
-`operation_execute` is the single entry point: validate the arguments at the edge,
-build the scope from the authenticated principal, call the service, shape the result.
+`operation_execute` validates the arguments at the edge, builds the scope from the
+authenticated principal, calls the service and shapes the result. Whatever happens the
+call leaves exactly one audit row (`memories.call_record`); a call that returns has also
+recorded exactly one usage event (billed operations), one that raises, none.
 """
 
 from __future__ import annotations
@@ -13,16 +16,19 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from core.choices import Operation
+from core.scope import CallContext, MemoryScope
 from memories import schemas
-from memories.accounting import failures_audited
 from memories.auth import Principal
-from memories.scope import CallContext, MemoryScope
-from memories.selectors import memory_list, memory_search
+from memories.call_record import failures_audited
 from memories.services import (
     memory_clear_all,
     memory_delete,
+    memory_get,
     memory_ingest,
+    memory_list,
     memory_remember,
+    memory_search,
     memory_update,
 )
 
@@ -30,11 +36,16 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Operation:
+class OperationDef:
+    """One entry of the table. `name` is how callers (and MCP tools) ask for it;
+    `operation` is what its audit row, usage event and rate limit are recorded under."""
+
     name: str
+    operation: Operation
     title: str
     description: str
     input_model: type[BaseModel]
+    output_model: type[BaseModel]
     run: Callable[[MemoryScope, Any, CallContext], dict[str, Any]]
     read_only: bool = False
     destructive: bool = False
@@ -68,7 +79,15 @@ def _delete(scope: MemoryScope, args: schemas.DeleteInput, call: CallContext) ->
 
 
 def _list(scope: MemoryScope, args: schemas.ListInput, call: CallContext) -> dict[str, Any]:
-    page = memory_list(scope, cursor=args.cursor, page_size=args.page_size, filters=args.filters, call=call)
+    page = memory_list(
+        scope,
+        cursor=args.cursor,
+        page_size=args.page_size,
+        filters=args.filters,
+        created_from=getattr(args, "created_from", None),
+        created_before=getattr(args, "created_before", None),
+        call=call,
+    )
     return {"memories": [view.as_dict() for view in page.memories], "next_cursor": page.next_cursor}
 
 
@@ -76,69 +95,110 @@ def _clear_all(scope: MemoryScope, args: schemas.ClearAllInput, call: CallContex
     return {"deleted": memory_clear_all(scope, confirm=args.confirm, call=call)}
 
 
-OPERATIONS: dict[str, Operation] = {
+def _get(scope: MemoryScope, args: schemas.GetInput, call: CallContext) -> dict[str, Any]:
+    return {"memory": memory_get(scope, memory_id=args.memory_id, call=call).as_dict()}
+
+
+OPERATIONS: dict[str, OperationDef] = {
     op.name: op
     for op in [
-        Operation(
+        OperationDef(
             "search_memory",
+            Operation.SEARCH_MEMORY,
             "Search memories",
             "Find what is remembered about the user that is relevant to a query. Newer memories rank higher; "
             "pinned ones never fade.",
             schemas.SearchInput,
+            schemas.SearchOutput,
             _search,
             read_only=True,
             idempotent=True,
         ),
-        Operation(
+        OperationDef(
             "remember",
+            Operation.REMEMBER,
             "Remember a fact",
             "Store one curated fact about the user, verbatim (no LLM). Remembering the same text again returns "
             "the existing memory with duplicate=true.",
             schemas.RememberInput,
+            schemas.RememberOutput,
             _remember,
             idempotent=True,
         ),
-        Operation(
+        OperationDef(
             "ingest",
+            Operation.INGEST,
             "Ingest a conversation turn",
             "Extract durable facts from conversation messages with the engine's LLM and store them.",
             schemas.IngestInput,
+            schemas.IngestOutput,
             _ingest,
         ),
-        Operation(
+        OperationDef(
             "update_memory",
+            Operation.UPDATE_MEMORY,
             "Update a memory",
             "Change a memory's text, pinned state or metadata (metadata is merged).",
             schemas.UpdateInput,
+            schemas.MemoryOutput,
             _update,
             destructive=True,
             idempotent=True,
         ),
-        Operation(
+        OperationDef(
             "delete_memory",
+            Operation.DELETE_MEMORY,
             "Delete a memory",
             "Delete one memory by id.",
             schemas.DeleteInput,
+            schemas.DeleteOutput,
             _delete,
             destructive=True,
             idempotent=True,
         ),
-        Operation(
+        OperationDef(
             "list_memory",
+            Operation.LIST_MEMORY,
             "List memories",
             "Page through all of the user's memories, oldest first. Pass next_cursor to get the next page.",
             schemas.ListInput,
+            schemas.ListOutput,
             _list,
             read_only=True,
             idempotent=True,
         ),
-        Operation(
+        OperationDef(
             "clear_all_memory",
+            Operation.CLEAR_ALL_MEMORY,
             "Delete all memories",
             "Delete every memory of the user. Requires confirm: true; at most 5 times per hour.",
             schemas.ClearAllInput,
+            schemas.ClearAllOutput,
             _clear_all,
             destructive=True,
+            idempotent=True,
+        ),
+        # For people, in the web UI (not MCP tools).
+        OperationDef(
+            "get_memory",
+            Operation.GET_MEMORY,
+            "Open a memory",
+            "One memory with its content.",
+            schemas.GetInput,
+            schemas.MemoryOutput,
+            _get,
+            read_only=True,
+            idempotent=True,
+        ),
+        OperationDef(
+            "list_memory_dated",
+            Operation.LIST_MEMORY,
+            "List memories created in a date range",
+            "A page of the user's memories created in [created_from, created_before).",
+            schemas.DatedListInput,
+            schemas.ListOutput,
+            _list,
+            read_only=True,
             idempotent=True,
         ),
     ]
@@ -149,8 +209,8 @@ def operation_execute(principal: Principal, name: str, arguments: Any, *, call: 
     """Run one operation for the authenticated principal; raises ServiceError.
 
     Whatever happens, the call leaves exactly one audit row. A call that returns has
-    also recorded exactly one usage event; one that raises, none."""
-    operation = OPERATIONS[name]
+    also recorded exactly one usage event (billed operations); one that raises, none."""
+    definition = OPERATIONS[name]
     scope = principal.scope()
     call = replace(
         call,
@@ -159,9 +219,9 @@ def operation_execute(principal: Principal, name: str, arguments: Any, *, call: 
         turn_id=call.turn_id or _turn_id(arguments),
     )
     memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
-    with failures_audited(scope, call=call, operation=name, memory_id=memory_id):
-        validated = schemas.validate_input(operation.input_model, arguments)
-        return operation.run(scope, validated, call)
+    with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
+        validated = schemas.validate_input(definition.input_model, arguments)
+        return definition.run(scope, validated, call)
 
 
 def _turn_id(arguments: Any) -> str:

@@ -1,4 +1,5 @@
-"""Input models for the seven memory operations: one validation path for MCP and REST.
+"""Input and output models of the memory operations: one validation path for MCP, REST
+and the web UI, and the `outputSchema` each MCP tool declares.
 
 Strict types (no "5" for 5), unknown fields refused (so no client-supplied `user_id`
 can ride along), sizes capped. `validate_input` turns any violation into a
@@ -24,7 +25,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from memories.errors import ErrorCode, ServiceError
+from core.errors import ErrorCode, ServiceError
 
 MEMORY_MAX_CHARS = 8000
 QUERY_MAX_CHARS = 2000
@@ -195,6 +196,69 @@ class ListInput(FiltersMixin):
 
 class ClearAllInput(StrictInput):
     confirm: StrictBool = Field(default=False, description="Must be true: this deletes every memory of yours.")
+
+
+class GetInput(StrictInput):
+    memory_id: MemoryId
+
+    _uuid = field_validator("memory_id")(_uuid_text)
+
+
+class DatedListInput(ListInput):
+    """The web UI's list: a page of memories created in [created_from, created_before)."""
+
+    created_from: Annotated[StrictStr, Field(max_length=40)] | None = None
+    created_before: Annotated[StrictStr, Field(max_length=40)] | None = None
+
+
+# --- outputs (each MCP tool's outputSchema) ---------------------------------------------------
+class MemoryOut(BaseModel):
+    id: str
+    memory: str
+    pinned: bool
+    metadata: dict[str, Any]
+    source: str | None
+    client_app: str | None
+    created_at: str | None
+    updated_at: str | None
+    score: float | None = Field(default=None, description="Relevance (search results only).")
+
+
+class SearchOutput(BaseModel):
+    results: list[MemoryOut]
+
+
+class RememberOutput(BaseModel):
+    id: str
+    duplicate: bool = Field(description="True when the same text was already remembered.")
+
+
+class IngestedMemory(BaseModel):
+    id: str
+    memory: str | None
+    event: str | None = Field(description="ADD, UPDATE, DELETE or NONE.")
+
+
+class IngestOutput(BaseModel):
+    results: list[IngestedMemory]
+
+
+class MemoryOutput(BaseModel):
+    memory: MemoryOut
+
+
+class DeleteOutput(BaseModel):
+    id: str
+    deleted: bool
+
+
+class ListOutput(BaseModel):
+    memories: list[MemoryOut]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+class ClearAllOutput(BaseModel):
+    deleted: int = Field(description="How many memories were deleted.")
 
 
 def _describe(error: dict) -> str:

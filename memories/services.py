@@ -1,21 +1,31 @@
-"""Writes. Every function is keyword-only; memory operations take a MemoryScope first."""
+"""Writes, including billed and audited reads (search, list, get): every call that
+consumes a rate limit or leaves an audit row or usage event. Keyword-only; memory
+operations take a MemoryScope first."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import json
 import secrets
 import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audit.services import audit_snapshot, audit_text
-from memories.accounting import call_succeeded
+from audit.services import audit_record, audit_snapshot, audit_text
+from core.choices import Operation
+from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
+from core.locks import advisory_lock
+from core.scope import CallContext, MemoryScope
+from memories.call_record import call_succeeded
 from memories.engine import (
     EngineError,
     LlmUnavailable,
@@ -23,17 +33,16 @@ from memories.engine import (
     engine_delete,
     engine_get,
     engine_ingest,
+    engine_memories_page,
     engine_purge_user,
     engine_update,
+    history_attribution,
+    hybrid_search,
     llm_configured,
 )
-from memories.errors import ErrorCode, ServiceError, not_found
-from memories.history_store import history_attribution
-from memories.locks import advisory_lock
 from memories.models import ApiKey, ContentHash
-from memories.ratelimit import rate_limit_consume
-from memories.scope import CallContext, MemoryScope
-from memories.selectors import MemoryView, backend_unavailable, memory_get_owned, memory_ids_owned, memory_view
+from memories.rate_limits import rate_limit_consume
+from memories.selectors import MemoryView, decayed_score, memory_get_owned, memory_ids_owned, memory_view
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 KEY_ID_BYTES = 6  # 12 hex chars: the public, unique lookup part
@@ -122,7 +131,7 @@ def memory_remember(
     call: CallContext,
 ) -> RememberResult:
     """Store one curated fact verbatim (no LLM). The same text twice is stored once."""
-    rate_limit_consume(scope, operation="remember")
+    rate_limit_consume(scope, operation=Operation.REMEMBER)
     digest = content_sha256(memory)
     with advisory_lock(f"remember:{scope.engine_user_id}:{digest}"), _engine_errors():
         known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).first()
@@ -131,7 +140,11 @@ def memory_remember(
             if existing is not None and existing.user_id == scope.engine_user_id:
                 with transaction.atomic():
                     call_succeeded(
-                        scope, call=call, operation="remember", memory_ids=[existing.id], detail={"duplicate": True}
+                        scope,
+                        call=call,
+                        operation=Operation.REMEMBER,
+                        memory_ids=[existing.id],
+                        detail={"duplicate": True},
                     )
                 return RememberResult(id=existing.id, duplicate=True)
             known.delete()  # the memory went away behind the hash's back
@@ -144,7 +157,7 @@ def memory_remember(
         with transaction.atomic():
             ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
             after = audit_snapshot(memory=memory.strip(), pinned=pinned, metadata=metadata or {})
-            call_succeeded(scope, call=call, operation="remember", memory_ids=[memory_id], after=after)
+            call_succeeded(scope, call=call, operation=Operation.REMEMBER, memory_ids=[memory_id], after=after)
     return RememberResult(id=memory_id, duplicate=False)
 
 
@@ -158,7 +171,7 @@ def memory_ingest(
     """mem0's extraction pipeline over a conversation turn (one LLM call)."""
     if not llm_configured():
         raise _llm_unavailable()
-    rate_limit_consume(scope, operation="ingest")
+    rate_limit_consume(scope, operation=Operation.INGEST)
     with _engine_errors(), _attributed(call):
         added = engine_ingest(
             scope,
@@ -171,7 +184,7 @@ def memory_ingest(
         call_succeeded(
             scope,
             call=call,
-            operation="ingest",
+            operation=Operation.INGEST,
             memory_ids=[r["id"] for r in results],
             after=after,
             detail={"messages": len(messages)},
@@ -190,7 +203,7 @@ def memory_update(
 ) -> MemoryView:
     """Change text, pin state or metadata of one of the scope's memories. Metadata is
     merged, never wiped. Serialised per memory with concurrent updates and deletes."""
-    rate_limit_consume(scope, operation="update_memory")
+    rate_limit_consume(scope, operation=Operation.UPDATE_MEMORY)
     changes = dict(metadata or {})
     if pinned is not None:
         changes["pinned"] = pinned
@@ -207,7 +220,7 @@ def memory_update(
             call_succeeded(
                 scope,
                 call=call,
-                operation="update_memory",
+                operation=Operation.UPDATE_MEMORY,
                 memory_ids=[memory_id],
                 before=_snapshot(current),
                 after=_snapshot(updated),
@@ -235,7 +248,7 @@ def _rehash(scope: MemoryScope, *, memory_id: str, text: str) -> None:
 
 
 def memory_delete(scope: MemoryScope, *, memory_id: str, call: CallContext) -> None:
-    rate_limit_consume(scope, operation="delete_memory")
+    rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
     with advisory_lock(f"memory:{memory_id}"):
         current = memory_get_owned(scope, memory_id=memory_id)
         with _engine_errors(), _attributed(call):
@@ -243,7 +256,7 @@ def memory_delete(scope: MemoryScope, *, memory_id: str, call: CallContext) -> N
         with transaction.atomic():
             ContentHash.objects.filter(memory_id=memory_id).delete()
             call_succeeded(
-                scope, call=call, operation="delete_memory", memory_ids=[memory_id], before=_snapshot(current)
+                scope, call=call, operation=Operation.DELETE_MEMORY, memory_ids=[memory_id], before=_snapshot(current)
             )
 
 
@@ -254,7 +267,7 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
         raise ServiceError(
             ErrorCode.CONFIRMATION_REQUIRED, "clear_all_memory deletes all your memories; call it with confirm: true."
         )
-    rate_limit_consume(scope, operation="clear_all_memory")
+    rate_limit_consume(scope, operation=Operation.CLEAR_ALL_MEMORY)
     with advisory_lock(f"clear_all:{scope.engine_user_id}"):
         memory_ids = memory_ids_owned(scope)
         with _engine_errors(), _attributed(call):
@@ -264,8 +277,102 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
             call_succeeded(
                 scope,
                 call=call,
-                operation="clear_all_memory",
+                operation=Operation.CLEAR_ALL_MEMORY,
                 memory_ids=memory_ids,
                 detail={"deleted": len(memory_ids)},
             )
     return len(memory_ids)
+
+
+# --- billed and audited reads ---------------------------------------------------------------
+def memory_search(
+    scope: MemoryScope, *, query: str, top_k: int, filters: dict[str, Any] | None = None, call: CallContext
+) -> list[MemoryView]:
+    """The best `top_k` memories for `query`: hybrid retrieval (engine), then age decay."""
+    rate_limit_consume(scope, operation=Operation.SEARCH_MEMORY)
+    try:
+        candidates = hybrid_search(
+            scope, query=query, limit=min(100, top_k * settings.SEARCH_CANDIDATE_FACTOR), filters=filters
+        )
+    except EngineError as exc:
+        raise backend_unavailable() from exc
+    now = datetime.now(UTC)
+    ranked = sorted(((decayed_score(c, now=now), c) for c in candidates), key=lambda pair: pair[0], reverse=True)
+    results = [memory_view(item, score=round(score, 6)) for score, item in ranked[:top_k]]
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.SEARCH_MEMORY,
+            memory_ids=[r.id for r in results],
+            detail={"query": audit_text(query), "top_k": top_k, "filters": filters or {}, "results": len(results)},
+        )
+    return results
+
+
+def _encode_cursor(created_at: str, memory_id: str) -> str:
+    raw = json.dumps([created_at, memory_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        created_at, memory_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if not isinstance(created_at, str) or not isinstance(memory_id, str):
+            raise ValueError
+        return created_at, memory_id
+    except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "cursor is not one this server issued") from None
+
+
+@dataclass(frozen=True)
+class MemoryPage:
+    memories: list[MemoryView]
+    next_cursor: str | None
+
+
+def memory_list(
+    scope: MemoryScope,
+    *,
+    cursor: str | None = None,
+    page_size: int = 50,
+    filters: dict[str, Any] | None = None,
+    created_from: str | None = None,
+    created_before: str | None = None,
+    call: CallContext,
+) -> MemoryPage:
+    """One page in creation order (oldest first, id breaking ties): each memory
+    appears exactly once across pages, even while new ones are added."""
+    rate_limit_consume(scope, operation=Operation.LIST_MEMORY)
+    after = _decode_cursor(cursor) if cursor else None
+    page = engine_memories_page(
+        scope,
+        after=after,
+        limit=page_size + 1,
+        filters=filters,
+        created_from=created_from,
+        created_before=created_before,
+    )
+    views = [memory_view(item) for item in page[:page_size]]
+    next_cursor = None
+    if len(page) > page_size:
+        last = page[page_size - 1]
+        next_cursor = _encode_cursor(last.created_at or "", last.id)
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.LIST_MEMORY,
+            memory_ids=[v.id for v in views],
+            detail={"page_size": page_size, "paged": bool(cursor), "filters": filters or {}, "results": len(views)},
+        )
+    return MemoryPage(memories=views, next_cursor=next_cursor)
+
+
+def memory_get(scope: MemoryScope, *, memory_id: str, call: CallContext) -> MemoryView:
+    """One memory with its content, for people (the web UI): audited, not billed (it is
+    not one of the agent tools)."""
+    view = memory_view(memory_get_owned(scope, memory_id=memory_id))
+    audit_record(scope, call=call, operation=Operation.GET_MEMORY, memory_ids=[view.id])
+    return view

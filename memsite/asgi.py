@@ -1,24 +1,44 @@
-"""ASGI entry point: Django, with the MCP app mounted at /engines/memory/mcp.
+"""ASGI entry point: Django, with every registered MCP toolset mounted at its own
+/engines/<id>/mcp path.
 
-The MCP app also owns the lifespan (its session manager needs it)."""
+The MCP apps need their lifespan run (each SDK session manager starts there); this app
+runs all of them inside the one ASGI lifespan."""
 
 import os
+from contextlib import AsyncExitStack
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
 django_app = get_asgi_application()
 
-from memories.mcp import build_mcp_app  # noqa: E402 - needs Django set up
-from memories.mcp_paths import MCP_PATH  # noqa: E402
+from memories.interfaces.mcp.registry import TOOLSETS  # noqa: E402 - needs Django set up
 
-mcp_app, authenticated_mcp_app = build_mcp_app()
+mcp_apps = {toolset.path: toolset.build_app() for toolset in TOOLSETS}
+
+
+async def _lifespan(receive, send) -> None:
+    message = await receive()  # lifespan.startup
+    async with AsyncExitStack() as stack:
+        try:
+            for app, _ in mcp_apps.values():
+                await stack.enter_async_context(app.router.lifespan_context(app))
+        except Exception as exc:
+            await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+            return
+        await send({"type": "lifespan.startup.complete"})
+        message = await receive()  # lifespan.shutdown
+    if message["type"] == "lifespan.shutdown":
+        await send({"type": "lifespan.shutdown.complete"})
 
 
 async def application(scope, receive, send):
     if scope["type"] == "lifespan":
-        await mcp_app(scope, receive, send)
-    elif scope["type"] == "http" and scope["path"].rstrip("/") == MCP_PATH:
-        await authenticated_mcp_app(scope, receive, send)
-    else:
-        await django_app(scope, receive, send)
+        await _lifespan(receive, send)
+        return
+    if scope["type"] == "http":
+        mounted = mcp_apps.get(scope["path"].rstrip("/"))
+        if mounted is not None:
+            await mounted[1](scope, receive, send)
+            return
+    await django_app(scope, receive, send)

@@ -9,6 +9,7 @@ from pathlib import Path
 import dj_database_url
 from celery.schedules import crontab
 
+from core.choices import MEMORY_TOOL_OPERATIONS, Operation
 from memsite.dbconf import sqlalchemy_url
 from memsite.embedded_pg import django_database_settings
 from memsite.env import (
@@ -83,7 +84,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "memories.context_processors.web",
+                "memories.interfaces.web.context_processors.web",
             ],
         },
     },
@@ -161,7 +162,7 @@ SEARCH_DECAY_HALF_LIFE_DAYS = env_float("SEARCH_DECAY_HALF_LIFE_DAYS", 30.0, min
 SEARCH_DECAY_FLOOR = env_float("SEARCH_DECAY_FLOOR", 0.5, minimum=0.0)
 # Candidates fetched per requested result, so decay can re-rank beyond the top k.
 SEARCH_CANDIDATE_FACTOR = env_int("SEARCH_CANDIDATE_FACTOR", 3, minimum=1)
-# Hybrid retrieval (memories/retrieval.py): each of the vector and BM25 rankings
+# Hybrid retrieval (memories/engine/retrieval.py): each of the vector and BM25 rankings
 # contributes weight / (SEARCH_RRF_K + rank) for its top SEARCH_CANDIDATES. 0 turns one off.
 SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 1.0, minimum=0.0)
 SEARCH_LEXICAL_WEIGHT = env_float("SEARCH_LEXICAL_WEIGHT", 2.0, minimum=0.0)
@@ -170,19 +171,17 @@ SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 100, minimum=1)
 MEMORY_LOCK_TIMEOUT_S = env_float("MEMORY_LOCK_TIMEOUT_S", 10.0, minimum=0.1)
 
 # Per user and operation: "N/second|minute|hour|day"; 0 disables a limit.
-MEMORY_OPERATIONS = (
-    "search_memory", "remember", "ingest", "update_memory", "delete_memory", "list_memory", "clear_all_memory",
-)  # fmt: skip
+MEMORY_OPERATIONS = tuple(op.value for op in MEMORY_TOOL_OPERATIONS)
 _RATE_DEFAULTS = {
-    "search_memory": "120/minute",
-    "remember": "60/minute",
-    "ingest": "20/minute",
-    "update_memory": "60/minute",
-    "delete_memory": "60/minute",
-    "list_memory": "120/minute",
-    "clear_all_memory": "5/hour",
+    Operation.SEARCH_MEMORY: "120/minute",
+    Operation.REMEMBER: "60/minute",
+    Operation.INGEST: "20/minute",
+    Operation.UPDATE_MEMORY: "60/minute",
+    Operation.DELETE_MEMORY: "60/minute",
+    Operation.LIST_MEMORY: "120/minute",
+    Operation.CLEAR_ALL_MEMORY: "5/hour",
 }
-RATE_LIMITS = {op: env_rate(f"RATE_LIMIT_{op.upper()}", default) for op, default in _RATE_DEFAULTS.items()}
+RATE_LIMITS = {op.value: env_rate(f"RATE_LIMIT_{op.value.upper()}", default) for op, default in _RATE_DEFAULTS.items()}
 
 # --- Authentication -------------------------------------------------------------------
 # Agents send `Authorization: Bearer <token>`: a per-user API key (msk_...) or, when
@@ -208,20 +207,20 @@ OIDC_OP_TOKEN_ENDPOINT = env_str("OIDC_OP_TOKEN_ENDPOINT")
 OIDC_OP_USER_ENDPOINT = env_str("OIDC_OP_USER_ENDPOINT")
 OIDC_OP_JWKS_ENDPOINT = env_str("OIDC_OP_JWKS_ENDPOINT")
 OIDC_OP_LOGOUT_ENDPOINT = env_str("OIDC_OP_LOGOUT_ENDPOINT")
-OIDC_AUTHENTICATE_CLASS = "memories.oidc_web.LoginStart"
-OIDC_CALLBACK_CLASS = "memories.oidc_web.LoginCallback"
-OIDC_OP_LOGOUT_URL_METHOD = "memories.oidc_web.provider_logout_url"
+OIDC_AUTHENTICATE_CLASS = "memories.interfaces.web.oidc_login.LoginStart"
+OIDC_CALLBACK_CLASS = "memories.interfaces.web.oidc_login.LoginCallback"
+OIDC_OP_LOGOUT_URL_METHOD = "memories.interfaces.web.oidc_login.provider_logout_url"
 AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
 if OIDC_WEB_LOGIN:
-    AUTHENTICATION_BACKENDS.append("memories.oidc_web.MemsiteOIDCBackend")
+    AUTHENTICATION_BACKENDS.append("memories.interfaces.web.oidc_login.MemsiteOIDCBackend")
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["memories.api_auth.BearerTokenAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["memories.interfaces.rest.auth.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "memories.api_errors.exception_handler",
+    "EXCEPTION_HANDLER": "memories.interfaces.rest.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {

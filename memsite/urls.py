@@ -1,17 +1,16 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from memories.mcp_paths import MCP_PATH, PROTECTED_RESOURCE_PATH
-from memories.views import protected_resource_metadata
+from memories.interfaces.wellknown import MEMORY_MCP_PATH, PROTECTED_RESOURCE_PATH, protected_resource_metadata
 from memsite.views import healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path(PROTECTED_RESOURCE_PATH.lstrip("/"), protected_resource_metadata, name="oauth-protected-resource"),
     # RFC 9728 path-suffixed form for the MCP resource.
-    path(PROTECTED_RESOURCE_PATH.lstrip("/") + MCP_PATH, protected_resource_metadata),
-    path("v1/", include("memories.urls")),
+    path(PROTECTED_RESOURCE_PATH.lstrip("/") + MEMORY_MCP_PATH, protected_resource_metadata),
+    path("v1/", include("memories.interfaces.rest.urls")),
     path("admin/", admin.site.urls),
     path("oidc/", include("mozilla_django_oidc.urls")),
-    path("", include("memories.web_urls")),
+    path("", include("memories.interfaces.web.urls")),
 ]

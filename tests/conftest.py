@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from memories.scope import CallContext, MemoryScope
+from core.scope import CallContext, MemoryScope
 from tests.environment import ROOT, TEST_DATABASE
 
 

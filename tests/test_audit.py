@@ -8,7 +8,7 @@ from django.contrib.auth.models import Group
 from django.db import DatabaseError, connection, transaction
 
 from audit.models import AuditEvent, AuditExportBatch, MemoryHistory
-from memories.scope import MemoryScope
+from core.scope import MemoryScope
 from memories.services import memory_remember
 from tests.conftest import internal_call
 

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
+from core.scope import MemoryScope
 from memories import engine
-from memories.retrieval import hybrid_search
-from memories.scope import MemoryScope
+from memories.engine.retrieval import hybrid_search
 from memories.services import memory_remember
 from tests.conftest import age_memory, internal_call
 from tests.environment import ROOT

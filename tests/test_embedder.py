@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from memories import embedder
+from memories.engine import embedder
 
 
 @pytest.fixture(scope="module")

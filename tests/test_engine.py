@@ -6,8 +6,9 @@ from django.db import connection
 
 from audit.models import MemoryHistory
 from memories import engine
-from memories.history_store import PostgresHistoryStore
+from memories.engine.history_store import PostgresHistoryStore
 from memories.models import EngineMessage
+from tests.engine_helpers import engine_history, engine_search
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -26,7 +27,7 @@ FACTS = [
 def test_remember_then_search_returns_the_stored_text_first(alice_scope):
     ids = {engine.engine_add_text(alice_scope, text=fact): fact for fact in FACTS}
     for memory_id, fact in ids.items():
-        results = engine.engine_search(alice_scope, query=fact, top_k=5)
+        results = engine_search(alice_scope, query=fact, top_k=5)
         assert results, fact
         assert results[0].id == memory_id
         assert results[0].text == fact
@@ -35,7 +36,7 @@ def test_remember_then_search_returns_the_stored_text_first(alice_scope):
 
 def test_search_is_partitioned_by_user(alice_scope, bob_scope):
     engine.engine_add_text(alice_scope, text="Alice keeps bees on the roof")
-    assert engine.engine_search(bob_scope, query="Alice keeps bees on the roof", top_k=5) == []
+    assert engine_search(bob_scope, query="Alice keeps bees on the roof", top_k=5) == []
 
 
 def test_update_keeps_metadata_and_history_lives_in_postgres(alice_scope):
@@ -53,7 +54,7 @@ def test_update_keeps_metadata_and_history_lives_in_postgres(alice_scope):
 
     engine.engine_delete(memory_id)
     assert engine.engine_get(memory_id) is None
-    assert [h["event"] for h in engine.engine_history(memory_id)] == ["ADD", "UPDATE", "DELETE"]
+    assert [h["event"] for h in engine_history(memory_id)] == ["ADD", "UPDATE", "DELETE"]
 
 
 def test_raw_messages_are_kept_per_scope_and_purged_with_the_user(alice_scope, bob_scope):
@@ -71,7 +72,7 @@ def test_raw_messages_are_kept_per_scope_and_purged_with_the_user(alice_scope, b
 
     assert store.get_last_messages(alice_session) == []
     assert EngineMessage.objects.filter(user_id=bob_scope.engine_user_id).count() == 1
-    assert engine.engine_search(alice_scope, query="Alice likes tea", top_k=5) == []
+    assert engine_search(alice_scope, query="Alice likes tea", top_k=5) == []
 
 
 def test_vector_table_is_exact_scan_with_a_user_index():
@@ -85,7 +86,7 @@ def test_vector_table_is_exact_scan_with_a_user_index():
 def test_ingest_without_llm_is_refused_before_the_engine_runs(alice_scope):
     with pytest.raises(engine.LlmUnavailable):
         engine.engine_ingest(alice_scope, messages=[{"role": "user", "content": "I moved to Oslo"}])
-    assert engine.engine_search(alice_scope, query="Oslo", top_k=5) == []
+    assert engine_search(alice_scope, query="Oslo", top_k=5) == []
 
 
 def test_engine_failures_become_engine_error(alice_scope):

@@ -3,8 +3,7 @@
 import pytest
 
 from memories import engine
-from memories.selectors import memory_list
-from memories.services import memory_ingest
+from memories.services import memory_ingest, memory_list
 from tests.conftest import internal_call
 from tests.fakes import FakeGemini, FakeOpenAI
 
@@ -74,7 +73,7 @@ def test_ingest_with_gemini(settings, monkeypatch, alice_scope):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("clean_vectors", "rebuilt_engine")
 def test_ingest_without_llm(settings, alice_scope):
-    from memories.errors import ServiceError
+    from core.errors import ServiceError
 
     settings.LLM_BASE_URL = None
     settings.GOOGLE_API_KEY = None

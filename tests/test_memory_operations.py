@@ -7,13 +7,20 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connections
 
+from core.errors import ErrorCode, ServiceError
 from memories import engine
-from memories.errors import ErrorCode, ServiceError
+from memories.engine.retrieval import hybrid_search
 from memories.models import ContentHash
-from memories.retrieval import hybrid_search
-from memories.selectors import memory_list, memory_search
-from memories.services import memory_clear_all, memory_delete, memory_remember, memory_update
+from memories.services import (
+    memory_clear_all,
+    memory_delete,
+    memory_list,
+    memory_remember,
+    memory_search,
+    memory_update,
+)
 from tests.conftest import age_memory, internal_call
+from tests.engine_helpers import engine_history
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -89,7 +96,7 @@ def test_twenty_concurrent_updates(alice_scope):
     final = engine.engine_get(memory_id)
     assert final.text in texts
     assert final.metadata["pinned"] is True and final.metadata["topic"] == "t"
-    updates = engine.engine_history(memory_id)
+    updates = engine_history(memory_id)
     assert len([h for h in updates if h["event"] == "UPDATE"]) == errors.count(None)
 
 

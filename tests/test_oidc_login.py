@@ -6,7 +6,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from memories import oidc_web
+from memories.interfaces.web import oidc_login as oidc_web
 from memories.models import ExternalIdentity
 from tests.fakes import FakeOIDC
 
@@ -26,7 +26,10 @@ def provider(settings):
     settings.OIDC_RP_CLIENT_ID = fake.client_id
     settings.OIDC_RP_CLIENT_SECRET = "web-secret"
     settings.OIDC_WEB_LOGIN = True
-    settings.AUTHENTICATION_BACKENDS = [*settings.AUTHENTICATION_BACKENDS, "memories.oidc_web.MemsiteOIDCBackend"]
+    settings.AUTHENTICATION_BACKENDS = [
+        *settings.AUTHENTICATION_BACKENDS,
+        "memories.interfaces.web.oidc_login.MemsiteOIDCBackend",
+    ]
     oidc_web.discovery.cache_clear()
     yield fake
     oidc_web.discovery.cache_clear()

@@ -3,9 +3,8 @@ obeys its weights."""
 
 import pytest
 
-from memories.retrieval import fuse
-from memories.selectors import memory_search
-from memories.services import memory_remember
+from memories.engine.retrieval import fuse
+from memories.services import memory_remember, memory_search
 from tests.conftest import internal_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]

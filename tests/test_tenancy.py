@@ -6,8 +6,8 @@ import uuid
 import pytest
 
 from audit.models import MemoryHistory
+from core.scope import MemoryScope
 from memories import engine
-from memories.scope import MemoryScope
 from memories.services import memory_remember
 from tests.conftest import internal_call
 

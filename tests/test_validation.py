@@ -3,7 +3,7 @@
 import pytest
 from django.db import connection
 
-from memories.scope import MemoryScope
+from core.scope import MemoryScope
 from memories.services import memory_remember
 from tests.conftest import internal_call
 

@@ -4,9 +4,9 @@ import pytest
 
 from audit.models import AuditEvent
 from billing.models import UsageEvent
+from core.scope import MemoryScope
 from memories import engine
 from memories.models import ApiKey
-from memories.scope import MemoryScope
 from memories.services import memory_remember
 from tests.conftest import internal_call
 

@@ -1,6 +1,6 @@
 from django.db import migrations
 
-from memories.vector_schema import create_vector_tables, drop_vector_tables
+from memories.engine.vector_schema import create_vector_tables, drop_vector_tables
 
 
 def forwards(apps, schema_editor):

@@ -1,6 +1,6 @@
 from django.db import migrations
 
-from memories.vector_schema import create_paging_index, drop_paging_index
+from memories.engine.vector_schema import create_paging_index, drop_paging_index
 
 
 def forwards(apps, schema_editor):

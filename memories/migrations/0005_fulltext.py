@@ -1,6 +1,6 @@
 from django.db import migrations
 
-from memories.vector_schema import create_fulltext_column, drop_fulltext_column
+from memories.engine.vector_schema import create_fulltext_column, drop_fulltext_column
 
 
 def forwards(apps, schema_editor):

@@ -33,7 +33,7 @@ class CallContext:
     """How a call reached us: one per request. `request_id` is the billing idempotency
     key and ties the call's usage event (and later its audit rows) together."""
 
-    channel: str  # "mcp", "rest", "ui", "admin", "internal"
+    channel: str  # a core.choices.Channel value
     request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     ip: str | None = None
     user_agent: str | None = None

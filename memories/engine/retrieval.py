@@ -16,8 +16,9 @@ from django.conf import settings
 from django.db import connection
 from psycopg import sql
 
-from memories.engine import EngineMemory, engine_embed_query, engine_memory_from_row
-from memories.scope import MemoryScope
+from core.scope import MemoryScope
+from memories.engine.mem0_adapter import engine_embed_query
+from memories.engine.payload import EngineMemory, engine_memory_from_row
 
 BM25_K1 = 1.2
 BM25_B = 0.75

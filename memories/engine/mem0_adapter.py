@@ -1,4 +1,4 @@
-"""The memory engine: mem0 run in-process. The only module that imports mem0.
+"""The memory engine: mem0 run in-process. Only this package imports mem0.
 
 One `Memory` per process, built lazily on first use (so after any fork), with:
 - vectors in Postgres/pgvector (table created by a Django migration, exact scan);
@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import connections
 
-from memories.scope import MemoryScope
-from memories.vector_schema import vector_table_dims
+from core.scope import MemoryScope
+from memories.engine.payload import EngineMemory, engine_memory_from_item
+from memories.engine.vector_schema import vector_table_dims
 from memsite.dbconf import database_conninfo
 
 logger = logging.getLogger(__name__)
@@ -34,17 +34,6 @@ class EngineError(RuntimeError):
 
 class LlmUnavailable(EngineError):
     """`ingest` needs an LLM and none is configured."""
-
-
-@dataclass(frozen=True)
-class EngineMemory:
-    id: str
-    text: str
-    user_id: str
-    metadata: dict[str, Any]
-    created_at: str | None
-    updated_at: str | None
-    score: float | None = None
 
 
 _lock = threading.Lock()
@@ -105,7 +94,7 @@ def _build_memory():
     from mem0 import Memory
     from mem0.configs.base import MemoryConfig
 
-    from memories.history_store import PostgresHistoryStore
+    from memories.engine.history_store import PostgresHistoryStore
 
     config = MemoryConfig(
         vector_store={
@@ -128,7 +117,7 @@ def _build_memory():
     memory.db.close()
     memory.db = PostgresHistoryStore()
     if settings.EMBEDDER == "local":
-        from memories.embedder import MiniLMEmbedder
+        from memories.engine.embedder import MiniLMEmbedder
 
         memory.embedding_model = MiniLMEmbedder()
     return memory
@@ -169,37 +158,6 @@ def _call(what: str, fn, *args, **kwargs):
         raise EngineError(f"memory engine {what} failed ({type(exc).__name__})") from exc
 
 
-# Keys mem0 keeps in a row's payload for itself; the rest is the memory's metadata.
-ENGINE_PAYLOAD_KEYS = frozenset(
-    {"data", "hash", "created_at", "updated_at", "user_id", "text_lemmatized", "role", "actor_id"}
-)
-
-
-def engine_memory_from_row(memory_id: Any, payload: dict[str, Any], *, score: float | None = None) -> EngineMemory:
-    """A row of the engine's table (read with SQL, not through mem0) as an EngineMemory."""
-    return EngineMemory(
-        id=str(memory_id),
-        text=payload.get("data", ""),
-        user_id=payload.get("user_id", ""),
-        metadata={k: v for k, v in payload.items() if k not in ENGINE_PAYLOAD_KEYS},
-        created_at=payload.get("created_at"),
-        updated_at=payload.get("updated_at"),
-        score=score,
-    )
-
-
-def _from_item(item: dict[str, Any]) -> EngineMemory:
-    return EngineMemory(
-        id=str(item["id"]),
-        text=item.get("memory", ""),
-        user_id=item.get("user_id", ""),
-        metadata=dict(item.get("metadata") or {}),
-        created_at=item.get("created_at"),
-        updated_at=item.get("updated_at"),
-        score=item.get("score"),
-    )
-
-
 # --- operations -------------------------------------------------------------------
 def engine_add_text(scope: MemoryScope, *, text: str, metadata: dict[str, Any] | None = None) -> str:
     """Store `text` verbatim (infer=False, no LLM). Returns the new memory id."""
@@ -229,20 +187,6 @@ def engine_ingest(
     return list(result.get("results") or [])
 
 
-def engine_search(
-    scope: MemoryScope, *, query: str, top_k: int, filters: dict[str, Any] | None = None
-) -> list[EngineMemory]:
-    memory = get_memory()
-    result = _call(
-        "search",
-        memory.search,
-        query,
-        top_k=top_k,
-        filters={**(filters or {}), "user_id": scope.engine_user_id},
-    )
-    return [_from_item(item) for item in result.get("results") or []]
-
-
 def engine_embed_query(text: str) -> list[float]:
     """The query vector the engine would search with."""
     return _call("embed", get_memory().embedding_model.embed, text, "search")
@@ -252,7 +196,7 @@ def engine_get(memory_id: str) -> EngineMemory | None:
     """Any user's memory by id; callers check ownership against their scope."""
     memory = get_memory()
     item = _call("get", memory.get, memory_id)
-    return _from_item(item) if item else None
+    return engine_memory_from_item(item) if item else None
 
 
 def engine_update(memory_id: str, *, text: str | None, metadata: dict[str, Any] | None) -> None:
@@ -263,10 +207,6 @@ def engine_update(memory_id: str, *, text: str | None, metadata: dict[str, Any] 
 def engine_delete(memory_id: str) -> None:
     memory = get_memory()
     _call("delete", memory.delete, memory_id)
-
-
-def engine_history(memory_id: str) -> list[dict[str, Any]]:
-    return get_memory().db.get_history(memory_id)
 
 
 def engine_purge_user(scope: MemoryScope) -> None:

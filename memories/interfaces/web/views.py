@@ -1,5 +1,5 @@
 """The end user's web UI: browse, search, pin, edit and delete my memories; API keys;
-usage. Server-rendered; every action goes through the same services as MCP and REST
+usage. Server-rendered; every memory action goes through the same operation dispatcher as MCP and REST
 (same scope, rate limits, audit rows and usage events)."""
 
 from __future__ import annotations
@@ -15,46 +15,41 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from memories.accounting import failures_audited
-from memories.errors import ErrorCode, ServiceError
-from memories.mcp_paths import MCP_PATH
+from core.calls import call_context_from_request
+from core.choices import Channel
+from core.errors import ErrorCode, ServiceError
+from core.scope import MemoryScope
+from memories.auth import Principal
+from memories.interfaces.wellknown import MEMORY_MCP_PATH
 from memories.models import ApiKey
-from memories.schemas import MEMORY_MAX_CHARS, UpdateInput, validate_input
-from memories.scope import CallContext, MemoryScope
-from memories.selectors import (
-    memory_client_apps,
-    memory_get,
-    memory_list,
-    memory_search,
-    memory_versions,
-    usage_by_day,
-)
-from memories.services import api_key_issue, api_key_revoke, memory_clear_all, memory_delete, memory_update
+from memories.operations import operation_execute
+from memories.schemas import MEMORY_MAX_CHARS
+from memories.selectors import memory_client_apps, memory_versions, usage_by_day
+from memories.services import api_key_issue, api_key_revoke
 
 PAGE_SIZE = 25
 SEARCH_RESULTS = 50
 WEB_CLIENT = "web"
 
 
+def _principal(request) -> Principal:
+    return Principal(user=request.user, method="session", client_app=WEB_CLIENT)
+
+
 def _scope(request) -> MemoryScope:
-    return MemoryScope.for_user(request.user, client_app=WEB_CLIENT)
+    return _principal(request).scope()
 
 
-def _call(request) -> CallContext:
-    return CallContext(
-        channel="ui",
-        ip=request.META.get("REMOTE_ADDR"),
-        user_agent=request.META.get("HTTP_USER_AGENT", "")[:300],
-        actor_username=request.user.get_username(),
-        actor_auth="session",
-    )
+def _execute(request, name: str, arguments: dict) -> dict:
+    """The same dispatcher MCP and REST use (audit row, usage event, rate limit)."""
+    call = call_context_from_request(request, channel=Channel.UI)
+    return operation_execute(_principal(request), name, arguments, call=call)
 
 
-def _owned_or_404(operation: str, fn, scope: MemoryScope, *, call: CallContext, **kwargs):
-    """Run a service on one memory; a missing or foreign id is a 404 (and audited)."""
+def _owned_or_404(request, name: str, arguments: dict) -> dict:
+    """Run an operation on one memory; a missing or foreign id is a 404 (and audited)."""
     try:
-        with failures_audited(scope, call=call, operation=operation, memory_id=kwargs.get("memory_id")):
-            return fn(scope, call=call, **kwargs)
+        return _execute(request, name, arguments)
     except ServiceError as exc:
         if exc.code == ErrorCode.NOT_FOUND:
             raise Http404("No memory with that id.") from None
@@ -85,7 +80,7 @@ def home(request):
 @login_required
 @require_GET
 def memory_index(request):
-    scope, call = _scope(request), _call(request)
+    scope = _scope(request)
     query = request.GET.get("q", "").strip()[:2000]
     pinned = request.GET.get("pinned", "")
     source = request.GET.get("source", "")
@@ -106,23 +101,24 @@ def memory_index(request):
     }
     try:
         if query:
-            with failures_audited(scope, call=call, operation="search_memory"):
-                found = memory_search(scope, query=query, top_k=SEARCH_RESULTS, filters=filters or None, call=call)
+            arguments = {"query": query, "top_k": SEARCH_RESULTS, "filters": filters or None}
+            found = _execute(request, "search_memory", arguments)["results"]
             if date_from or date_to:
-                found = [m for m in found if _within(m.created_at, date_from, date_to)]
+                found = [m for m in found if _within(m["created_at"], date_from, date_to)]
             context["memories"] = found
         else:
-            with failures_audited(scope, call=call, operation="list_memory"):
-                page = memory_list(
-                    scope,
-                    cursor=request.GET.get("cursor") or None,
-                    page_size=PAGE_SIZE,
-                    filters=filters or None,
-                    created_from=date_from,
-                    created_before=_day_after(date_to),
-                    call=call,
-                )
-            context.update(memories=page.memories, next_cursor=page.next_cursor)
+            page = _execute(
+                request,
+                "list_memory_dated",
+                {
+                    "cursor": request.GET.get("cursor") or None,
+                    "page_size": PAGE_SIZE,
+                    "filters": filters or None,
+                    "created_from": date_from,
+                    "created_before": _day_after(date_to),
+                },
+            )
+            context.update(memories=page["memories"], next_cursor=page["next_cursor"])
     except ServiceError as exc:
         messages.error(request, exc.message)
         context["memories"] = []
@@ -145,23 +141,16 @@ def _within(created_at: str | None, date_from: str | None, date_to: str | None) 
 @login_required
 @require_GET
 def memory_detail(request, memory_id: str):
-    scope = _scope(request)
-    memory = _owned_or_404("get_memory", memory_get, scope, memory_id=str(memory_id), call=_call(request))
-    versions = memory_versions(scope, memory_id=memory.id)
+    memory = _owned_or_404(request, "get_memory", {"memory_id": str(memory_id)})["memory"]
+    versions = memory_versions(_scope(request), memory_id=memory["id"])
     return render(
         request, "web/memory_detail.html", {"memory": memory, "versions": versions, "max_chars": MEMORY_MAX_CHARS}
     )
 
 
 def _update(request, memory_id: str, arguments: dict) -> HttpResponseRedirect:
-    scope, call = _scope(request), _call(request)
-
-    def validated_update(scope, *, call, memory_id):
-        data = validate_input(UpdateInput, {"memory_id": memory_id, **arguments})
-        return memory_update(scope, memory_id=data.memory_id, memory=data.memory, pinned=data.pinned, call=call)
-
     try:
-        _owned_or_404("update_memory", validated_update, scope, memory_id=str(memory_id), call=call)
+        _owned_or_404(request, "update_memory", {"memory_id": str(memory_id), **arguments})
         messages.success(request, "Saved.")
     except ServiceError as exc:
         messages.error(request, exc.message)
@@ -183,12 +172,11 @@ def memory_edit(request, memory_id: str):
 @login_required
 @require_http_methods(["GET", "POST"])
 def memory_delete_view(request, memory_id: str):
-    scope, call = _scope(request), _call(request)
     if request.method == "GET":
-        memory = _owned_or_404("get_memory", memory_get, scope, memory_id=str(memory_id), call=call)
+        memory = _owned_or_404(request, "get_memory", {"memory_id": str(memory_id)})["memory"]
         return render(request, "web/memory_delete.html", {"memory": memory})
     try:
-        _owned_or_404("delete_memory", memory_delete, scope, memory_id=str(memory_id), call=call)
+        _owned_or_404(request, "delete_memory", {"memory_id": str(memory_id)})
     except ServiceError as exc:
         messages.error(request, exc.message)
         return redirect("web-memory", memory_id=memory_id)
@@ -203,11 +191,9 @@ CLEAR_PHRASE = "delete all my memories"
 @require_http_methods(["GET", "POST"])
 def memory_clear(request):
     if request.method == "POST":
-        scope, call = _scope(request), _call(request)
         confirmed = request.POST.get("confirmation", "").strip().lower() == CLEAR_PHRASE
         try:
-            with failures_audited(scope, call=call, operation="clear_all_memory"):
-                deleted = memory_clear_all(scope, confirm=confirmed, call=call)
+            deleted = _execute(request, "clear_all_memory", {"confirm": confirmed})["deleted"]
             messages.success(request, f"Deleted {deleted} memories.")
             return redirect("web-memories")
         except ServiceError as exc:
@@ -228,7 +214,9 @@ def api_keys(request):
         messages.success(request, "Key created. Copy it now: it will not be shown again.")
     keys = ApiKey.objects.filter(user=request.user).order_by("-created_at")
     base = settings.PUBLIC_BASE_URL or request.build_absolute_uri("/").rstrip("/")
-    return render(request, "web/api_keys.html", {"keys": keys, "new_key": new_key, "mcp_url": f"{base}{MCP_PATH}"})
+    return render(
+        request, "web/api_keys.html", {"keys": keys, "new_key": new_key, "mcp_url": f"{base}{MEMORY_MCP_PATH}"}
+    )
 
 
 @login_required

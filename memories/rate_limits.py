@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import connection
 
-from memories.errors import ErrorCode, ServiceError
+from core.errors import ErrorCode, ServiceError
+from core.scope import MemoryScope
 from memories.models import RateWindow
-from memories.scope import MemoryScope
 
 _UPSERT = f"""
 INSERT INTO {RateWindow._meta.db_table} (user_id, operation, window_seconds, window_start, count)

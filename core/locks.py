@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 
-from memories.errors import ErrorCode, ServiceError
+from core.errors import ErrorCode, ServiceError
 
 
 @contextmanager

@@ -11,18 +11,16 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.calls import call_context_from_request
+from core.choices import Channel
+from core.errors import ErrorCode, ServiceError
+from core.scope import CallContext
 from memories import schemas
-from memories.errors import ErrorCode, ServiceError
 from memories.operations import operation_execute
-from memories.scope import CallContext
 
 
 def _call(request) -> CallContext:
-    return CallContext(
-        channel="rest",
-        ip=request.META.get("REMOTE_ADDR"),
-        user_agent=request.META.get("HTTP_USER_AGENT", "")[:300],
-    )
+    return call_context_from_request(request, channel=Channel.REST)
 
 
 def _body(request) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from django.db import transaction
 
 from audit.services import audit_failure, audit_record
 from billing.services import usage_event_record
-from memories.errors import ErrorCode, ServiceError
-from memories.scope import CallContext, MemoryScope
+from core.errors import ErrorCode, ServiceError
+from core.scope import CallContext, MemoryScope
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
-from memories import api
+from memories.interfaces.rest import views as api
 
 urlpatterns = [
     path("memories", api.MemoryCollectionView.as_view(), name="api-memories"),

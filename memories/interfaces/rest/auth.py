@@ -1,7 +1,8 @@
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication
 
-from memories.auth import authenticate_bearer, public_base_url, www_authenticate
+from memories.auth import authenticate_bearer
+from memories.interfaces.wellknown import public_base_url, www_authenticate
 
 
 class BearerTokenAuthentication(BaseAuthentication):
@@ -21,7 +22,7 @@ class BearerTokenAuthentication(BaseAuthentication):
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "memories.api_auth.BearerTokenAuthentication"
+    target_class = "memories.interfaces.rest.auth.BearerTokenAuthentication"
     name = "bearerAuth"
 
     def get_security_definition(self, auto_schema):

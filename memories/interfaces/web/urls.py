@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from memories import web
+from memories.interfaces.web import views as web
 
 urlpatterns = [
     path("", web.home, name="web-home"),

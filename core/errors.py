@@ -61,3 +61,7 @@ class ServiceError(Exception):
 def not_found(*, denied: bool = False) -> ServiceError:
     # One message for "missing" and "someone else's": the two must be indistinguishable.
     return ServiceError(ErrorCode.NOT_FOUND, "No memory with that id.", denied=denied)
+
+
+def backend_unavailable() -> ServiceError:
+    return ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "The memory engine is unavailable; retry later.")

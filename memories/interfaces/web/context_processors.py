@@ -1,6 +1,6 @@
 from django.contrib.auth import BACKEND_SESSION_KEY
 
-OIDC_BACKEND = "memories.oidc_web.MemsiteOIDCBackend"
+OIDC_BACKEND = "memories.interfaces.web.oidc_login.MemsiteOIDCBackend"
 
 
 def web(request) -> dict:

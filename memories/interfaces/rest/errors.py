@@ -4,7 +4,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from memories.errors import ErrorCode, ServiceError
+from core.errors import ErrorCode, ServiceError
 
 _DRF_CODES = {
     status.HTTP_400_BAD_REQUEST: ErrorCode.INVALID_ARGUMENT,

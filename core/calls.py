@@ -1,0 +1,34 @@
+"""One builder from an incoming request to the CallContext its audit row and usage event
+carry: Django requests (REST, web UI, admin) and Starlette/ASGI requests (MCP) alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.choices import Channel
+from core.scope import CallContext
+
+USER_AGENT_MAX_CHARS = 300
+# Reserved for the turn lifecycle: agents will send these headers (not read yet).
+TURN_ID_HEADER = "X-Turn-Id"
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+def _client_of(request: Any) -> tuple[str | None, str]:
+    """(ip, user agent) of a Django HttpRequest / DRF Request or a Starlette Request."""
+    meta = getattr(request, "META", None)
+    if meta is not None:  # Django (DRF proxies META too)
+        return meta.get("REMOTE_ADDR"), meta.get("HTTP_USER_AGENT", "") or ""
+    client = getattr(request, "client", None)
+    headers = getattr(request, "headers", None) or {}
+    return (client.host if client else None), headers.get("user-agent") or ""
+
+
+def call_context_from_request(request: Any, *, channel: Channel, staff: bool = False) -> CallContext:
+    """The call context of one request. `staff=True` records the signed-in staff user
+    as the actor (admin actions)."""
+    ip, user_agent = (None, "") if request is None else _client_of(request)
+    extra: dict[str, Any] = {}
+    if staff:
+        extra = {"staff_user_id": request.user.pk, "staff_username": request.user.get_username()}
+    return CallContext(channel=channel, ip=ip, user_agent=user_agent[:USER_AGENT_MAX_CHARS], **extra)

@@ -1,0 +1,44 @@
+"""The names every part of the system agrees on: operations and channels.
+
+Audit rows, usage events, rate-limit settings, turn events and admin filters all use
+these values; they are stored as plain strings, so a value never changes once used."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Operation(models.TextChoices):
+    # The seven memory tools (MCP and REST), billed and rate limited.
+    SEARCH_MEMORY = "search_memory"
+    REMEMBER = "remember"
+    INGEST = "ingest"
+    UPDATE_MEMORY = "update_memory"
+    DELETE_MEMORY = "delete_memory"
+    LIST_MEMORY = "list_memory"
+    CLEAR_ALL_MEMORY = "clear_all_memory"
+    # A person opening one memory in the web UI: audited, not billed.
+    GET_MEMORY = "get_memory"
+    # Staff actions in the admin.
+    ADMIN_VIEW_MEMORY = "admin_view_memory"
+    ADMIN_REVOKE_API_KEY = "admin_revoke_api_key"
+    ADMIN_RETRY_USAGE_EVENTS = "admin_retry_usage_events"
+
+
+MEMORY_TOOL_OPERATIONS: tuple[Operation, ...] = (
+    Operation.SEARCH_MEMORY,
+    Operation.REMEMBER,
+    Operation.INGEST,
+    Operation.UPDATE_MEMORY,
+    Operation.DELETE_MEMORY,
+    Operation.LIST_MEMORY,
+    Operation.CLEAR_ALL_MEMORY,
+)
+
+
+class Channel(models.TextChoices):
+    MCP = "mcp"
+    REST = "rest"
+    UI = "ui"
+    ADMIN = "admin"
+    INTERNAL = "internal"

@@ -1,0 +1,48 @@
+"""RFC 9728 protected-resource metadata, and the `WWW-Authenticate` challenge that points
+agents to it (MCP and REST answer 401 with it)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
+
+PROTECTED_RESOURCE_PATH = "/.well-known/oauth-protected-resource"
+MCP_ENGINES_PREFIX = "/engines"
+
+
+def mcp_path(toolset_id: str) -> str:
+    """Where an MCP toolset is served: /engines/<id>/mcp."""
+    return f"{MCP_ENGINES_PREFIX}/{toolset_id}/mcp"
+
+
+MEMORY_MCP_PATH = mcp_path("memory")
+
+
+def public_base_url(scheme: str, host: str) -> str:
+    return settings.PUBLIC_BASE_URL or f"{scheme}://{host}"
+
+
+def protected_resource_metadata_url(base_url: str) -> str:
+    return f"{base_url}{PROTECTED_RESOURCE_PATH}"
+
+
+def www_authenticate(base_url: str, *, error: str | None = "invalid_token") -> str:
+    value = f'Bearer resource_metadata="{protected_resource_metadata_url(base_url)}"'
+    if error:
+        value += f', error="{error}"'
+    return value
+
+
+@require_GET
+def protected_resource_metadata(request: HttpRequest) -> JsonResponse:
+    """RFC 9728: where agents learn how to get a token for the MCP endpoint."""
+    base = public_base_url(request.scheme, request.get_host())
+    body = {
+        "resource": f"{base}{MEMORY_MCP_PATH}",
+        "resource_name": "memsite memory",
+        "bearer_methods_supported": ["header"],
+        "authorization_servers": [settings.OIDC_ISSUER] if settings.OIDC_ISSUER else [],
+        "resource_documentation": f"{base}/v1/schema/",
+    }
+    return JsonResponse(body)
