@@ -1,8 +1,8 @@
 """ASGI entry point: Django, with every registered MCP toolset mounted at its own
 /engines/<id>/mcp path.
 
-The MCP apps need their lifespan run (each SDK session manager starts there); this app
-runs all of them inside the one ASGI lifespan."""
+The MCP apps need their lifespan run (each SDK session manager starts there, once per
+app); this app runs all of them inside the one ASGI lifespan."""
 
 import os
 from contextlib import AsyncExitStack
@@ -14,31 +14,37 @@ django_app = get_asgi_application()
 
 from memories.interfaces.mcp.registry import TOOLSETS  # noqa: E402 - needs Django set up
 
-mcp_apps = {toolset.path: toolset.build_app() for toolset in TOOLSETS}
 
+def build_application():
+    """A fresh ASGI app (tests build one per event loop: an MCP app's lifespan runs once)."""
+    mcp_apps = {toolset.path: toolset.build_app() for toolset in TOOLSETS}
 
-async def _lifespan(receive, send) -> None:
-    message = await receive()  # lifespan.startup
-    async with AsyncExitStack() as stack:
-        try:
-            for app, _ in mcp_apps.values():
-                await stack.enter_async_context(app.router.lifespan_context(app))
-        except Exception as exc:
-            await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+    async def lifespan(receive, send) -> None:
+        message = await receive()  # lifespan.startup
+        async with AsyncExitStack() as stack:
+            try:
+                for app, _ in mcp_apps.values():
+                    await stack.enter_async_context(app.router.lifespan_context(app))
+            except Exception as exc:
+                await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+            message = await receive()  # lifespan.shutdown
+        if message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+
+    async def application(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
             return
-        await send({"type": "lifespan.startup.complete"})
-        message = await receive()  # lifespan.shutdown
-    if message["type"] == "lifespan.shutdown":
-        await send({"type": "lifespan.shutdown.complete"})
+        if scope["type"] == "http":
+            mounted = mcp_apps.get(scope["path"].rstrip("/"))
+            if mounted is not None:
+                await mounted[1](scope, receive, send)
+                return
+        await django_app(scope, receive, send)
+
+    return application
 
 
-async def application(scope, receive, send):
-    if scope["type"] == "lifespan":
-        await _lifespan(receive, send)
-        return
-    if scope["type"] == "http":
-        mounted = mcp_apps.get(scope["path"].rstrip("/"))
-        if mounted is not None:
-            await mounted[1](scope, receive, send)
-            return
-    await django_app(scope, receive, send)
+application = build_application()

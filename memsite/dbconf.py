@@ -3,21 +3,6 @@
 from urllib.parse import quote
 
 
-def database_conninfo(db: dict) -> str:
-    """A libpq keyword string for the engine's own pool (mem0 talks psycopg directly)."""
-    from psycopg.conninfo import make_conninfo
-
-    parts = {
-        "host": db.get("HOST"),
-        "port": db.get("PORT"),
-        "user": db.get("USER"),
-        "password": db.get("PASSWORD"),
-        "dbname": db.get("NAME"),
-    }
-    extra = {k: v for k, v in (db.get("OPTIONS") or {}).items() if k in ("sslmode", "sslrootcert")}
-    return make_conninfo(**{k: str(v) for k, v in parts.items() if v}, **extra)
-
-
 def sqlalchemy_url(db: dict, *, scheme: str) -> str:
     user = quote(db.get("USER") or "", safe="")
     password = db.get("PASSWORD")

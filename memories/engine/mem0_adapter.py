@@ -21,7 +21,6 @@ from django.db import connections
 from core.scope import MemoryScope
 from memories.engine.payload import EngineMemory, engine_memory_from_item
 from memories.engine.vector_schema import vector_table_dims
-from memsite.dbconf import database_conninfo
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +86,21 @@ def _embedder_config() -> dict[str, Any]:
     # Replaced by MiniLMEmbedder right after construction; building an OpenAI client
     # makes no network call.
     return {"provider": "openai", "config": {"api_key": "local-embedder", "embedding_dims": 384}}
+
+
+def database_conninfo(db: dict[str, Any]) -> str:
+    """A libpq keyword string for the engine's own pool (mem0 talks psycopg directly)."""
+    from psycopg.conninfo import make_conninfo
+
+    parts = {
+        "host": db.get("HOST"),
+        "port": db.get("PORT"),
+        "user": db.get("USER"),
+        "password": db.get("PASSWORD"),
+        "dbname": db.get("NAME"),
+    }
+    extra = {k: v for k, v in (db.get("OPTIONS") or {}).items() if k in ("sslmode", "sslrootcert")}
+    return make_conninfo(**{k: str(v) for k, v in parts.items() if v}, **extra)
 
 
 def _build_memory():

@@ -1,0 +1,130 @@
+"""The house rules as tests: selectors write nothing, the query count of the hot
+operations is pinned, and every MCP tool declares an outputSchema its results fit."""
+
+import jsonschema
+import pytest
+from django.db import InternalError, connection, transaction
+
+from core.choices import Channel
+from core.scope import CallContext
+from memories import selectors
+from memories.auth import Principal
+from memories.interfaces.mcp.registry import TOOLSETS
+from memories.operations import OPERATIONS, operation_execute
+from memories.services import memory_remember
+from tests.conftest import internal_call
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+
+def _read_only():
+    """A transaction in which any write fails (Postgres: SET TRANSACTION READ ONLY)."""
+    atomic = transaction.atomic()
+    atomic.__enter__()
+    with connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION READ ONLY")
+    return atomic
+
+
+def test_every_selector_runs_in_a_read_only_transaction(alice_scope, bob_scope):
+    memory_id = memory_remember(alice_scope, memory="Alice grows tomatoes", call=internal_call()).id
+    memory_remember(bob_scope, memory="Bob sails", call=internal_call())
+    calls = {
+        "memory_get_owned": lambda: selectors.memory_get_owned(alice_scope, memory_id=memory_id),
+        "memory_versions": lambda: selectors.memory_versions(alice_scope, memory_id=memory_id),
+        "memory_client_apps": lambda: selectors.memory_client_apps(alice_scope),
+        "memory_count": lambda: selectors.memory_count(alice_scope),
+        "memory_ids_owned": lambda: selectors.memory_ids_owned(alice_scope),
+        "usage_by_day": lambda: selectors.usage_by_day(alice_scope, days=30),
+    }
+    public = {
+        name
+        for name, value in vars(selectors).items()
+        if callable(value) and getattr(value, "__module__", "") == selectors.__name__ and name.startswith("memory_")
+    }
+    assert public - {"memory_view"} <= set(calls) | {"memory_view"}, "a new selector needs a read-only check here"
+    results = {}
+    atomic = _read_only()
+    try:
+        for name, run in calls.items():
+            results[name] = run()
+    finally:
+        atomic.__exit__(None, None, None)
+    assert results["memory_get_owned"].id == memory_id
+    assert [v["event"] for v in results["memory_versions"]] == ["ADD"]
+    assert results["memory_count"] == 1 and results["memory_ids_owned"] == [memory_id]
+    assert sum(row["calls"] for row in results["usage_by_day"]) == 1
+
+
+def test_a_write_in_the_read_only_transaction_fails(alice_scope):
+    """The check above is real: a service (which writes) fails inside the same guard."""
+    from memories.rate_limits import rate_limit_consume
+
+    atomic = _read_only()
+    try:
+        with pytest.raises(InternalError, match="read-only"):
+            rate_limit_consume(alice_scope, operation="remember")
+    finally:
+        atomic.__exit__(InternalError, InternalError(), None)
+
+
+def _principal(user) -> Principal:
+    return Principal(user=user, method="api_key", client_app="alice-agent")
+
+
+def _call() -> CallContext:
+    return CallContext(channel=Channel.MCP)
+
+
+# Queries on Django's connection per call through the dispatcher (mem0's own pool is not
+# counted). A change here is a deliberate decision: update the pin and say why.
+QUERIES = {"remember": 13, "search_memory": 9, "list_memory": 6}
+
+
+def test_query_count_of_remember(alice, django_assert_num_queries):
+    operation_execute(_principal(alice), "remember", {"memory": "warm-up"}, call=_call())
+    with django_assert_num_queries(QUERIES["remember"]):
+        operation_execute(_principal(alice), "remember", {"memory": "Alice likes figs"}, call=_call())
+
+
+def test_query_count_of_search_memory(alice, django_assert_num_queries):
+    operation_execute(_principal(alice), "remember", {"memory": "Alice likes figs"}, call=_call())
+    with django_assert_num_queries(QUERIES["search_memory"]):
+        found = operation_execute(_principal(alice), "search_memory", {"query": "figs"}, call=_call())
+    assert len(found["results"]) == 1
+
+
+def test_query_count_of_list_memory(alice, django_assert_num_queries):
+    operation_execute(_principal(alice), "remember", {"memory": "Alice likes figs"}, call=_call())
+    with django_assert_num_queries(QUERIES["list_memory"]):
+        page = operation_execute(_principal(alice), "list_memory", {"page_size": 10}, call=_call())
+    assert len(page["memories"]) == 1
+
+
+def test_every_tool_of_every_toolset_declares_an_output_schema():
+    assert TOOLSETS, "no toolset registered"
+    for toolset in TOOLSETS:
+        assert toolset.instructions and toolset.path == f"/engines/{toolset.id}/mcp"
+        for tool in toolset.tools:
+            assert tool.output_schema and tool.output_schema["type"] == "object", (toolset.id, tool.name)
+            jsonschema.Draft202012Validator.check_schema(tool.output_schema)
+
+
+def test_successful_results_validate_against_the_output_schema(alice):
+    """Each of the seven operations, through the dispatcher, against its tool's schema."""
+    principal, schemas = _principal(alice), {t.name: t.output_schema for ts in TOOLSETS for t in ts.tools}
+
+    def ok(name, arguments):
+        data = operation_execute(principal, name, arguments, call=_call())
+        jsonschema.validate(data, schemas[name])
+        return data
+
+    memory_id = ok("remember", {"memory": "Alice paints", "pinned": True, "metadata": {"topic": "art"}})["id"]
+    ok("remember", {"memory": "Alice paints"})  # duplicate
+    ok("search_memory", {"query": "paint"})
+    ok("list_memory", {"page_size": 1})
+    ok("update_memory", {"memory_id": memory_id, "memory": "Alice paints in oil"})
+    ok("delete_memory", {"memory_id": memory_id})
+    ok("clear_all_memory", {"confirm": True})
+    assert set(schemas) == {name for ts in TOOLSETS for name in ts.operations}
+    assert all(name in OPERATIONS for name in schemas)
