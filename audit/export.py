@@ -11,6 +11,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.core.files.base import ContentFile
@@ -54,7 +55,7 @@ def _already_written(storage, key: str, digest: str) -> bool:
     return True
 
 
-def _export_batch(storage, rows: list[dict], report: ExportReport) -> None:
+def _export_batch(storage, rows: list[dict[str, Any]], report: ExportReport) -> None:
     body = _encode(rows)
     digest = hashlib.sha256(body).hexdigest()
     first_id, last_id = rows[0]["id"], rows[-1]["id"]
@@ -99,8 +100,8 @@ def audit_export(*, batch_size: int | None = None, storage=None) -> ExportReport
         cutoff = timezone.now() - timedelta(seconds=settings.AUDIT_EXPORT_LAG_S)
         while True:
             watermark = AuditExportBatch.objects.aggregate(last=Max("last_id"))["last"] or 0
-            rows = list(
-                AuditEvent.objects.filter(id__gt=watermark, occurred_at__lt=cutoff).order_by("id").values()[:batch_size]
+            rows: list[dict[str, Any]] = list(
+                AuditEvent.objects.filter(id__gt=watermark, occurred_at__lt=cutoff).order_by("id").values()[:batch_size]  # type: ignore[arg-type]
             )
             if not rows:
                 break

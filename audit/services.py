@@ -17,7 +17,7 @@ from core.scope import DEFAULT_TENANT, MemoryScope
 if TYPE_CHECKING:
     from core.scope import CallContext
 
-TURN_EVENTS = {
+TURN_EVENTS: dict[str, str] = {
     Operation.REMEMBER: AuditEvent.TurnEvent.WRITE,
     Operation.INGEST: AuditEvent.TurnEvent.WRITE,
     Operation.UPDATE_MEMORY: AuditEvent.TurnEvent.WRITE,

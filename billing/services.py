@@ -100,7 +100,7 @@ def _post(events: list[UsageEvent]) -> _Outcome:
         headers["Authorization"] = f"Bearer {settings.USAGE_INGEST_API_KEY}"
     try:
         response = httpx.post(
-            settings.PAYMENT_GATEWAY_URL,
+            settings.PAYMENT_GATEWAY_URL or "",
             json={"events": [e.payload() for e in events]},
             headers=headers,
             timeout=settings.USAGE_DELIVERY_TIMEOUT_S,

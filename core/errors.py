@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
 
@@ -34,8 +36,14 @@ class ServiceError(Exception):
     """A failure the caller can act on. `message` is for humans and never holds secrets."""
 
     def __init__(
-        self, code: ErrorCode, message: str, *, retry_after_s: int | None = None, details=None, denied: bool = False
-    ):
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        retry_after_s: int | None = None,
+        details: Any = None,
+        denied: bool = False,
+    ) -> None:
         super().__init__(message)
         self.code = ErrorCode(code)
         self.message = message
@@ -49,8 +57,8 @@ class ServiceError(Exception):
     def http_status(self) -> int:
         return HTTP_STATUS[self.code]
 
-    def as_dict(self) -> dict:
-        body = {"code": self.code.value, "message": self.message}
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code.value, "message": self.message}
         if self.retry_after_s is not None:
             body["retry_after_s"] = self.retry_after_s
         if self.details:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_TENANT = "default"
 
@@ -22,7 +23,7 @@ class MemoryScope:
         return f"{self.tenant}:{self.user_pk}"
 
     @classmethod
-    def for_user(cls, user, *, client_app: str | None = None, session_id: str | None = None) -> MemoryScope:
+    def for_user(cls, user: Any, *, client_app: str | None = None, session_id: str | None = None) -> MemoryScope:
         if user is None or not user.is_authenticated or user.pk is None:
             raise PermissionError("a MemoryScope needs an authenticated user")
         return cls(tenant=DEFAULT_TENANT, user_pk=user.pk, client_app=client_app, session_id=session_id)

@@ -6,7 +6,7 @@ or a header other than `Authorization` selects whose memories are touched."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from django.conf import settings
 
@@ -16,7 +16,7 @@ from memories.services import api_key_authenticate
 
 @dataclass(frozen=True)
 class Principal:
-    user: object
+    user: Any
     method: Literal["api_key", "oidc", "session"]
     client_app: str | None = None
     credential_id: str | None = None

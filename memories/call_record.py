@@ -50,7 +50,7 @@ def failures_audited(scope: MemoryScope, *, call: CallContext, operation: str, m
         raise
 
 
-def _audit_failure(scope, call, operation, error, memory_id) -> None:
+def _audit_failure(scope: MemoryScope, call: CallContext, operation: str, error: ServiceError, memory_id: Any) -> None:
     try:
         with transaction.atomic():
             audit_failure(scope, call=call, operation=operation, error=error, memory_id=memory_id)

@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from core.errors import ErrorCode, ServiceError
+from memories.engine import ENGINE_RESERVED_METADATA_KEYS
 
 MEMORY_MAX_CHARS = 8000
 QUERY_MAX_CHARS = 2000
@@ -42,13 +43,7 @@ INGEST_MAX_TOTAL_CHARS = 40000
 CURSOR_MAX_CHARS = 512
 
 # Keys the engine or the service owns; clients may not set or filter on them.
-RESERVED_KEYS = frozenset(
-    {
-        "user_id", "agent_id", "run_id", "actor_id", "role", "data", "hash", "created_at", "updated_at",
-        "text_lemmatized", "id", "memory", "attributed_to", "expiration_date", "memory_type",
-        "tenant", "client_app", "source", "pinned",
-    }
-)  # fmt: skip
+RESERVED_KEYS = ENGINE_RESERVED_METADATA_KEYS | {"tenant", "client_app", "source", "pinned"}
 _KEY_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 
 Scalar = StrictStr | StrictBool | int | float | None
@@ -261,7 +256,7 @@ class ClearAllOutput(BaseModel):
     deleted: int = Field(description="How many memories were deleted.")
 
 
-def _describe(error: dict) -> str:
+def _describe(error: Any) -> str:
     where = ".".join(str(p) for p in error.get("loc", ())) or "arguments"
     if error["type"] == "extra_forbidden":
         return f"unexpected argument {where!r}"

@@ -80,7 +80,7 @@ def memory_versions(scope: MemoryScope, *, memory_id: str) -> list[dict[str, Any
     """Every version of one of the scope's memories, oldest first, with who made it."""
     memory_get_owned(scope, memory_id=memory_id)
     return list(
-        MemoryHistory.objects.filter(memory_id=memory_id)
+        MemoryHistory.objects.filter(memory_id=memory_id)  # type: ignore[arg-type]
         .order_by("recorded_at", "id")
         .values("event", "old_memory", "new_memory", "changed_by", "recorded_at")
     )
@@ -102,7 +102,7 @@ def usage_by_day(scope: MemoryScope, *, days: int = 30) -> list[dict[str, Any]]:
     """The user's billed calls per operation per day."""
     since = datetime.now(UTC) - timedelta(days=days)
     return list(
-        UsageEvent.objects.filter(user_id=str(scope.user_pk), created_at__gte=since)
+        UsageEvent.objects.filter(user_id=str(scope.user_pk), created_at__gte=since)  # type: ignore[arg-type]
         .annotate(day=TruncDate("created_at"))
         .values("day", "operation")
         .annotate(calls=Count("id"))

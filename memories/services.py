@@ -185,7 +185,7 @@ def memory_ingest(
             scope,
             call=call,
             operation=Operation.INGEST,
-            memory_ids=[r["id"] for r in results],
+            memory_ids=[str(r["id"]) for r in results],
             after=after,
             detail={"messages": len(messages)},
         )

@@ -20,7 +20,7 @@ def _configure_sqlalchemy_transport() -> None:
         return
     from kombu.transport import sqlalchemy as sqla_transport
 
-    sqla_transport.Channel.polling_interval = settings.CELERY_BROKER_POLL_INTERVAL
+    sqla_transport.Channel.polling_interval = settings.CELERY_BROKER_POLL_INTERVAL  # type: ignore[attr-defined]
 
 
 @app.on_after_configure.connect

@@ -2,12 +2,17 @@
 
 import os
 from pathlib import Path
+from typing import overload
 
 
 class ConfigError(RuntimeError):
     """A setting from the environment is missing or malformed."""
 
 
+@overload
+def env_str(name: str, default: str) -> str: ...
+@overload
+def env_str(name: str, default: None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     if value is None or value == "":

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger("memsite.launcher")
 
@@ -118,7 +119,7 @@ def _migrate() -> None:
 class Launcher:
     def __init__(self) -> None:
         self.settings = _settings()
-        self.postgres = None
+        self.postgres: Any = None
         self.children: list[Child] = []
         self.stopping = False
 
@@ -173,20 +174,20 @@ class Launcher:
         return 0
 
     def _stop_children(self) -> None:
-        running = [c for c in self.children if c.process and c.process.poll() is None]
-        for child in running:
-            child.process.send_signal(signal.SIGTERM)
+        running = [(c.name, c.process) for c in self.children if c.process and c.process.poll() is None]
+        for _, process in running:
+            process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        for child in running:
+        for name, process in running:
             try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))
+                process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                logger.warning("%s did not stop in %ss; killing", child.name, STOP_TIMEOUT_S)
-                os.killpg(child.process.pid, signal.SIGKILL)
-                child.process.wait()
+                logger.warning("%s did not stop in %ss; killing", name, STOP_TIMEOUT_S)
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
             # Celery's prefork pool children are in the same session: make sure of them.
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.process.pid, signal.SIGKILL)
+                os.killpg(process.pid, signal.SIGKILL)
 
     def _stop_database(self) -> None:
         if self.postgres:

@@ -5,6 +5,7 @@ local development (MEMSITE_ENV=local, the default for a checkout).
 """
 
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from celery.schedules import crontab
@@ -95,10 +96,12 @@ TEMPLATES = [
 # or on demand by manage.py). Any Postgres with the `vector` extension otherwise.
 DATABASE_URL = env_str("DATABASE_URL")
 EMBEDDED_DATABASE = DATABASE_URL is None
-_default_db = django_database_settings(DATA_DIR) if EMBEDDED_DATABASE else dj_database_url.parse(DATABASE_URL)
-if env_str("DATABASE_NAME"):
+_default_db: dict[str, Any] = (
+    django_database_settings(DATA_DIR) if DATABASE_URL is None else dict(dj_database_url.parse(DATABASE_URL))
+)
+if _database_name := env_str("DATABASE_NAME"):
     # Lets a helper process (e.g. a test worker) share a server but use another database.
-    _default_db["NAME"] = env_str("DATABASE_NAME")
+    _default_db["NAME"] = _database_name
 # A psycopg pool per process (Django >= 5.1): ASGI runs requests on short-lived threads,
 # where per-thread persistent connections would leak; a pool makes connecting ~free.
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 16, minimum=0)

@@ -20,6 +20,7 @@ from memories.engine.mem0_adapter import (
     llm_configured,
 )
 from memories.engine.payload import (
+    ENGINE_RESERVED_METADATA_KEYS,
     EngineMemory,
     engine_client_apps,
     engine_memories_page,
@@ -34,6 +35,7 @@ from memories.engine.payload import (
 from memories.engine.retrieval import hybrid_search
 
 __all__ = [
+    "ENGINE_RESERVED_METADATA_KEYS",
     "EngineError",
     "EngineMemory",
     "LlmUnavailable",

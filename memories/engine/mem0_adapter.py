@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import connections
@@ -103,7 +104,7 @@ def database_conninfo(db: dict[str, Any]) -> str:
     return make_conninfo(**{k: str(v) for k, v in parts.items() if v}, **extra)
 
 
-def _build_memory():
+def _build_memory() -> Any:
     _prepare_environment()
     from mem0 import Memory
     from mem0.configs.base import MemoryConfig
@@ -137,7 +138,7 @@ def _build_memory():
     return memory
 
 
-def get_memory():
+def get_memory() -> Any:
     """This process's mem0 `Memory`, built on first use (after fork)."""
     pid = os.getpid()
     if _state["pid"] == pid and _state["memory"] is not None:
@@ -161,7 +162,7 @@ def engine_close() -> None:
         memory.vector_store.connection_pool.close()
 
 
-def _call(what: str, fn, *args, **kwargs):
+def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except EngineError:
@@ -203,7 +204,7 @@ def engine_ingest(
 
 def engine_embed_query(text: str) -> list[float]:
     """The query vector the engine would search with."""
-    return _call("embed", get_memory().embedding_model.embed, text, "search")
+    return cast(list[float], _call("embed", get_memory().embedding_model.embed, text, "search"))
 
 
 def engine_get(memory_id: str) -> EngineMemory | None:

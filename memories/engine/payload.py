@@ -26,6 +26,11 @@ ENGINE_PAYLOAD_KEYS = frozenset(
     {KEY_TEXT, "hash", KEY_CREATED_AT, KEY_UPDATED_AT, KEY_USER_ID, "text_lemmatized", "role", "actor_id"}
 )
 
+# Metadata keys a client may not set or filter on: mem0 owns or interprets them.
+ENGINE_RESERVED_METADATA_KEYS = ENGINE_PAYLOAD_KEYS | {
+    "agent_id", "run_id", "id", "memory", "attributed_to", "expiration_date", "memory_type",
+}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class EngineMemory:
@@ -105,7 +110,7 @@ def engine_memories_page(
     if after is not None:
         created_at, memory_id = after
         rows = rows.filter(Q(created__gt=created_at) | Q(created=created_at, id__gt=memory_id))
-    return [engine_memory_of(row) for row in rows.order_by("created", "id")[:limit]]
+    return [engine_memory_of(row) for row in rows.order_by("created", "id")[:limit]]  # type: ignore[misc]
 
 
 def engine_memory_count(scope: MemoryScope) -> int:
@@ -133,7 +138,7 @@ def engine_rows_newest_first(rows: QuerySet[EngineMemoryRow]) -> QuerySet[Engine
 def engine_rows_matching(rows: QuerySet[EngineMemoryRow], term: str) -> QuerySet[EngineMemoryRow]:
     """`user:<pk>`, a memory id, or words of the text (rows from engine_rows_newest_first)."""
     if term.startswith("user:") and term[5:].isdigit():
-        return rows.filter(owner_id__endswith=f":{term[5:]}")
+        return rows.filter(owner_id__endswith=f":{term[5:]}")  # type: ignore[misc]
     try:
         return rows.filter(id=uuid.UUID(term))
     except ValueError:

@@ -30,7 +30,7 @@ def _table() -> sql.Identifier:
 
 
 def _owned_clause(filters: dict[str, Any] | None) -> tuple[sql.Composable, list[Any]]:
-    clause = sql.SQL("payload->>'user_id' = %s")
+    clause: sql.Composable = sql.SQL("payload->>'user_id' = %s")
     params: list[Any] = []
     if filters:
         clause = sql.SQL("{} AND payload @> %s::jsonb").format(clause)
@@ -38,7 +38,9 @@ def _owned_clause(filters: dict[str, Any] | None) -> tuple[sql.Composable, list[
     return clause, params
 
 
-def vector_ranking(scope: MemoryScope, vector: list[float], *, limit: int, filters=None) -> list[str]:
+def vector_ranking(
+    scope: MemoryScope, vector: list[float], *, limit: int, filters: dict[str, Any] | None = None
+) -> list[str]:
     owned, params = _owned_clause(filters)
     # Our MiniLM vectors are unit length, so inner product ranks like cosine, for less work.
     operator = sql.SQL("<#>" if settings.EMBEDDER == "local" else "<=>")
@@ -72,7 +74,7 @@ def _tsquery(lexeme: str) -> str:
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-def lexical_ranking(scope: MemoryScope, query: str, *, limit: int, filters=None) -> list[str]:
+def lexical_ranking(scope: MemoryScope, query: str, *, limit: int, filters: dict[str, Any] | None = None) -> list[str]:
     owned, owned_params = _owned_clause(filters)
     with connection.cursor() as cursor:
         cursor.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [query])

@@ -1,6 +1,8 @@
 """DDL for mem0's pgvector tables. Created by a migration, never by mem0 at run time:
 two processes creating them at once race, and we want our own indexes."""
 
+from typing import Any
+
 from django.conf import settings
 from psycopg import sql
 
@@ -9,7 +11,7 @@ def vector_table_names() -> list[str]:
     return [settings.MEMORY_COLLECTION, f"{settings.MEMORY_COLLECTION}_entities"]
 
 
-def create_vector_tables(schema_editor) -> None:
+def create_vector_tables(schema_editor: Any) -> None:
     schema_editor.execute("CREATE EXTENSION IF NOT EXISTS vector")
     for table in vector_table_names():
         statements = [
@@ -28,7 +30,7 @@ def create_vector_tables(schema_editor) -> None:
             schema_editor.execute(statement.as_string())
 
 
-def create_paging_index(schema_editor) -> None:
+def create_paging_index(schema_editor: Any) -> None:
     """Keyset paging of one user's memories in creation order (list_memory)."""
     table = settings.MEMORY_COLLECTION
     schema_editor.execute(
@@ -38,7 +40,7 @@ def create_paging_index(schema_editor) -> None:
     )
 
 
-def create_fulltext_column(schema_editor) -> None:
+def create_fulltext_column(schema_editor: Any) -> None:
     """A stored tsvector of the memory text, for the lexical half of hybrid search."""
     table = sql.Identifier(settings.MEMORY_COLLECTION)
     schema_editor.execute(
@@ -56,25 +58,25 @@ def create_fulltext_column(schema_editor) -> None:
     )
 
 
-def drop_fulltext_column(schema_editor) -> None:
+def drop_fulltext_column(schema_editor: Any) -> None:
     table = sql.Identifier(settings.MEMORY_COLLECTION)
     schema_editor.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS fts").format(table).as_string())
 
 
-def drop_paging_index(schema_editor) -> None:
+def drop_paging_index(schema_editor: Any) -> None:
     name = f"{settings.MEMORY_COLLECTION}_user_created_idx"
     schema_editor.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)).as_string())
 
 
-def drop_vector_tables(schema_editor) -> None:
+def drop_vector_tables(schema_editor: Any) -> None:
     for table in vector_table_names():
         schema_editor.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)).as_string())
 
 
-def vector_table_dims(cursor, table: str) -> int | None:
+def vector_table_dims(cursor: Any, table: str) -> int | None:
     cursor.execute(
         "SELECT atttypmod FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'vector'",
         [table],
     )
     row = cursor.fetchone()
-    return row[0] if row else None
+    return int(row[0]) if row else None

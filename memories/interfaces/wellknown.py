@@ -37,7 +37,7 @@ def www_authenticate(base_url: str, *, error: str | None = "invalid_token") -> s
 @require_GET
 def protected_resource_metadata(request: HttpRequest) -> JsonResponse:
     """RFC 9728: where agents learn how to get a token for the MCP endpoint."""
-    base = public_base_url(request.scheme, request.get_host())
+    base = public_base_url(request.scheme or "http", request.get_host())
     body = {
         "resource": f"{base}{MEMORY_MCP_PATH}",
         "resource_name": "memsite memory",
