@@ -70,13 +70,16 @@ def vector_scores(scope: MemoryScope, vector: list[float], *, limit: int, filter
     """The user's `limit` nearest memories with their cosine similarity, nearest first."""
     owned, params = _owned_clause(filters)
     operator = _distance_operator()
-    query = sql.SQL("SELECT id, {} FROM {} WHERE {} ORDER BY vector {} %s::vector LIMIT %s").format(
-        _similarity(), _table(), owned, operator
+    # Ordering by the output column computes each distance once.
+    query = sql.SQL("SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} ORDER BY distance LIMIT %s").format(
+        operator, _table(), owned
     )
-    literal = _vector_literal(vector)
+    to_similarity = (lambda d: -d) if settings.EMBEDDER == "local" else (lambda d: 1 - d)
     with connection.cursor() as cursor:
-        cursor.execute(query.as_string(cursor.connection), [literal, scope.engine_user_id, *params, literal, limit])
-        return [(str(row[0]), float(row[1])) for row in cursor.fetchall()]
+        cursor.execute(
+            query.as_string(cursor.connection), [_vector_literal(vector), scope.engine_user_id, *params, limit]
+        )
+        return [(str(row[0]), to_similarity(float(row[1]))) for row in cursor.fetchall()]
 
 
 def vector_ranking(scope: MemoryScope, vector: list[float], *, limit: int, filters=None) -> list[str]:
