@@ -99,7 +99,11 @@ def _bm25_statement(terms: int, *, with_similarity: bool = False) -> str:
     matched_idf = " + ".join(f"s.idf{i} * m{i}" for i in range(terms))
     total_idf = " + ".join(f"s.idf{i}" for i in range(terms))
     any_match = " + ".join(f"m{i}" for i in range(terms))
-    similarity = "{similarity}" if with_similarity else "NULL::float"
+    final = (
+        "SELECT top.id, top.score, top.coverage, {similarity} FROM top JOIN {table} AS t ON t.id = top.id"
+        if with_similarity
+        else "SELECT id, score, coverage, NULL::float FROM top"
+    )
     return (
         f"WITH owned AS MATERIALIZED (SELECT id, length(fts) AS dl, {matches} FROM {{table}} WHERE {{owned}}),"  # noqa: S608
         f" s0 AS MATERIALIZED (SELECT count(*)::float AS n, greatest(avg(dl), 1)::float AS avgdl, {dfs} FROM owned),"
@@ -108,8 +112,7 @@ def _bm25_statement(terms: int, *, with_similarity: bool = False) -> str:
         f" ({matched_idf}) * {BM25_K1 + 1} / (1 + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * dl / s.avgdl)) AS score,"
         f" ({matched_idf}) / nullif({total_idf}, 0) AS coverage"
         f" FROM owned, s WHERE {any_match} > 0 ORDER BY score DESC, id LIMIT %s)"
-        f" SELECT top.id, top.score, top.coverage, {similarity} FROM top JOIN {{table}} AS t ON t.id = top.id"
-        f" ORDER BY top.score DESC, top.id"
+        f" {final} ORDER BY 2 DESC, 1"
     )
 
 
