@@ -165,8 +165,13 @@ SEARCH_DECAY_HALF_LIFE_DAYS = env_float("SEARCH_DECAY_HALF_LIFE_DAYS", 30.0, min
 SEARCH_DECAY_FLOOR = env_float("SEARCH_DECAY_FLOOR", 0.5, minimum=0.0)
 # Candidates fetched per requested result, so decay can re-rank beyond the top k.
 SEARCH_CANDIDATE_FACTOR = env_int("SEARCH_CANDIDATE_FACTOR", 3, minimum=1)
-# Hybrid retrieval (memories/engine/retrieval.py): each of the vector and BM25 rankings
-# contributes weight / (SEARCH_RRF_K + rank) for its top SEARCH_CANDIDATES. 0 turns one off.
+# Hybrid retrieval (memories/retrieval.py). SEARCH_FUSION=score: cosine similarity +
+# SEARCH_COVERAGE_WEIGHT x the IDF-weighted share of the query's terms a memory contains.
+# SEARCH_FUSION=rrf: each of the vector and BM25 rankings contributes
+# weight / (SEARCH_RRF_K + rank). Either way each side looks SEARCH_CANDIDATES deep and a
+# weight of 0 turns that side off.
+SEARCH_FUSION = env_choice("SEARCH_FUSION", "score", ("score", "rrf"))
+SEARCH_COVERAGE_WEIGHT = env_float("SEARCH_COVERAGE_WEIGHT", 1.0, minimum=0.0)
 SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 1.0, minimum=0.0)
 SEARCH_LEXICAL_WEIGHT = env_float("SEARCH_LEXICAL_WEIGHT", 2.0, minimum=0.0)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
