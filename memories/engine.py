@@ -100,6 +100,23 @@ def _embedder_config() -> dict[str, Any]:
     return {"provider": "openai", "config": {"api_key": "local-embedder", "embedding_dims": 384}}
 
 
+def _vector_pool():
+    """mem0's own psycopg pool, built by us so that it checks a connection on checkout: after
+    Postgres restarts, a stale connection is replaced instead of failing the next call.
+    mem0 closes it with the Memory (its __del__)."""
+    from psycopg_pool import ConnectionPool
+
+    pool = ConnectionPool(
+        conninfo=database_conninfo(connections["default"].settings_dict),
+        min_size=1,
+        max_size=8,
+        open=False,
+        check=ConnectionPool.check_connection,
+    )
+    pool.open(wait=False)  # like mem0: do not block start-up on a database still coming up
+    return pool
+
+
 def _build_memory():
     _prepare_environment()
     from mem0 import Memory
@@ -111,13 +128,11 @@ def _build_memory():
         vector_store={
             "provider": "pgvector",
             "config": {
-                "connection_string": database_conninfo(connections["default"].settings_dict),
+                "connection_pool": _vector_pool(),
                 "collection_name": settings.MEMORY_COLLECTION,
                 "embedding_model_dims": settings.EMBEDDING_DIMS,
                 "hnsw": settings.MEMORY_HNSW,
                 "diskann": False,
-                "minconn": 1,
-                "maxconn": 8,
             },
         },
         embedder=_embedder_config(),

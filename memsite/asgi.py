@@ -11,14 +11,19 @@ django_app = get_asgi_application()
 
 from memories.mcp import build_mcp_app  # noqa: E402 - needs Django set up
 from memories.mcp_paths import MCP_PATH  # noqa: E402
+from memsite.unavailable import BackendUnavailableMiddleware  # noqa: E402
 
 mcp_app, authenticated_mcp_app = build_mcp_app()
 
 
-async def application(scope, receive, send):
+async def _route(scope, receive, send):
     if scope["type"] == "lifespan":
         await mcp_app(scope, receive, send)
     elif scope["type"] == "http" and scope["path"].rstrip("/") == MCP_PATH:
         await authenticated_mcp_app(scope, receive, send)
     else:
         await django_app(scope, receive, send)
+
+
+# While the database is away every surface answers 503 backend_unavailable with Retry-After.
+application = BackendUnavailableMiddleware(_route)
