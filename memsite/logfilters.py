@@ -37,23 +37,42 @@ def _db_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
-def _redact_chain(te: traceback.TracebackException, db_types, seen: set[int]) -> bool:
-    """Blank the message of each database exception in the chain; True if any was found."""
+def _needs_redaction(exc: BaseException, db_types) -> bool:
+    """A server-reported error (it has a SQLSTATE) can quote data; a client-side one, such as
+    "connection refused", cannot, and its text is what an operator needs in an outage."""
+    if not isinstance(exc, db_types):
+        return False
+    import psycopg
+
+    driver = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    if isinstance(driver, psycopg.Error):
+        return driver.sqlstate is not None
+    return True
+
+
+def _redact_chain(te: traceback.TracebackException, exc: BaseException | None, db_types, seen: set[int]) -> bool:
+    """Blank the message of each data-quoting database exception in the chain (walking the
+    exceptions alongside their TracebackExceptions); True if any was found."""
     found = False
-    while te is not None and id(te) not in seen:
+    while te is not None and exc is not None and id(te) not in seen:
         seen.add(id(te))
-        exc_type = te.exc_type
-        if exc_type is not None and issubclass(exc_type, db_types):
-            te._str = WITHHELD  # noqa: SLF001 - the text traceback.format() prints for the message
+        if _needs_redaction(exc, db_types):
+            sqlstate = getattr(exc, "sqlstate", None) or getattr(exc.__cause__, "sqlstate", None)
+            te._str = f"SQLSTATE {sqlstate} {WITHHELD}" if sqlstate else WITHHELD  # noqa: SLF001 - printed text
             found = True
-        for group_member in te.exceptions or ():
-            found |= _redact_chain(group_member, db_types, seen)
-        te = te.__cause__ or te.__context__
+        for member_te, member in zip(te.exceptions or (), getattr(exc, "exceptions", ()) or (), strict=False):
+            found |= _redact_chain(member_te, member, db_types, seen)
+        if te.__cause__ is not None:
+            te, exc = te.__cause__, exc.__cause__
+        elif te.__context__ is not None and not te.__suppress_context__:
+            te, exc = te.__context__, exc.__context__
+        else:
+            break
     return found
 
 
 def _redact_value(value, db_types):
-    if isinstance(value, BaseException) and isinstance(value, db_types):
+    if isinstance(value, BaseException) and _needs_redaction(value, db_types):
         return f"{type(value).__name__}{WITHHELD}"
     return value
 
@@ -63,7 +82,7 @@ class RedactDatabaseErrors(logging.Filter):
         db_types = _db_error_types()
         if record.exc_info and record.exc_info[1] is not None:
             te = traceback.TracebackException(*record.exc_info, compact=True)
-            if _redact_chain(te, db_types, set()):
+            if _redact_chain(te, record.exc_info[1], db_types, set()):
                 record.exc_text = "".join(te.format()).rstrip("\n")
                 record.exc_info = None
         if isinstance(record.args, tuple):
