@@ -112,6 +112,8 @@ def _vector_pool():
         max_size=8,
         open=False,
         check=ConnectionPool.check_connection,
+        timeout=settings.DATABASE_POOL_TIMEOUT_S,
+        reconnect_timeout=settings.DATABASE_POOL_RECONNECT_TIMEOUT_S,
     )
     pool.open(wait=False)  # like mem0: do not block start-up on a database still coming up
     return pool

@@ -128,3 +128,31 @@ def test_database_error_text_is_withheld_from_logs():
     text = logging.Formatter("%(message)s").format(record)
     assert secret not in text
     assert WITHHELD in text and "RuntimeError: wrapped" in text
+
+
+def test_live_server_recovers_after_its_connections_are_killed(memsite_server, alice_key):
+    """What an external Postgres restart or failover does to a running web process: every
+    connection it holds (Django's pool, mem0's pool, the broker's) is cut. The next calls
+    succeed (pools check on checkout) or at worst answer a coded 503, never a 500."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {alice_key}"}
+    with httpx.Client(base_url=memsite_server, headers=headers, timeout=30) as http:
+        assert http.post("/v1/memories", json={"memory": "Alice keeps bees."}).status_code == 201
+        assert http.post("/v1/memories/search", json={"query": "bees"}).status_code == 200
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            assert cursor.fetchone()[0] > 0
+        statuses = []
+        for i in range(6):
+            response = http.post("/v1/memories", json={"memory": f"Alice's hive number {i} is blue."})
+            statuses.append(response.status_code)
+            if response.status_code == 503:
+                assert response.headers["Retry-After"] and response.json()["error"]["code"] == "backend_unavailable"
+            response = http.post("/v1/memories/search", json={"query": "hive"})
+            statuses.append(response.status_code)
+        assert set(statuses) <= {200, 201, 503}, statuses
+        assert statuses[-4:] == [201, 200, 201, 200], statuses
