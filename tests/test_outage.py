@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tests.test_launcher import Service
 
 pytestmark = pytest.mark.slow
@@ -201,6 +201,19 @@ def test_postmaster_killed_mid_load_heals(service):
     names = " ".join(" ".join(p.cmdline()) for p in service.descendants())
     assert "worker" in names and "beat" in names
     assert any(p.pid == web_pid for p in service.descendants())
+
+    # The broker connections and the worker recovered too: a task enqueued now runs.
+    service.manage("shell", "-c", "from memsite.tasks import worker_heartbeat; worker_heartbeat.delay('after-outage')")
+    check = (
+        "from memsite.models import WorkerHeartbeat;"
+        " print(WorkerHeartbeat.objects.filter(token='after-outage').count())"
+    )
+    wait_for(
+        lambda: service.manage("shell", "-c", check).strip().splitlines()[-1] == "1",
+        timeout=60,
+        interval=1,
+        what="a task run by the worker after the outage",
+    )
 
     # Invariants for every acknowledged call.
     snapshot = json.loads(service.manage("shell", "-c", SNAPSHOT).strip().splitlines()[-1])
