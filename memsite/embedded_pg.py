@@ -444,6 +444,11 @@ class EmbeddedPostgres:
                 "shared_buffers=128MB",
                 "-c",
                 "fsync=on",
+                # After a crash, start-up first fsyncs every file of the data dir one by one
+                # (seconds on a busy disk) before recovery; one syncfs() per file system is
+                # as safe and takes a fraction of that (Linux, PostgreSQL >= 14).
+                "-c",
+                "recovery_init_sync_method=syncfs",
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

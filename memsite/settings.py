@@ -107,10 +107,10 @@ DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 16, minimum=0)
 # database is away a request waits up to DATABASE_POOL_TIMEOUT_S for a connection, then gets
 # 503 backend_unavailable.
 DATABASE_POOL_TIMEOUT_S = env_float("DATABASE_POOL_TIMEOUT_S", 5.0, minimum=0.1)
-# psycopg_pool retries a failed connect with backoff (1 s, 2 s, 4 s, ...) for this long, then
-# gives up until the next request needs a connection and starts a fresh attempt at once. Short,
-# so that a pool reconnects within about a second of the database coming back.
-DATABASE_POOL_RECONNECT_TIMEOUT_S = 2.0
+# psycopg_pool retries a failed connect about every second (memsite.apps) for this long, then
+# gives up until a request needs a connection and starts a fresh attempt. Long enough to span
+# a restart, so a pool reconnects within about a second of the database coming back.
+DATABASE_POOL_RECONNECT_TIMEOUT_S = 60.0
 if DATABASE_POOL_MAX_SIZE:
     _default_db.setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
