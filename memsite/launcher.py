@@ -5,6 +5,11 @@ Owns the embedded Postgres (unless DATABASE_URL is set) and supervises the web s
 parent-death signal, so even `kill -9` of the launcher leaves no process behind; an
 flock on the data dir (released by the kernel on any exit) keeps two launchers apart
 and leaves no stale lock. SIGINT/SIGTERM stop the children, then Postgres.
+
+Self-healing: when the embedded Postgres dies it is restarted with backoff while the
+children keep running (the web process answers 503 backend_unavailable meanwhile, and
+every connection pool reconnects afterwards); a child that exits is restarted with
+backoff too. Nothing gives up while the launcher runs.
 """
 
 from __future__ import annotations
@@ -25,8 +30,15 @@ logger = logging.getLogger("memsite.launcher")
 
 ROOT = Path(__file__).resolve().parent.parent
 STOP_TIMEOUT_S = 20.0
+# Restarts within this window count towards the backoff; a process up longer starts afresh.
 RESTART_WINDOW_S = 60.0
-MAX_RESTARTS_PER_WINDOW = 5
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+def backoff_delay(attempt: int) -> float:
+    """Seconds to wait before restart number `attempt` (1-based) within the window."""
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, attempt - 1))
 
 
 def _settings():
@@ -68,10 +80,11 @@ class Child:
     def exited(self) -> int | None:
         return self.process.poll() if self.process else None
 
-    def allow_restart(self) -> bool:
+    def restart_delay(self) -> float:
+        """Record a restart and say how long to wait before it (exponential backoff)."""
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S] + [now]
-        return len(self.restarts) <= MAX_RESTARTS_PER_WINDOW
+        return backoff_delay(len(self.restarts))
 
 
 def _children(settings) -> list[Child]:
@@ -157,21 +170,53 @@ class Launcher:
         logger.info("embedded postgres ready (socket dir %s)", self.postgres.paths.socket_dir)
 
     def _supervise(self) -> int:
+        due: dict[str, float] = {}  # child name -> when its pending restart may happen
         while not self.stopping:
-            time.sleep(0.5)
-            if self.postgres and self.postgres.process.poll() is not None:
-                logger.error("embedded postgres exited (%s); stopping", self.postgres.process.returncode)
-                return 1
+            time.sleep(0.25)
+            if self.postgres and (self.postgres.process is None or self.postgres.process.poll() is not None):
+                self._restart_database()
+            now = time.monotonic()
             for child in self.children:
+                if self.stopping:
+                    break
                 code = child.exited()
-                if code is None or self.stopping:
+                if code is None:
                     continue
-                if not child.allow_restart():
-                    logger.error("%s keeps exiting (last code %s); stopping", child.name, code)
-                    return 1
-                logger.warning("%s exited with %s; restarting", child.name, code)
-                child.start()
+                if child.name not in due:
+                    delay = child.restart_delay()
+                    logger.warning("%s exited with %s; restarting in %.1fs", child.name, code, delay)
+                    due[child.name] = now + delay
+                if now >= due[child.name]:
+                    del due[child.name]
+                    child.start()
         return 0
+
+    def _restart_database(self) -> None:
+        """Bring the embedded Postgres back; the children keep running and reconnect."""
+        logger.error(
+            "embedded postgres exited (%s); restarting it, the service answers 503 meanwhile",
+            self.postgres.process.returncode if self.postgres.process else "not running",
+        )
+        started = time.monotonic()
+        attempt = 0
+        while not self.stopping:
+            attempt += 1
+            try:
+                # The old postmaster's backends exit on their own within a moment; until they
+                # have, the new one refuses the still-attached shared memory and we retry.
+                self.postgres.restart(timeout=30)
+            except (RuntimeError, OSError) as exc:
+                delay = backoff_delay(attempt)
+                logger.warning("embedded postgres restart %s failed (%s); retrying in %.1fs", attempt, exc, delay)
+                self._sleep(delay)
+                continue
+            logger.info("embedded postgres is back after %.1fs", time.monotonic() - started)
+            return
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(0.1, seconds))
 
     def _stop_children(self) -> None:
         running = [(c.name, c.process) for c in self.children if c.process and c.process.poll() is None]

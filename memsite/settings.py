@@ -105,12 +105,27 @@ if _database_name := env_str("DATABASE_NAME"):
 # A psycopg pool per process (Django >= 5.1): ASGI runs requests on short-lived threads,
 # where per-thread persistent connections would leak; a pool makes connecting ~free.
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 16, minimum=0)
+# CONN_HEALTH_CHECKS: with the pool, Django passes `check=ConnectionPool.check_connection`,
+# which tests a pooled connection on checkout, so one broken by a database restart is
+# replaced rather than failing a request (without the pool: a check per request). While the
+# database is away a request waits up to DATABASE_POOL_TIMEOUT_S for a connection, then gets
+# 503 backend_unavailable.
+DATABASE_POOL_TIMEOUT_S = env_float("DATABASE_POOL_TIMEOUT_S", 5.0, minimum=0.1)
+# psycopg_pool retries a failed connect about every second (memsite.apps) for this long, then
+# gives up until a request needs a connection and starts a fresh attempt. Long enough to span
+# a restart, so a pool reconnects within about a second of the database coming back.
+DATABASE_POOL_RECONNECT_TIMEOUT_S = 60.0
 if DATABASE_POOL_MAX_SIZE:
-    _default_db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_MAX_SIZE, "timeout": 10}
+    _default_db.setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DATABASE_POOL_MAX_SIZE,
+        "timeout": DATABASE_POOL_TIMEOUT_S,
+        "reconnect_timeout": DATABASE_POOL_RECONNECT_TIMEOUT_S,
+    }
     _default_db["CONN_MAX_AGE"] = 0
 else:
     _default_db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0)
-_default_db["CONN_HEALTH_CHECKS"] = not DATABASE_POOL_MAX_SIZE
+_default_db["CONN_HEALTH_CHECKS"] = True
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -294,6 +309,10 @@ STORAGES = {
 # --- Celery -----------------------------------------------------------------------
 # Default broker: kombu's SQLAlchemy transport on the same Postgres (no Redis needed).
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or sqlalchemy_url(_default_db, scheme="sqla+postgresql+psycopg")
+if CELERY_BROKER_URL.startswith("sqla+"):
+    # Reaches SQLAlchemy's create_engine: test pooled connections before use, so the broker
+    # survives a database restart (kombu then reconnects on OperationalError).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"pool_pre_ping": True}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -319,7 +338,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"redact_db_errors": {"()": "memsite.logfilters.RedactDatabaseErrors"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_db_errors"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         # mem0 and httpx log request bodies and keys at INFO/DEBUG.
