@@ -47,6 +47,16 @@ def _bin_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
 
 
+def pg_bin_dir() -> Path:
+    """Where the server's binaries (postgres, pg_basebackup, ...) are: the one place that knows."""
+    return _bin_dir()
+
+
+def postgres_os_user() -> str | None:
+    """The OS user the server (and so archive_command) runs as; None = the current user."""
+    return _system_user()
+
+
 @dataclass(frozen=True)
 class EmbeddedPaths:
     data_dir: Path
@@ -129,8 +139,10 @@ def _grant_to(user: str, *paths: Path) -> None:
 class EmbeddedPostgres:
     """One postmaster owned by this process. Use `start()` then `stop()`."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, server_settings: dict[str, str] | None = None):
         self.paths = EmbeddedPaths(data_dir)
+        # Extra `-c name=value` settings (WAL archiving, recovery: see memsite/backup.py).
+        self.server_settings = dict(server_settings or {})
         self.process: subprocess.Popen | None = None
         self._lock_fd: int | None = None
 
@@ -233,6 +245,7 @@ class EmbeddedPostgres:
                 "shared_buffers=128MB",
                 "-c",
                 "fsync=on",
+                *(arg for name, value in self.server_settings.items() for arg in ("-c", f"{name}={value}")),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
