@@ -623,7 +623,8 @@ def _wait_recovered(server: EmbeddedPostgres, log_offset: int, wal_total: int, p
             # After promotion this stays at the last transaction recovery applied.
             return replayed_at
         done = _restored_segments(server.paths.log_file, log_offset)
-        said = f"replayed {done}/{wal_total} segments, at {replayed_at.isoformat() if replayed_at else '-'}"
+        at = replayed_at.isoformat() if replayed_at else "-"
+        said = f"replayed {done} WAL segments (~{wal_total} archived), last transaction at {at}"
         if said != last_said:
             progress(said)
             last_said = said
