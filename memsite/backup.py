@@ -103,6 +103,8 @@ def _write_config(data_dir: Path, config: dict, user: str | None) -> Path:
         entry = pwd.getpwnam(user)
         os.chown(tmp, entry.pw_uid, entry.pw_gid)
     tmp.replace(path)
+    if user:
+        _grant_traversal(path)
     return path
 
 
