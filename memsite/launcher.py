@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -127,6 +128,13 @@ def _first_backup(settings) -> Child | None:
         "backup", [sys.executable, "manage.py", "backup", "--if-due"], log_dir / "backup.log" if log_dir else None
     )
     child.start()
+
+    def reap() -> None:  # at once, so no zombie lingers in the process tree
+        code = child.process.wait()
+        if code != 0:
+            logger.error("the first base backup failed (exit %s); beat retries every 15 min", code)
+
+    threading.Thread(target=reap, name="backup-reaper", daemon=True).start()
     return child
 
 
