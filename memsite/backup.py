@@ -53,6 +53,10 @@ class BackupError(RuntimeError):
     """A backup or restore that cannot proceed; the message says why and what to do."""
 
 
+class BackupBusy(BackupError):
+    pass
+
+
 def _quiet(_: str) -> None:
     pass
 
@@ -296,7 +300,7 @@ def _backup_lock() -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise BackupError("another base backup is running") from None
+            raise BackupBusy("another base backup is running") from None
         yield
     finally:
         os.close(fd)
@@ -417,7 +421,10 @@ def backup_base_if_due(*, progress: Progress = _quiet) -> dict | None:
         age_h = (datetime.now(UTC) - datetime.fromisoformat(newest[0]["finished_at"])).total_seconds() / 3600
         if age_h < settings.BACKUP_BASE_INTERVAL_H:
             return None
-    return backup_base(progress=progress)
+    try:
+        return backup_base(progress=progress)
+    except BackupBusy:
+        return None  # the launcher's or beat's run is taking it
 
 
 def _apply_retention(target: _DirTarget, keep: int, progress: Progress) -> None:
@@ -446,6 +453,7 @@ class ArchiveStatus:
     wal_files: int
     newest_wal: str | None
     newest_wal_at: datetime | None
+    archiver: dict | None = None  # pg_stat_archiver of the running server, if it answers
 
 
 def backups_list() -> list[dict]:
@@ -465,7 +473,23 @@ def archive_status() -> ArchiveStatus:
         wal_files=len(wal),
         newest_wal=newest[0] if newest else None,
         newest_wal_at=datetime.fromtimestamp(newest[1], UTC) if newest else None,
+        archiver=_archiver_stats(),
     )
+
+
+def _archiver_stats() -> dict | None:
+    import psycopg
+
+    try:
+        with psycopg.connect(_conninfo(), autocommit=True, connect_timeout=2) as conn:
+            cursor = conn.execute(
+                "SELECT current_setting('archive_mode') AS archive_mode, archived_count, last_archived_wal,"
+                " last_archived_time, failed_count, last_failed_wal, last_failed_time FROM pg_stat_archiver"
+            )
+            names = [c.name for c in cursor.description]
+            return dict(zip(names, cursor.fetchone(), strict=True))
+    except psycopg.Error:
+        return None
 
 
 # -- restore ------------------------------------------------------------------------------------

@@ -40,3 +40,11 @@ class Command(BaseCommand):
             self.stdout.write("no base backups")
         newest = f", newest {status.newest_wal} at {status.newest_wal_at.isoformat()}" if status.newest_wal else ""
         self.stdout.write(f"WAL archive: {status.wal_files} segments{newest}")
+        if status.archiver:
+            a = status.archiver
+            line = f"server: archive_mode={a['archive_mode']}, {a['archived_count']} archived since its start"
+            if a["failed_count"]:
+                line += (
+                    f", {a['failed_count']} failed attempts (last {a['last_failed_wal']} at {a['last_failed_time']})"
+                )
+            self.stdout.write(line)
