@@ -178,7 +178,10 @@ class _DirTarget:
 
     def base_labels(self) -> list[str]:
         base = self.root / "base"
-        return sorted(p.name for p in base.iterdir() if (p / META).exists()) if base.exists() else []
+        if not base.exists():
+            return []
+        # .partial-* is a backup being written (or left by one killed): not a backup.
+        return sorted(p.name for p in base.iterdir() if not p.name.startswith(".") and (p / META).exists())
 
     def read_meta(self, label: str) -> dict:
         return json.loads((self.root / "base" / label / META).read_text())
@@ -239,7 +242,8 @@ class _S3Target:
     def store_base(self, label: str, staging: Path, progress: Progress) -> None:
         for name in (*BASE_FILES, META):  # backup.json last: its presence means complete
             progress(f"uploading {name} ({(staging / name).stat().st_size / 1e6:.1f} MB)")
-            walarchive.s3_put(self.client, self.config, f"base/{label}/{name}", (staging / name).read_bytes())
+            with open(staging / name, "rb") as body:
+                walarchive.s3_put(self.client, self.config, f"base/{label}/{name}", body)
         shutil.rmtree(staging)
         progress(f"stored in {describe(self.config)}/base/{label}")
 
@@ -269,6 +273,11 @@ class _S3Target:
 def _target(config: dict | None = None):
     config = config or target_config()
     return _S3Target(config) if config["kind"] == "s3" else _DirTarget(config)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _fsync_path(path: Path) -> None:
@@ -388,8 +397,7 @@ def backup_base(*, progress: Progress = _quiet) -> dict:
         timeline, start_lsn = int(wal_range["Timeline"]), _lsn(wal_range["Start-LSN"])
         files = {}
         for name in BASE_FILES:
-            data = (staging / name).read_bytes()
-            files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            files[name] = {"size": (staging / name).stat().st_size, "sha256": _sha256(staging / name)}
         meta = {
             "label": label,
             "started_at": started.isoformat(),
@@ -522,7 +530,7 @@ def _unpack(target, meta: dict, pgdata: Path, progress: Progress) -> None:
             local = Path(tmp) / name
             progress(f"fetching {name} ({meta['files'][name]['size'] / 1e6:.1f} MB)")
             target.fetch_base_file(meta["label"], name, local)
-            digest = hashlib.sha256(local.read_bytes()).hexdigest()
+            digest = _sha256(local)
             if digest != meta["files"][name]["sha256"]:
                 raise BackupError(f"{name} of backup {meta['label']} is corrupt (sha256 mismatch)")
             destination = pgdata if name == "base.tar.gz" else pgdata / "pg_wal"

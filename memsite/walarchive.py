@@ -97,15 +97,21 @@ def s3_key(config: dict, key: str) -> str:
     return f"{prefix}/{key}" if prefix else key
 
 
-def s3_put(client, config: dict, key: str, body: bytes, metadata: dict[str, str] | None = None) -> None:
-    """One PUT under object lock; S3 checks Content-MD5, so a 200 means these bytes are stored."""
+def s3_put(client, config: dict, key: str, body, metadata: dict[str, str] | None = None) -> None:
+    """One PUT under object lock; S3 checks Content-MD5, so a 200 means these bytes are stored.
+    `body`: bytes, or a file opened for reading in binary (streamed; single PUTs go to 5 GB)."""
     from datetime import UTC, datetime, timedelta
 
+    if isinstance(body, bytes):
+        md5 = hashlib.md5(body)  # noqa: S324 - integrity, not security
+    else:
+        md5 = hashlib.file_digest(body, "md5")
+        body.seek(0)
     params = {
         "Bucket": config["bucket"],
         "Key": s3_key(config, key),
         "Body": body,
-        "ContentMD5": base64.b64encode(hashlib.md5(body).digest()).decode(),  # noqa: S324 - integrity, not security
+        "ContentMD5": base64.b64encode(md5.digest()).decode(),
         "Metadata": metadata or {},
     }
     if config.get("lock_mode"):
