@@ -138,12 +138,21 @@ def test_point_in_time_restore_from_a_directory(backup_settings, servers, workdi
     _pitr_round_trip(backup_settings, servers, workdir)
     wal = sorted(p.name for p in (workdir / "backups" / "wal").iterdir())
     assert wal and all(name.endswith(".gz") for name in wal)
-    # A fresh backup when due, none when recent; retention keeps BACKUP_KEEP of them.
-    assert backup_base_if_due() is None
+    # A fresh backup when due (beat's task), none when recent; retention keeps BACKUP_KEEP of them.
+    from memsite.tasks import backup_base_if_due as scheduled
+
+    assert scheduled() is None
     backup_settings.BACKUP_BASE_INTERVAL_H = 0.000001
-    backup_base_if_due()
-    backup_base_if_due()
-    assert len(backups_list()) == 2
+    labels = [scheduled(), backup_base_if_due()["label"]]
+    assert [b["label"] for b in backups_list()] == labels
+    oldest = backups_list()[0]["start_wal"]
+    kept = [p.name.removesuffix(".gz") for p in (workdir / "backups" / "wal").glob("*.gz")]
+    assert kept and all(name[8:24] >= oldest[8:24] for name in kept if not name.endswith(".history"))
+    assert len(kept) < len(wal)
+    # A backup killed while writing is never offered for restore.
+    (workdir / "backups" / "base" / ".partial-x").mkdir()
+    (workdir / "backups" / "base" / ".partial-x" / "backup.json").write_text("{}")
+    assert [b["label"] for b in backups_list()] == labels
 
 
 def test_restore_command_refuses_bad_input_and_a_running_instance(backup_settings, servers):
