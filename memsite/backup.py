@@ -96,9 +96,9 @@ def _grant_traversal(path: Path) -> None:
             parent.chmod(mode | 0o001)
 
 
-def _write_config(data_dir: Path, config: dict, user: str | None) -> Path:
+def _write_config(data_dir: Path, config: dict, user: str | None, name: str = CONFIG_NAME) -> Path:
     """The target, for the server's archive/restore command: 0600, owned by the server's user."""
-    path = data_dir / CONFIG_NAME
+    path = data_dir / name
     data_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(config))
@@ -255,6 +255,9 @@ class _S3Target:
         return sorted(
             (o["Key"].rsplit("/", 1)[-1].removesuffix(".gz"), o["LastModified"].timestamp()) for o in self._list("wal/")
         )
+
+    def fetch_wal_gz(self, name: str, dest: Path) -> None:
+        self.client.download_file(self.config["bucket"], walarchive.s3_key(self.config, f"wal/{name}.gz"), str(dest))
 
     def delete_base(self, label: str) -> None:
         raise BackupError("old backups in S3 expire by the bucket's lifecycle rules, not by memsite")
@@ -543,6 +546,21 @@ def _unpack(target, meta: dict, pgdata: Path, progress: Progress) -> None:
         (pgdata / leftover).unlink(missing_ok=True)
 
 
+def _prefetch_wal(target: _S3Target, meta: dict, spool: Path, progress: Progress) -> dict:
+    """From a bucket: download the WAL recovery will ask for first, in parallel, so that Postgres'
+    restore_command reads local files instead of starting boto3 once per segment."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = [n for n, _ in target.wal_names() if n.endswith(".history") or n[8:24] >= meta["start_wal"][8:24]]
+    (spool / "wal").mkdir(parents=True, exist_ok=True)
+    progress(f"downloading {len(names)} WAL files")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for done, _ in enumerate(pool.map(lambda n: target.fetch_wal_gz(n, spool / "wal" / f"{n}.gz"), names), 1):
+            if done % 50 == 0:
+                progress(f"downloaded {done}/{len(names)} WAL files")
+    return {"kind": "dir", "path": str(spool)}
+
+
 def _chown_tree(root: Path, user: str | None) -> None:
     root.chmod(0o700)
     if not user:
@@ -595,9 +613,16 @@ def restore(
         # instance's own archiving stays on during an in-place restore, so the new timeline's
         # history file is archived; a copy elsewhere must not write into this archive.
         recovery = server_settings(data_dir, archive=in_place)
-        config_path = _write_config(data_dir, config, user)
-        _check_runs_as(user, config_path)
-        recovery["restore_command"] = _command("fetch", config_path)
+        spool = data_dir / "restore-wal"
+        shutil.rmtree(spool, ignore_errors=True)
+        source = config
+        if config["kind"] == "s3":
+            source = _prefetch_wal(target, meta, spool, progress)
+            _chown_tree(spool, user)
+        # Its own file: wal-archive.json stays the archive_command's target.
+        restore_config = _write_config(data_dir, source, user, name="wal-restore.json")
+        _check_runs_as(user, restore_config)
+        recovery["restore_command"] = _command("fetch", restore_config)
         recovery["recovery_target_action"] = "promote"
         if target_time is not None:
             recovery["recovery_target_time"] = target_time.isoformat()
@@ -615,6 +640,7 @@ def restore(
             point = _wait_recovered(server, log_offset, wal_total, progress)
         finally:
             server.stop()
+            shutil.rmtree(spool, ignore_errors=True)
         report = RestoreReport(
             backup=meta["label"],
             data_dir=data_dir,

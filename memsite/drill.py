@@ -12,7 +12,8 @@
 6. Print RTO (destruction -> a healthy service answering an authenticated call) and RPO
    (last acknowledged write -> recovery point), as text and JSON.
 
-Backups live outside the data dir (as they must: a disk that dies takes the data dir).
+Backups live outside the data dir (as they must: a disk that dies takes the data dir), in a
+directory or, with `--s3`, in a bucket with object lock on moto's S3 server on loopback.
 Exit status 0 only when no acknowledged write before the recovery point is missing.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import signal
@@ -68,10 +70,52 @@ class Ack:
     at: datetime
 
 
+class FakeS3:
+    """moto's S3 server on loopback, a bucket with object lock (`--s3`; moto is a dev dependency)."""
+
+    bucket = "memsite-drill"
+
+    def __init__(self) -> None:
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        self.port = _free_port()
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id="drill",
+            aws_secret_access_key="drill",  # noqa: S106 - moto on loopback
+            region_name="us-east-1",
+        )
+        self.client.create_bucket(Bucket=self.bucket, ObjectLockEnabledForBucket=True)
+
+    def env(self) -> dict[str, str]:
+        return {
+            "BACKUP_S3_BUCKET": self.bucket,
+            "BACKUP_S3_ENDPOINT_URL": self.url,
+            "BACKUP_S3_ACCESS_KEY_ID": "drill",
+            "BACKUP_S3_SECRET_ACCESS_KEY": "drill",
+            "BACKUP_S3_REGION": "us-east-1",
+            "BACKUP_OBJECT_LOCK_MODE": "COMPLIANCE",
+            "BACKUP_OBJECT_LOCK_DAYS": "1",
+        }
+
+    def objects(self, prefix: str) -> list[dict]:
+        return self.client.list_objects_v2(Bucket=self.bucket, Prefix=f"postgres/{prefix}").get("Contents", [])
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
 @dataclass
 class Drill:
     workdir: Path
     archive_timeout_s: int
+    s3: FakeS3 | None = None
     env: dict[str, str] = field(default_factory=dict)
     port: int = 0
     launcher: subprocess.Popen | None = None
@@ -104,6 +148,8 @@ class Drill:
             RATE_LIMIT_LIST_MEMORY="0",
             MEMSITE_LOG_TO_FILES="1",
         )
+        if self.s3:
+            self.env.update(self.s3.env())
 
     # -- service ---------------------------------------------------------------------------
     def start(self, timeout: float = 180) -> None:
@@ -153,10 +199,22 @@ class Drill:
 
     def wait_for_base_backup(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
-        while not list((self.backup_dir / "base").glob("*/backup.json")):
+        while not self._base_backup_done():
             if time.monotonic() > deadline:
                 raise DrillError("no base backup appeared (the launcher takes one at start)")
             time.sleep(0.5)
+
+    def _base_backup_done(self) -> bool:
+        if self.s3:
+            return any(o["Key"].endswith("/backup.json") for o in self.s3.objects("base/"))
+        return bool(list((self.backup_dir / "base").glob("*/backup.json")))
+
+    def last_archived(self) -> datetime | None:
+        if self.s3:
+            stamps = [o["LastModified"] for o in self.s3.objects("wal/")]
+            return max(stamps).astimezone(UTC) if stamps else None
+        archived = [p.stat().st_mtime for p in (self.backup_dir / "wal").glob("*.gz")]
+        return datetime.fromtimestamp(max(archived), UTC) if archived else None
 
     # -- writes ----------------------------------------------------------------------------
     def remember(self, text: str) -> Ack | None:
@@ -235,11 +293,13 @@ def _verify(drill: Drill, acks: list[Ack], recovery_point: datetime) -> dict:
     }
 
 
-def run(*, load: int, write_seconds: float, archive_timeout_s: int, keep: bool) -> dict:
+def run(*, load: int, write_seconds: float, archive_timeout_s: int, keep: bool, s3: bool = False) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="drill-", dir="/tmp"))  # short: unix socket paths
-    drill = Drill(workdir, archive_timeout_s)
+    bucket = FakeS3() if s3 else None
+    drill = Drill(workdir, archive_timeout_s, bucket)
+    where = f"s3://{bucket.bucket}/postgres (moto, object lock)" if bucket else str(drill.backup_dir)
     try:
-        _say(f"1. fresh service in {workdir} (archive_timeout {archive_timeout_s}s, backups in {drill.backup_dir})")
+        _say(f"1. fresh service in {workdir} (archive_timeout {archive_timeout_s}s, backups in {where})")
         drill.start()
         drill.token = drill.manage("issue_api_key", "drill", "--create-user").strip().splitlines()[-1]
         drill.wait_for_base_backup()
@@ -252,8 +312,7 @@ def run(*, load: int, write_seconds: float, archive_timeout_s: int, keep: bool) 
         failures = drill.write_for(write_seconds, "live", acks)
         last_ack = acks[-1].at
         _say(f"   {len(acks)} acknowledged writes ({failures} failed), last at {last_ack.isoformat()}")
-        archived = sorted((drill.backup_dir / "wal").glob("*.gz"), key=lambda p: p.stat().st_mtime)
-        last_archived = datetime.fromtimestamp(archived[-1].stat().st_mtime, UTC) if archived else None
+        last_archived = drill.last_archived()
 
         _say("3. disaster: SIGKILL postgres and the service, rm -rf the data dir")
         destroyed = drill.destroy()
@@ -275,6 +334,7 @@ def run(*, load: int, write_seconds: float, archive_timeout_s: int, keep: bool) 
         rpo_s = max(0.0, (last_ack - recovery_point).total_seconds())
         result = {
             "measured_at": destroyed.isoformat(),
+            "target": "s3" if bucket else "dir",
             "archive_timeout_s": archive_timeout_s,
             "write_seconds": write_seconds,
             "rto_s": round(rto_s, 1),
@@ -301,6 +361,8 @@ def run(*, load: int, write_seconds: float, archive_timeout_s: int, keep: bool) 
         return result
     finally:
         drill.stop()
+        if bucket:
+            bucket.stop()
         if keep:
             _say(f"kept {workdir}")
         else:
@@ -314,12 +376,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--archive-timeout", type=int, default=10, help="BACKUP_ARCHIVE_TIMEOUT_S for the drill (production: 60)"
     )
+    parser.add_argument("--s3", action="store_true", help="back up to moto's S3 on loopback (object lock)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
     try:
         result = run(
-            load=args.load, write_seconds=args.write_seconds, archive_timeout_s=args.archive_timeout, keep=args.keep
+            load=args.load,
+            write_seconds=args.write_seconds,
+            archive_timeout_s=args.archive_timeout,
+            keep=args.keep,
+            s3=args.s3,
         )
     except DrillError as exc:
         _say(f"FAILED: {exc}")

@@ -103,7 +103,7 @@ def _rows(servers: Servers, data_dir: Path) -> list[int]:
         servers.stop(server)
 
 
-def _pitr_round_trip(settings, servers: Servers, workdir: Path) -> None:
+def _pitr_round_trip(settings, servers: Servers, workdir: Path) -> list[str]:
     primary = servers.start(settings.DATA_DIR, server_settings(settings.DATA_DIR))
     _fill(primary, 1, 100)
     said: list[str] = []
@@ -123,6 +123,7 @@ def _pitr_round_trip(settings, servers: Servers, workdir: Path) -> None:
     assert report.backup == meta["label"] and report.recovery_point <= cut
     assert any("replayed" in line for line in said)
     assert _rows(servers, workdir / "pitr") == list(range(1, 201))
+    restore_output = list(said)
 
     report = restore(target_time=None, data_dir=workdir / "latest")
     assert _rows(servers, workdir / "latest") == list(range(1, 301))
@@ -132,6 +133,7 @@ def _pitr_round_trip(settings, servers: Servers, workdir: Path) -> None:
         restore(target_time=None, data_dir=workdir / "latest")
     with pytest.raises(BackupError, match="no base backup finished before"):
         restore(target_time=datetime(2000, 1, 1, tzinfo=UTC), data_dir=workdir / "early")
+    return restore_output
 
 
 def test_point_in_time_restore_from_a_directory(backup_settings, servers, workdir):
@@ -232,7 +234,9 @@ def test_point_in_time_restore_from_s3_with_object_lock(backup_settings, servers
     backup_settings.BACKUP_OBJECT_LOCK_MODE = "COMPLIANCE"
     backup_settings.BACKUP_OBJECT_LOCK_DAYS = 7
 
-    _pitr_round_trip(backup_settings, servers, workdir)
+    said = _pitr_round_trip(backup_settings, servers, workdir)
+    assert any(line.startswith("downloading ") for line in said)  # WAL fetched up front, not per segment
+    assert not (workdir / "pitr" / "restore-wal").exists()
 
     keys = [o["Key"] for o in client.list_objects_v2(Bucket="memsite-backups")["Contents"]]
     assert any(k.startswith("pg/wal/") for k in keys) and any(k.endswith("/backup.json") for k in keys)
