@@ -90,6 +90,16 @@ def _announce(message: str, *args) -> None:
         print("memsite: " + (message % args if args else message), file=sys.stderr, flush=True)
 
 
+def pg_bin_dir() -> Path:
+    """Where the server's binaries (postgres, pg_basebackup, ...) are: the one place that knows."""
+    return _bin_dir()
+
+
+def postgres_os_user() -> str | None:
+    """The OS user the server (and so archive_command) runs as; None = the current user."""
+    return _system_user()
+
+
 @dataclass(frozen=True)
 class EmbeddedPaths:
     data_dir: Path
@@ -178,12 +188,22 @@ class EmbeddedPostgres:
     """One postmaster owned by this process. Use `start()` then `stop()`.
 
     `bin_dir` defaults to the current embedded binaries; tests pass the legacy ones to
-    create an old data dir. `upgrade=False` never touches a data dir of another major."""
+    create an old data dir. `upgrade=False` never touches a data dir of another major.
+    `server_settings` are extra `-c name=value` settings (WAL archiving, recovery: see
+    memsite/backup.py)."""
 
-    def __init__(self, data_dir: Path, *, bin_dir: Path | None = None, upgrade: bool = True):
+    def __init__(
+        self,
+        data_dir: Path,
+        server_settings: dict[str, str] | None = None,
+        *,
+        bin_dir: Path | None = None,
+        upgrade: bool = True,
+    ):
         self.paths = EmbeddedPaths(data_dir)
         self.bin_dir = bin_dir or _bin_dir()
         self.upgrade = upgrade
+        self.server_settings = dict(server_settings or {})
         self.process: subprocess.Popen | None = None
         self._lock_fd: int | None = None
 
@@ -449,6 +469,7 @@ class EmbeddedPostgres:
                 # as safe and takes a fraction of that (Linux, PostgreSQL >= 14).
                 "-c",
                 "recovery_init_sync_method=syncfs",
+                *(arg for name, value in self.server_settings.items() for arg in ("-c", f"{name}={value}")),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

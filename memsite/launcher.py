@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -125,6 +126,33 @@ def _children(settings) -> list[Child]:
     ]  # fmt: skip
 
 
+def _archive_settings(data_dir: Path) -> dict[str, str]:
+    from memsite.backup import server_settings
+
+    return server_settings(data_dir)
+
+
+def _first_backup(settings) -> Child | None:
+    """A base backup right after start when none is recent (beat checks again every 15 min):
+    WAL archiving alone cannot restore anything without one."""
+    if not (settings.EMBEDDED_DATABASE and settings.BACKUP_ENABLED):
+        return None
+    log_dir = settings.DATA_DIR / "logs" if os.environ.get("MEMSITE_LOG_TO_FILES") == "1" else None
+    child = Child(
+        "backup", [sys.executable, "manage.py", "backup", "--if-due"], log_dir / "backup.log" if log_dir else None
+    )
+    child.start()
+
+    def reap() -> None:  # at once, so no zombie lingers in the process tree
+        assert child.process is not None
+        code = child.process.wait()
+        if code != 0:
+            logger.error("the first base backup failed (exit %s); beat retries every 15 min", code)
+
+    threading.Thread(target=reap, name="backup-reaper", daemon=True).start()
+    return child
+
+
 def _migrate() -> None:
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, check=True)
 
@@ -134,6 +162,7 @@ class Launcher:
         self.settings = _settings()
         self.postgres: Any = None
         self.children: list[Child] = []
+        self.backup: Child | None = None  # one-shot, not restarted
         self.stopping = False
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
@@ -152,6 +181,7 @@ class Launcher:
             self.children = _children(self.settings)
             for child in self.children:
                 child.start()
+            self.backup = _first_backup(self.settings)
             logger.info("memsite is up on http://%s:%s/", self.settings.HOST, self.settings.PORT)
             return self._supervise()
         finally:
@@ -166,6 +196,7 @@ class Launcher:
         self.postgres = EmbeddedPostgres(self.settings.DATA_DIR)
         if not self.postgres.try_lock():
             raise SystemExit(f"another memsite process owns {self.settings.DATA_DIR} (launcher or manage.py)")
+        self.postgres.server_settings = _archive_settings(self.settings.DATA_DIR)
         self.postgres.start()
         logger.info("embedded postgres ready (socket dir %s)", self.postgres.paths.socket_dir)
 
@@ -219,7 +250,8 @@ class Launcher:
             time.sleep(min(0.1, seconds))
 
     def _stop_children(self) -> None:
-        running = [(c.name, c.process) for c in self.children if c.process and c.process.poll() is None]
+        children = self.children + ([self.backup] if self.backup else [])
+        running = [(c.name, c.process) for c in children if c.process and c.process.poll() is None]
         for _, process in running:
             process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -262,6 +294,8 @@ def embedded_database_for_command() -> Iterator[None]:
         yield
         return
     try:
+        # Archiving on for every start of this data dir, or its WAL would have a gap.
+        postgres.server_settings = _archive_settings(settings.DATA_DIR)
         postgres.start()
         yield
     finally:

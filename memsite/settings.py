@@ -306,6 +306,27 @@ STORAGES = {
     "audit": _audit_storage,
 }
 
+# --- Backups (embedded database) ----------------------------------------------------------
+# Continuous WAL archiving + scheduled base backups, restore to a point in time (memsite/backup.py).
+# With DATABASE_URL, back the external server up with its own PITR (README, "Backups").
+BACKUP_ENABLED = env_bool("BACKUP_ENABLED", True)
+BACKUP_DIR = env_path("BACKUP_DIR", DATA_DIR / "backups")
+# A WAL segment is archived at least this often when there were writes: the RPO bound.
+BACKUP_ARCHIVE_TIMEOUT_S = env_int("BACKUP_ARCHIVE_TIMEOUT_S", 60, minimum=1)
+BACKUP_BASE_INTERVAL_H = env_float("BACKUP_BASE_INTERVAL_H", 24.0, minimum=0.01)
+BACKUP_KEEP = env_int("BACKUP_KEEP", 7, minimum=1)  # base backups kept in a directory target
+# An S3-compatible bucket (R2, S3, MinIO) with object lock instead of BACKUP_DIR.
+BACKUP_S3_BUCKET = env_str("BACKUP_S3_BUCKET")
+BACKUP_S3_ENDPOINT_URL = env_str("BACKUP_S3_ENDPOINT_URL")
+BACKUP_S3_ACCESS_KEY_ID = env_str("BACKUP_S3_ACCESS_KEY_ID")
+BACKUP_S3_SECRET_ACCESS_KEY = env_str("BACKUP_S3_SECRET_ACCESS_KEY")
+BACKUP_S3_REGION = env_str("BACKUP_S3_REGION", "auto")
+BACKUP_S3_PREFIX = env_str("BACKUP_S3_PREFIX", "postgres")
+BACKUP_S3_ADDRESSING_STYLE = env_choice("BACKUP_S3_ADDRESSING_STYLE", "path", ("path", "virtual", "auto"))
+_BACKUP_LOCK_MODE = env_choice("BACKUP_OBJECT_LOCK_MODE", "COMPLIANCE", ("COMPLIANCE", "GOVERNANCE", "none"))
+BACKUP_OBJECT_LOCK_MODE = None if _BACKUP_LOCK_MODE == "none" else _BACKUP_LOCK_MODE
+BACKUP_OBJECT_LOCK_DAYS = env_int("BACKUP_OBJECT_LOCK_DAYS", 35, minimum=1)
+
 # --- Celery -----------------------------------------------------------------------
 # Default broker: kombu's SQLAlchemy transport on the same Postgres (no Redis needed).
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or sqlalchemy_url(_default_db, scheme="sqla+postgresql+psycopg")
@@ -329,6 +350,8 @@ CELERY_BEAT_SCHEDULE = {
     "usage-delivery-sweep": {"task": "billing.deliver_usage_events", "schedule": 60.0},
     "audit-export-nightly": {"task": "audit.export", "schedule": crontab(hour=2, minute=17)},
     "audit-retention-daily": {"task": "audit.retention_purge", "schedule": crontab(hour=4, minute=41)},
+    # Takes a base backup when the newest is older than BACKUP_BASE_INTERVAL_H.
+    "backup-base-if-due": {"task": "memsite.backup_base_if_due", "schedule": 900.0},
 }
 BROKER_MESSAGE_RETENTION_S = env_int("BROKER_MESSAGE_RETENTION_S", 3600, minimum=0)
 
