@@ -61,8 +61,13 @@ def pgvector_version(*, using: str = "default") -> str | None:
     return database_info(using=using).pgvector_version
 
 
-def vector_search_plan() -> str:
-    """How the engine searches vectors today. "exact": a sequential scan of the user's rows
-    (exact by construction). "hnsw": mem0's HNSW index (MEMORY_HNSW=true), which on
-    pgvector < 0.8 can silently lose rows under a filter."""
-    return "hnsw" if settings.MEMORY_HNSW else "exact"
+def vector_search_plan(info: DatabaseInfo | None = None) -> str:
+    """How the engine searches vectors. "exact": a scan of the user's rows (exact by
+    construction). "adaptive": exact for users below SEARCH_INDEX_MIN_ROWS rows, the HNSW
+    index with iterative scans (pgvector >= 0.8) above. "hnsw": mem0's own HNSW
+    (MEMORY_HNSW=true), which on pgvector < 0.8 can silently lose rows under a filter."""
+    if settings.MEMORY_HNSW:
+        return "hnsw"
+    if settings.SEARCH_INDEX_MIN_ROWS > 0 and info is not None and info.iterative_index_scans:
+        return "adaptive"
+    return "exact"

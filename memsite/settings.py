@@ -191,6 +191,14 @@ SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 1.0, minimum=0.0)
 SEARCH_LEXICAL_WEIGHT = env_float("SEARCH_LEXICAL_WEIGHT", 2.0, minimum=0.0)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
 SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 100, minimum=1)
+# Vector search plan per query, by the user's row count (cached SEARCH_PLAN_CACHE_S): an exact
+# scan of the user's rows below SEARCH_INDEX_MIN_ROWS, the HNSW index with pgvector 0.8's
+# iterative scans (a filtered search keeps scanning instead of losing rows) from there on,
+# when the server has them. 0 always scans exactly. SEARCH_HNSW_EF_SEARCH: the HNSW candidate
+# list (raised to the number of candidates asked for); more is slower and closer to exact.
+SEARCH_INDEX_MIN_ROWS = env_int("SEARCH_INDEX_MIN_ROWS", 5000, minimum=0)
+SEARCH_HNSW_EF_SEARCH = env_int("SEARCH_HNSW_EF_SEARCH", 200, minimum=1)
+SEARCH_PLAN_CACHE_S = env_float("SEARCH_PLAN_CACHE_S", 60.0, minimum=0.0)
 MEMORY_LOCK_TIMEOUT_S = env_float("MEMORY_LOCK_TIMEOUT_S", 10.0, minimum=0.1)
 
 # Per user and operation: "N/second|minute|hour|day"; 0 disables a limit.

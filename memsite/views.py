@@ -1,5 +1,6 @@
 import time
 
+from django.conf import settings
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
@@ -49,7 +50,8 @@ def healthz(request):  # noqa: ARG001 - view signature
         "worker_last_seen": None if failures else _last_worker_heartbeat(),
         "postgres": info.server_version if info else None,
         "pgvector": info.pgvector_version if info else None,
-        "vector_search_plan": vector_search_plan(),
+        "vector_search_plan": vector_search_plan(info),
+        "vector_index_min_rows": settings.SEARCH_INDEX_MIN_ROWS,
         "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
     }
     if failures:

@@ -23,11 +23,13 @@ word but not the meaning used to beat the paraphrase it should have lost to.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from psycopg import sql
 
 from core.scope import MemoryScope
@@ -75,22 +77,106 @@ def _similarity_of(distance: float, *, negate: bool) -> float:
     return -distance if negate else 1 - distance
 
 
+EXACT = "exact"
+HNSW = "hnsw"
+
+_plan_lock = threading.Lock()
+_user_rows_cache: dict[str, tuple[float, int]] = {}  # engine user id -> (expires at, rows)
+_iterative_cache: list[tuple[float, bool]] = []  # [(expires at, server has iterative scans)]
+
+
+def _cached(expires_at: float) -> bool:
+    return time.monotonic() < expires_at
+
+
+def _server_has_iterative_scans() -> bool:
+    with _plan_lock:
+        if _iterative_cache and _cached(_iterative_cache[0][0]):
+            return _iterative_cache[0][1]
+    from memsite.dbinfo import database_info  # one round trip, then cached like the row counts
+
+    supported = database_info().iterative_index_scans
+    with _plan_lock:
+        _iterative_cache[:] = [(time.monotonic() + settings.SEARCH_PLAN_CACHE_S, supported)]
+    return supported
+
+
+def user_vector_rows(scope: MemoryScope) -> int:
+    """How many vectors the user has, from the owner index, cached for SEARCH_PLAN_CACHE_S:
+    the plan only needs the order of magnitude, and a count per query would cost more than
+    the search it steers."""
+    key = scope.engine_user_id
+    with _plan_lock:
+        hit = _user_rows_cache.get(key)
+    if hit and _cached(hit[0]):
+        return hit[1]
+    query = sql.SQL("SELECT count(*) FROM {} WHERE payload->>'user_id' = %s").format(_table())
+    with connection.cursor() as cursor:
+        cursor.execute(query.as_string(cursor.connection), [key])
+        rows = int(cursor.fetchone()[0])
+    with _plan_lock:
+        if len(_user_rows_cache) > 10_000:  # bounded: forget everyone, recount on demand
+            _user_rows_cache.clear()
+        _user_rows_cache[key] = (time.monotonic() + settings.SEARCH_PLAN_CACHE_S, rows)
+    return rows
+
+
+def vector_plan_reset() -> None:
+    """Forget cached row counts and server capabilities (tests, after bulk loads)."""
+    with _plan_lock:
+        _user_rows_cache.clear()
+        _iterative_cache.clear()
+
+
+def vector_plan(scope: MemoryScope) -> str:
+    """EXACT while a scan of the user's rows is cheap, HNSW with iterative scans beyond
+    SEARCH_INDEX_MIN_ROWS rows, when the server supports them (pgvector >= 0.8)."""
+    threshold = settings.SEARCH_INDEX_MIN_ROWS
+    if threshold <= 0 or user_vector_rows(scope) < threshold or not _server_has_iterative_scans():
+        return EXACT
+    return HNSW
+
+
 def vector_scores(
-    scope: MemoryScope, vector: list[float], *, limit: int, filters: Filters = None
+    scope: MemoryScope, vector: list[float], *, limit: int, filters: Filters = None, plan: str | None = None
 ) -> list[tuple[str, float]]:
-    """The user's `limit` nearest memories with their cosine similarity, nearest first."""
+    """The user's `limit` nearest memories with their cosine similarity, nearest first.
+    `plan` (default: chosen by the user's size) is EXACT or HNSW."""
+    plan = plan or vector_plan(scope)
     owned, params = _owned_clause(filters)
     operator = _distance_operator()
-    # Ordering by the output column computes each distance once.
-    query = sql.SQL("SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} ORDER BY distance LIMIT %s").format(
-        operator, _table(), owned
-    )
     negate = settings.EMBEDDER == "local"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            query.as_string(cursor.connection), [_vector_literal(vector), scope.engine_user_id, *params, limit]
-        )
-        return [(str(row[0]), _similarity_of(float(row[1]), negate=negate)) for row in cursor.fetchall()]
+    if plan == EXACT:
+        # "+ 0" keeps the planner off the HNSW index: an ordering it cannot serve from the
+        # index is an exact scan of the user's rows (found through the owner index).
+        query = sql.SQL(
+            "SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} ORDER BY (vector {} %s::vector) + 0 LIMIT %s"
+        ).format(operator, _table(), owned, operator)
+        literal = _vector_literal(vector)
+        with connection.cursor() as cursor:
+            cursor.execute(query.as_string(cursor.connection), [literal, scope.engine_user_id, *params, literal, limit])
+            rows = cursor.fetchall()
+    else:
+        # The owner test is written so the owner index cannot serve it ("|| ''"): the filter
+        # then runs inside the HNSW scan, which iterates (relaxed order, re-sorted below)
+        # until it has `limit` of the user's rows.
+        clause = sql.SQL("(payload->>'user_id') || '' = %s")
+        if filters:
+            clause = sql.SQL("{} AND payload @> %s::jsonb").format(clause)
+        query = sql.SQL(
+            "SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} ORDER BY distance LIMIT %s"
+        ).format(operator, _table(), clause)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
+                " set_config('hnsw.ef_search', %s, true)",
+                [str(max(settings.SEARCH_HNSW_EF_SEARCH, limit))],
+            )
+            cursor.execute(
+                query.as_string(cursor.connection), [_vector_literal(vector), scope.engine_user_id, *params, limit]
+            )
+            rows = sorted(cursor.fetchall(), key=lambda row: (float(row[1]), str(row[0])))
+    return [(str(row[0]), _similarity_of(float(row[1]), negate=negate)) for row in rows]
 
 
 def vector_ranking(scope: MemoryScope, vector: list[float], *, limit: int, filters: Filters = None) -> list[str]:
