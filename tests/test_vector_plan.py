@@ -99,3 +99,16 @@ def test_index_path_recall_against_exact_and_tenancy(large_users, alice_scope, b
             "bob"
         ]
     assert sum(recalls) / len(recalls) >= 0.98, sum(recalls) / len(recalls)
+
+
+def test_exact_path_never_uses_the_vector_index(alice_scope):
+    """Small users are scanned exactly even when the planner would like the HNSW index."""
+    zero = "[" + ",".join("0" for _ in range(settings.EMBEDDING_DIMS)) + "]"
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(
+            f"EXPLAIN SELECT id FROM \"{settings.MEMORY_COLLECTION}\" WHERE payload->>'user_id' = %s"  # noqa: S608
+            " ORDER BY (vector <#> %s::vector) + 0 LIMIT 10",
+            [alice_scope.engine_user_id, zero],
+        )
+        assert "hnsw" not in " ".join(row[0] for row in cursor.fetchall())
