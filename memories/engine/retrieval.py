@@ -93,9 +93,12 @@ def _server_has_iterative_scans() -> bool:
     with _plan_lock:
         if _iterative_cache and _cached(_iterative_cache[0][0]):
             return _iterative_cache[0][1]
-    from memsite.dbinfo import database_info  # one round trip, then cached like the row counts
-
-    supported = database_info().iterative_index_scans
+    # pgvector 0.8 added iterative index scans (memsite.dbinfo reports the same to /healthz).
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+        row = cursor.fetchone()
+    version = tuple(int(part) for part in (row[0] if row else "0").split(".") if part.isdigit())
+    supported = version >= (0, 8, 0)
     with _plan_lock:
         _iterative_cache[:] = [(time.monotonic() + settings.SEARCH_PLAN_CACHE_S, supported)]
     return supported
@@ -160,7 +163,7 @@ def vector_scores(
         # The owner test is written so the owner index cannot serve it ("|| ''"): the filter
         # then runs inside the HNSW scan, which iterates (relaxed order, re-sorted below)
         # until it has `limit` of the user's rows.
-        clause = sql.SQL("(payload->>'user_id') || '' = %s")
+        clause: sql.Composable = sql.SQL("(payload->>'user_id') || '' = %s")
         if filters:
             clause = sql.SQL("{} AND payload @> %s::jsonb").format(clause)
         query = sql.SQL(
