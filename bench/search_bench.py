@@ -105,6 +105,34 @@ def run(users: int, per_user: int, queries: int) -> dict:
             [timed(lambda q=synthetic_query(rng): hybrid_search(scope, query=q, limit=30)) for _ in range(queries)]
         ),
     }
+    # A/B in the same run: the adaptive plan (above) against an exact scan for the same user,
+    # and the index path's vector recall against exact on the same queries.
+    from memories.engine import engine_embed_query
+    from memories.engine.retrieval import EXACT, HNSW, vector_plan, vector_plan_reset, vector_scores
+
+    results["plan_for_user"] = vector_plan(scope)
+    threshold = settings.SEARCH_INDEX_MIN_ROWS
+    settings.SEARCH_INDEX_MIN_ROWS = 0
+    vector_plan_reset()
+    results["search_memory_exact_plan"] = percentiles(
+        [
+            timed(
+                lambda q=synthetic_query(rng): memory_search(
+                    scope, query=q, top_k=10, call=CallContext(channel="internal")
+                )
+            )
+            for _ in range(queries)
+        ]
+    )
+    settings.SEARCH_INDEX_MIN_ROWS = threshold
+    vector_plan_reset()
+    recalls = []
+    for _ in range(min(queries, 50)):
+        vector = engine_embed_query(synthetic_query(rng))
+        exact = {m for m, _ in vector_scores(scope, vector, limit=settings.SEARCH_CANDIDATES, plan=EXACT)}
+        indexed = {m for m, _ in vector_scores(scope, vector, limit=settings.SEARCH_CANDIDATES, plan=HNSW)}
+        recalls.append(len(exact & indexed) / max(1, len(exact)))
+    results["index_vector_recall_vs_exact"] = round(sum(recalls) / len(recalls), 4)
     for name, figures in results.items():
         print(f"{name:<20} {figures}")
     return results

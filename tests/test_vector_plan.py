@@ -60,17 +60,21 @@ def large_users(alice_scope, bob_scope, clean_vectors):  # noqa: ARG001
     vector_plan_reset()
 
 
-def test_plan_follows_the_users_size(large_users, alice_scope, django_user_model, settings):  # noqa: ARG001
+def test_plan_follows_the_users_size(large_users, alice_scope, django_user_model, settings):
     charlie_scope = MemoryScope.for_user(
         django_user_model.objects.create_user("charlie", "charlie@example.com", "pw-c-1")
     )
+    query = large_users["queries"][0]
     settings.SEARCH_INDEX_MIN_ROWS = ROWS_PER_USER
+    assert vector_plan(alice_scope) == EXACT  # size unknown yet: scan exactly, and learn it
+    vector_scores(alice_scope, query, limit=5, filters={"data": "synthetic 1"})
+    assert vector_plan(alice_scope) == EXACT  # a filtered scan does not tell the user's size
+    vector_scores(alice_scope, query, limit=5)
     assert vector_plan(alice_scope) == HNSW
+    vector_scores(charlie_scope, query, limit=5)
     assert vector_plan(charlie_scope) == EXACT  # no rows
-    vector_plan_reset()
     settings.SEARCH_INDEX_MIN_ROWS = ROWS_PER_USER + 1
     assert vector_plan(alice_scope) == EXACT
-    vector_plan_reset()
     settings.SEARCH_INDEX_MIN_ROWS = 0  # off
     assert vector_plan(alice_scope) == EXACT
 

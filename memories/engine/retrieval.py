@@ -104,24 +104,17 @@ def _server_has_iterative_scans() -> bool:
     return supported
 
 
-def user_vector_rows(scope: MemoryScope) -> int:
-    """How many vectors the user has, from the owner index, cached for SEARCH_PLAN_CACHE_S:
-    the plan only needs the order of magnitude, and a count per query would cost more than
-    the search it steers."""
-    key = scope.engine_user_id
+def _cached_user_rows(scope: MemoryScope) -> int | None:
     with _plan_lock:
-        hit = _user_rows_cache.get(key)
-    if hit and _cached(hit[0]):
-        return hit[1]
-    query = sql.SQL("SELECT count(*) FROM {} WHERE payload->>'user_id' = %s").format(_table())
-    with connection.cursor() as cursor:
-        cursor.execute(query.as_string(cursor.connection), [key])
-        rows = int(cursor.fetchone()[0])
+        hit = _user_rows_cache.get(scope.engine_user_id)
+    return hit[1] if hit and _cached(hit[0]) else None
+
+
+def _remember_user_rows(scope: MemoryScope, rows: int) -> None:
     with _plan_lock:
         if len(_user_rows_cache) > 10_000:  # bounded: forget everyone, recount on demand
             _user_rows_cache.clear()
-        _user_rows_cache[key] = (time.monotonic() + settings.SEARCH_PLAN_CACHE_S, rows)
-    return rows
+        _user_rows_cache[scope.engine_user_id] = (time.monotonic() + settings.SEARCH_PLAN_CACHE_S, rows)
 
 
 def vector_plan_reset() -> None:
@@ -133,9 +126,12 @@ def vector_plan_reset() -> None:
 
 def vector_plan(scope: MemoryScope) -> str:
     """EXACT while a scan of the user's rows is cheap, HNSW with iterative scans beyond
-    SEARCH_INDEX_MIN_ROWS rows, when the server supports them (pgvector >= 0.8)."""
+    SEARCH_INDEX_MIN_ROWS rows, when the server supports them (pgvector >= 0.8). The row
+    count comes free with every unfiltered exact scan and is cached SEARCH_PLAN_CACHE_S, so
+    choosing costs no query: an unknown (or expired) size scans exactly once and learns it."""
     threshold = settings.SEARCH_INDEX_MIN_ROWS
-    if threshold <= 0 or user_vector_rows(scope) < threshold or not _server_has_iterative_scans():
+    rows = _cached_user_rows(scope) if threshold > 0 else None
+    if rows is None or rows < threshold or not _server_has_iterative_scans():
         return EXACT
     return HNSW
 
@@ -152,13 +148,17 @@ def vector_scores(
     if plan == EXACT:
         # "+ 0" keeps the planner off the HNSW index: an ordering it cannot serve from the
         # index is an exact scan of the user's rows (found through the owner index).
+        # count(*) OVER () is the user's row count, for the next plan choice, at no extra scan.
         query = sql.SQL(
-            "SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} ORDER BY (vector {} %s::vector) + 0 LIMIT %s"
+            "SELECT id, vector {} %s::vector AS distance, count(*) OVER () FROM {} WHERE {}"
+            " ORDER BY (vector {} %s::vector) + 0 LIMIT %s"
         ).format(operator, _table(), owned, operator)
         literal = _vector_literal(vector)
         with connection.cursor() as cursor:
             cursor.execute(query.as_string(cursor.connection), [literal, scope.engine_user_id, *params, literal, limit])
             rows = cursor.fetchall()
+        if not filters:
+            _remember_user_rows(scope, int(rows[0][2]) if rows else 0)
     else:
         # The owner test is written so the owner index cannot serve it ("|| ''"): the filter
         # then runs inside the HNSW scan, which iterates (relaxed order, re-sorted below)
