@@ -200,6 +200,9 @@ SEARCH_INDEX_MIN_ROWS = env_int("SEARCH_INDEX_MIN_ROWS", 5000, minimum=0)
 SEARCH_HNSW_EF_SEARCH = env_int("SEARCH_HNSW_EF_SEARCH", 200, minimum=1)
 SEARCH_PLAN_CACHE_S = env_float("SEARCH_PLAN_CACHE_S", 60.0, minimum=0.0)
 MEMORY_LOCK_TIMEOUT_S = env_float("MEMORY_LOCK_TIMEOUT_S", 10.0, minimum=0.1)
+# An ingest intent still open after this long belongs to a call that crashed (its LLM
+# call is long over): the reconciler completes or undoes it.
+INGEST_INTENT_LEASE_S = env_float("INGEST_INTENT_LEASE_S", 600.0, minimum=0.0)
 
 # Per user and operation: "N/second|minute|hour|day"; 0 disables a limit.
 MEMORY_OPERATIONS = tuple(op.value for op in MEMORY_TOOL_OPERATIONS)
@@ -355,6 +358,7 @@ CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "memsite.worker_heartbeat", "schedule": 60.0},
     "broker-cleanup": {"task": "memsite.broker_cleanup", "schedule": 600.0},
     "rate-windows-prune": {"task": "memories.rate_windows_prune", "schedule": 3600.0},
+    "ingest-intents-reconcile": {"task": "memories.ingest_intents_reconcile", "schedule": 60.0},
     "usage-delivery-sweep": {"task": "billing.deliver_usage_events", "schedule": 60.0},
     "audit-export-nightly": {"task": "audit.export", "schedule": crontab(hour=2, minute=17)},
     "audit-retention-daily": {"task": "audit.retention_purge", "schedule": crontab(hour=4, minute=41)},

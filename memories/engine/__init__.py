@@ -33,8 +33,26 @@ from memories.engine.payload import (
     engine_rows_owned,
 )
 from memories.engine.retrieval import hybrid_search
+from memories.engine.writes import (
+    EmbeddedText,
+    engine_delete_row,
+    engine_delete_user_rows,
+    engine_embed_text,
+    engine_insert_text,
+    engine_lock_owned,
+    engine_rows_from_request,
+    engine_update_row,
+)
 
 __all__ = [
+    "EmbeddedText",
+    "engine_delete_row",
+    "engine_delete_user_rows",
+    "engine_embed_text",
+    "engine_insert_text",
+    "engine_lock_owned",
+    "engine_rows_from_request",
+    "engine_update_row",
     "ENGINE_RESERVED_METADATA_KEYS",
     "EngineError",
     "EngineMemory",

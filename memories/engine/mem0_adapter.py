@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import connections
 
 from core.scope import MemoryScope
-from memories.engine.payload import EngineMemory, engine_memory_from_item
+from memories.engine.payload import KEY_REQUEST_ID, EngineMemory, engine_memory_from_item
 from memories.engine.vector_schema import vector_table_dims
 
 logger = logging.getLogger(__name__)
@@ -209,13 +209,19 @@ def engine_add_text(scope: MemoryScope, *, text: str, metadata: dict[str, Any] |
 
 
 def engine_ingest(
-    scope: MemoryScope, *, messages: list[dict[str, str]], metadata: dict[str, Any] | None = None
+    scope: MemoryScope,
+    *,
+    messages: list[dict[str, str]],
+    metadata: dict[str, Any] | None = None,
+    request_id: str | None = None,
 ) -> list[dict[str, Any]]:
-    """mem0's full pipeline (infer=True): one LLM extraction call, dedup, store."""
+    """mem0's full pipeline (infer=True): one LLM extraction call, dedup, store. mem0
+    commits on its own; rows carry `request_id` so a crashed call's rows can be found."""
     if not llm_configured():
         raise LlmUnavailable("no LLM is configured for ingest")
     memory = get_memory()
-    result = _call("ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=metadata or {}, infer=True)
+    tagged = {**(metadata or {}), **({KEY_REQUEST_ID: request_id} if request_id else {})}
+    result = _call("ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=tagged, infer=True)
     return list(result.get("results") or [])
 
 

@@ -21,9 +21,22 @@ KEY_USER_ID = "user_id"
 KEY_CREATED_AT = "created_at"
 KEY_UPDATED_AT = "updated_at"
 KEY_CLIENT_APP = "client_app"
-# Keys mem0 keeps in a row's payload for itself; the rest is the memory's metadata.
+# The request that made a row through mem0's own writes (ingest): how the reconciler
+# finds the rows of a call that crashed before it recorded them.
+KEY_REQUEST_ID = "memsite_request_id"
+# Keys the engine keeps in a row's payload for itself; the rest is the memory's metadata.
 ENGINE_PAYLOAD_KEYS = frozenset(
-    {KEY_TEXT, "hash", KEY_CREATED_AT, KEY_UPDATED_AT, KEY_USER_ID, "text_lemmatized", "role", "actor_id"}
+    {
+        KEY_TEXT,
+        "hash",
+        KEY_CREATED_AT,
+        KEY_UPDATED_AT,
+        KEY_USER_ID,
+        "text_lemmatized",
+        "role",
+        "actor_id",
+        KEY_REQUEST_ID,
+    }
 )
 
 # Metadata keys a client may not set or filter on: mem0 owns or interprets them.
