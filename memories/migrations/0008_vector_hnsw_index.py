@@ -12,6 +12,6 @@ def backwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("memories", "0005_fulltext")]
+    dependencies = [("memories", "0007_rate_events")]
 
     operations = [migrations.RunPython(forwards, backwards)]
