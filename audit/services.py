@@ -25,6 +25,8 @@ TURN_EVENTS: dict[str, str] = {
     Operation.LIST_MEMORY: AuditEvent.TurnEvent.RECALL,
     Operation.DELETE_MEMORY: AuditEvent.TurnEvent.FORGET,
     Operation.CLEAR_ALL_MEMORY: AuditEvent.TurnEvent.FORGET,
+    Operation.RESTORE_MEMORY: AuditEvent.TurnEvent.WRITE,
+    Operation.PURGE_MEMORY: AuditEvent.TurnEvent.FORGET,
 }
 MAX_MEMORY_IDS = 10_000
 

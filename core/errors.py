@@ -17,6 +17,7 @@ class ErrorCode(models.TextChoices):
     BACKEND_UNAVAILABLE = "backend_unavailable"
     CONFLICT = "conflict"
     UNAUTHENTICATED = "unauthenticated"
+    FORBIDDEN = "forbidden"
 
 
 HTTP_STATUS = {
@@ -29,6 +30,7 @@ HTTP_STATUS = {
     ErrorCode.BACKEND_UNAVAILABLE: 503,
     ErrorCode.CONFLICT: 409,
     ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.FORBIDDEN: 403,
 }
 
 

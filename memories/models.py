@@ -114,3 +114,15 @@ class EngineMemoryRow(models.Model):
 
     def __str__(self) -> str:
         return str(self.id)
+
+
+class JobWatermark(models.Model):
+    """How far a background job has read an append-only stream (e.g. the recall
+    counters fold audit rows up to `position`), so each row is counted exactly once."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    position = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} @ {self.position}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -41,6 +42,12 @@ FILTERS_MAX_KEYS = 10
 INGEST_MAX_MESSAGES = 50
 INGEST_MAX_TOTAL_CHARS = 40000
 CURSOR_MAX_CHARS = 512
+TAGS_MAX = 20
+TAG_MAX_CHARS = 64
+SCOPE_ID_MAX_CHARS = 128
+SOURCE_MAX_CHARS = 64
+WHY_STORED_MAX_CHARS = 500
+TTL_DAYS_MAX = 3650
 
 # Keys the engine or the service owns; clients may not set or filter on them.
 RESERVED_KEYS = ENGINE_RESERVED_METADATA_KEYS | {"tenant", "client_app", "source", "pinned"}
@@ -106,6 +113,87 @@ class FiltersMixin(StrictInput):
         return value
 
 
+MemoryTypeName = Literal["user", "feedback", "project", "reference"]
+Tag = Annotated[StrictStr, Field(min_length=1, max_length=TAG_MAX_CHARS, pattern=r"^[^\x00-\x1f]+$")]
+Tags = Annotated[list[Tag], Field(max_length=TAGS_MAX, description=f"Short labels (at most {TAGS_MAX}).")]
+ScopeId = Annotated[StrictStr, Field(min_length=1, max_length=SCOPE_ID_MAX_CHARS, pattern=r"^[A-Za-z0-9_.:@-]+$")]
+Importance = Annotated[float, Field(ge=0, le=1, description="0 to 1 (default 0.5).")]
+TtlDays = Annotated[int, Field(ge=1, le=TTL_DAYS_MAX, strict=True)]
+Instant = Annotated[StrictStr, Field(max_length=40, description="ISO 8601, e.g. 2026-12-31T00:00:00Z.")]
+
+# The typed fields (issue 11): what `remember` may set and `update_memory` may change.
+FIELD_NAMES = ("memory_type", "tags", "importance", "agent_id", "session_id", "expires_at", "source", "why_stored")
+
+
+def parse_instant(value: str, *, what: str) -> datetime:
+    """An ISO 8601 date or date-time; naive ones are taken as UTC."""
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+    except ValueError:
+        raise ValueError(f"{what} must be an ISO 8601 date-time, e.g. 2026-12-31T00:00:00Z") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+class FieldsMixin(StrictInput):
+    memory_type: MemoryTypeName | None = Field(
+        default=None, description="user (default), feedback, project, reference."
+    )
+    tags: Tags | None = None
+    importance: Importance | None = None
+    agent_id: ScopeId | None = Field(default=None, description="Narrower scope: the agent this memory belongs to.")
+    session_id: ScopeId | None = Field(default=None, description="Narrower scope: the session it belongs to.")
+    expires_at: Instant | None = Field(default=None, description="When the memory expires (in the future).")
+    ttl_days: TtlDays | None = Field(default=None, description="Or: expire this many days from now.")
+    source: Annotated[StrictStr, Field(min_length=1, max_length=SOURCE_MAX_CHARS)] | None = Field(
+        default=None, description="Where the memory came from (default: the operation, e.g. remember)."
+    )
+    why_stored: Annotated[StrictStr, Field(max_length=WHY_STORED_MAX_CHARS)] | None = Field(
+        default=None, description="Why the agent kept it."
+    )
+
+    @field_validator("tags")
+    @classmethod
+    def _tags_unique(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else list(dict.fromkeys(t.strip() for t in value if t.strip()))
+
+    @field_validator("expires_at")
+    @classmethod
+    def _expires_in_future(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if parse_instant(value, what="expires_at") <= datetime.now(UTC):
+            raise ValueError("expires_at must be in the future")
+        return value
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> FieldsMixin:
+        if self.expires_at is not None and self.ttl_days is not None:
+            raise ValueError("give expires_at or ttl_days, not both")
+        return self
+
+    def field_changes(self) -> dict[str, Any]:
+        """The fields the caller gave (an explicit null clears a nullable field)."""
+        given = {name: getattr(self, name) for name in FIELD_NAMES if name in self.model_fields_set}
+        if self.ttl_days is not None:
+            given["ttl_days"] = self.ttl_days
+        return given
+
+
+class FieldFiltersMixin(StrictInput):
+    memory_type: MemoryTypeName | None = Field(default=None, description="Only memories of this type.")
+    tags: Tags | None = Field(default=None, description="Only memories with all of these tags.")
+    agent_id: ScopeId | None = Field(default=None, description="Only this agent's memories.")
+    session_id: ScopeId | None = Field(default=None, description="Only this session's memories.")
+
+    def field_filters(self) -> dict[str, Any]:
+        return {
+            "memory_type": self.memory_type,
+            "tags": self.tags,
+            "agent_id": self.agent_id,
+            "session_id": self.session_id,
+        }
+
+
 def _non_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be blank")
@@ -116,7 +204,7 @@ MemoryText = Annotated[StrictStr, Field(min_length=1, max_length=MEMORY_MAX_CHAR
 MemoryId = Annotated[StrictStr, Field(min_length=1, max_length=64, description="The memory's id (a UUID).")]
 
 
-class RememberInput(MetadataMixin):
+class RememberInput(FieldsMixin, MetadataMixin):
     memory: MemoryText = Field(description="One curated fact about the user, stored verbatim.")
     pinned: StrictBool = Field(default=False, description="Pinned memories never lose rank with age.")
 
@@ -128,7 +216,7 @@ class Message(StrictInput):
     content: Annotated[StrictStr, Field(min_length=1, max_length=MEMORY_MAX_CHARS)]
 
 
-class IngestInput(MetadataMixin):
+class IngestInput(FieldsMixin, MetadataMixin):
     messages: list[Message] = Field(
         min_length=1, max_length=INGEST_MAX_MESSAGES, description="The conversation turn(s) to extract facts from."
     )
@@ -143,7 +231,7 @@ class IngestInput(MetadataMixin):
         return value
 
 
-class SearchInput(FiltersMixin):
+class SearchInput(FieldFiltersMixin, FiltersMixin):
     query: Annotated[StrictStr, Field(min_length=1, max_length=QUERY_MAX_CHARS)]
     top_k: TopK = 10
 
@@ -157,7 +245,7 @@ def _uuid_text(value: str) -> str:
         raise ValueError("memory_id must be a UUID") from None
 
 
-class UpdateInput(MetadataMixin):
+class UpdateInput(FieldsMixin, MetadataMixin):
     memory_id: MemoryId
     memory: MemoryText | None = Field(default=None, description="New text (re-embedded).")
     pinned: StrictBool | None = None
@@ -171,18 +259,57 @@ class UpdateInput(MetadataMixin):
 
     @model_validator(mode="after")
     def _something_to_change(self) -> UpdateInput:
-        if self.memory is None and self.pinned is None and self.metadata is None:
-            raise ValueError("give at least one of memory, pinned, metadata")
+        if self.memory is None and self.pinned is None and self.metadata is None and not self.field_changes():
+            raise ValueError("give at least one of memory, pinned, metadata or a field")
+        return self
+
+
+class TimeRange(StrictInput):
+    start: Instant | None = None
+    end: Instant | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TimeRange:
+        start = parse_instant(self.start, what="time_range.start") if self.start else None
+        end = parse_instant(self.end, what="time_range.end") if self.end else None
+        if start is None and end is None:
+            raise ValueError("time_range needs start and/or end")
+        if start and end and start >= end:
+            raise ValueError("time_range.start must be before time_range.end")
         return self
 
 
 class DeleteInput(StrictInput):
-    memory_id: MemoryId
+    """One memory by id, or (bulk forget) every memory matching tags, a creation time
+    range and/or a type: then `confirm: true` is required and `dry_run` only counts."""
 
-    _uuid = field_validator("memory_id")(_uuid_text)
+    memory_id: MemoryId | None = None
+    tags: Tags | None = Field(default=None, description="Bulk: memories with all of these tags.")
+    time_range: TimeRange | None = Field(default=None, description="Bulk: created in [start, end), ISO 8601.")
+    memory_type: MemoryTypeName | None = Field(default=None, description="Bulk: memories of this type.")
+    confirm: StrictBool = Field(default=False, description="Bulk: must be true.")
+    dry_run: StrictBool = Field(default=False, description="Bulk: only count what would be deleted.")
+
+    @field_validator("memory_id")
+    @classmethod
+    def _uuid(cls, value: str | None) -> str | None:
+        return None if value is None else _uuid_text(value)
+
+    @property
+    def bulk(self) -> bool:
+        return self.memory_id is None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> DeleteInput:
+        selectors = self.tags or self.time_range is not None or self.memory_type is not None
+        if self.memory_id is not None and selectors:
+            raise ValueError("give memory_id, or tags/time_range/memory_type, not both")
+        if self.memory_id is None and not selectors:
+            raise ValueError("give memory_id, or at least one of tags, time_range, memory_type")
+        return self
 
 
-class ListInput(FiltersMixin):
+class ListInput(FieldFiltersMixin, FiltersMixin):
     cursor: Annotated[StrictStr, Field(max_length=CURSOR_MAX_CHARS)] | None = Field(
         default=None, description="`next_cursor` from the previous page."
     )
@@ -216,6 +343,15 @@ class MemoryOut(BaseModel):
     client_app: str | None
     created_at: str | None
     updated_at: str | None
+    memory_type: str = "user"
+    tags: list[str] = Field(default_factory=list)
+    importance: float = 0.5
+    agent_id: str | None = None
+    session_id: str | None = None
+    expires_at: str | None = None
+    why_stored: str | None = None
+    last_recalled_at: str | None = Field(default=None, description="Last time a search returned it (batched).")
+    access_count: int = Field(default=0, description="How often searches returned it (batched).")
     score: float | None = Field(default=None, description="Relevance (search results only).")
 
 
@@ -243,8 +379,10 @@ class MemoryOutput(BaseModel):
 
 
 class DeleteOutput(BaseModel):
-    id: str
-    deleted: bool
+    id: str | None = Field(default=None, description="Single delete: the memory's id.")
+    deleted: bool | None = Field(default=None, description="Single delete: true (moved to the trash).")
+    deleted_count: int | None = Field(default=None, description="Bulk forget: how many (would be) deleted.")
+    dry_run: bool | None = Field(default=None, description="Bulk forget: true when nothing was changed.")
 
 
 class ListOutput(BaseModel):
@@ -274,3 +412,47 @@ def validate_input[T: BaseModel](model: type[T], arguments: Any) -> T:
         too_large = any(e["type"] in ("payload_too_large", "string_too_long", "too_long") for e in errors)
         code = ErrorCode.PAYLOAD_TOO_LARGE if too_large else ErrorCode.INVALID_ARGUMENT
         raise ServiceError(code, "; ".join(_describe(e) for e in errors[:5])) from None
+
+
+class RestoreInput(StrictInput):
+    """The trash: one memory by id, or everything one call deleted (its request id)."""
+
+    memory_id: MemoryId | None = None
+    request_id: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+
+    @field_validator("memory_id")
+    @classmethod
+    def _uuid(cls, value: str | None) -> str | None:
+        return None if value is None else _uuid_text(value)
+
+    @model_validator(mode="after")
+    def _one(self) -> RestoreInput:
+        if (self.memory_id is None) == (self.request_id is None):
+            raise ValueError("give memory_id or request_id")
+        return self
+
+
+class PurgeInput(StrictInput):
+    """Delete forever: one memory in the trash, or (`all: true`) the whole trash."""
+
+    memory_id: MemoryId | None = None
+    all: StrictBool = False
+
+    @field_validator("memory_id")
+    @classmethod
+    def _uuid(cls, value: str | None) -> str | None:
+        return None if value is None else _uuid_text(value)
+
+    @model_validator(mode="after")
+    def _one(self) -> PurgeInput:
+        if (self.memory_id is None) == (not self.all):
+            raise ValueError("give memory_id or all: true")
+        return self
+
+
+class RestoreOutput(BaseModel):
+    restored: list[str]
+
+
+class PurgeOutput(BaseModel):
+    purged: int

@@ -186,6 +186,12 @@ _RATE_DEFAULTS = {
 }
 RATE_LIMITS = {op.value: env_rate(f"RATE_LIMIT_{op.value.upper()}", default) for op, default in _RATE_DEFAULTS.items()}
 
+# Deleted memories wait this many days in the user's trash (restorable); 0 deletes at once.
+TRASH_RETENTION_DAYS = env_int("TRASH_RETENTION_DAYS", 30, minimum=0)
+# The recall counters fold search audit rows older than this (so no row still being
+# committed is skipped by the watermark).
+RECALLS_SETTLE_SECONDS = env_int("RECALLS_SETTLE_SECONDS", 60, minimum=0)
+
 # --- Authentication -------------------------------------------------------------------
 # Agents send `Authorization: Bearer <token>`: a per-user API key (msk_...) or, when
 # OIDC_ISSUER is set, an OIDC access token (JWT) from that provider.
@@ -302,6 +308,8 @@ CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "memsite.worker_heartbeat", "schedule": 60.0},
     "broker-cleanup": {"task": "memsite.broker_cleanup", "schedule": 600.0},
     "rate-windows-prune": {"task": "memories.rate_windows_prune", "schedule": 3600.0},
+    "memories-purge-due": {"task": "memories.purge_due", "schedule": 3600.0},
+    "memories-recalls-fold": {"task": "memories.recalls_fold", "schedule": 60.0},
     "usage-delivery-sweep": {"task": "billing.deliver_usage_events", "schedule": 60.0},
     "audit-export-nightly": {"task": "audit.export", "schedule": crontab(hour=2, minute=17)},
     "audit-retention-daily": {"task": "audit.retention_purge", "schedule": crontab(hour=4, minute=41)},

@@ -4,6 +4,14 @@ The rest of the code imports from here (`from memories.engine import ...`), neve
 mem0 and never a payload key; import-linter holds that line (pyproject.toml)."""
 
 from memories.engine.history_store import history_attribution
+from memories.engine.lifecycle import (
+    engine_purge_due,
+    engine_recalls_fold,
+    engine_restore,
+    engine_set_attrs,
+    engine_trash,
+    engine_trashed,
+)
 from memories.engine.mem0_adapter import (
     EngineError,
     LlmUnavailable,
@@ -14,14 +22,20 @@ from memories.engine.mem0_adapter import (
     engine_get,
     engine_ingest,
     engine_ping,
+    engine_purge_messages,
     engine_purge_user,
     engine_update,
     get_memory,
     llm_configured,
 )
 from memories.engine.payload import (
+    DEFAULT_IMPORTANCE,
+    DEFAULT_MEMORY_TYPE,
     ENGINE_RESERVED_METADATA_KEYS,
     EngineMemory,
+    MemoryAttrs,
+    TrashState,
+    attrs_containment,
     engine_client_apps,
     engine_memories_page,
     engine_memory_count,
@@ -31,11 +45,24 @@ from memories.engine.payload import (
     engine_rows_matching,
     engine_rows_newest_first,
     engine_rows_owned,
+    engine_timestamp,
 )
 from memories.engine.retrieval import hybrid_search
 
 __all__ = [
+    "DEFAULT_IMPORTANCE",
+    "DEFAULT_MEMORY_TYPE",
     "ENGINE_RESERVED_METADATA_KEYS",
+    "MemoryAttrs",
+    "TrashState",
+    "attrs_containment",
+    "engine_purge_due",
+    "engine_recalls_fold",
+    "engine_restore",
+    "engine_set_attrs",
+    "engine_timestamp",
+    "engine_trash",
+    "engine_trashed",
     "EngineError",
     "EngineMemory",
     "LlmUnavailable",
@@ -52,6 +79,7 @@ __all__ = [
     "engine_memory_ids",
     "engine_memory_of",
     "engine_ping",
+    "engine_purge_messages",
     "engine_purge_user",
     "engine_rows_matching",
     "engine_rows_newest_first",

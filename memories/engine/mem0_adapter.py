@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import connections
 
 from core.scope import MemoryScope
-from memories.engine.payload import EngineMemory, engine_memory_from_item
+from memories.engine.payload import KEY_ATTRS, EngineMemory, MemoryAttrs, engine_memory_from_item
 from memories.engine.vector_schema import vector_table_dims
 
 logger = logging.getLogger(__name__)
@@ -174,7 +174,13 @@ def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 # --- operations -------------------------------------------------------------------
-def engine_add_text(scope: MemoryScope, *, text: str, metadata: dict[str, Any] | None = None) -> str:
+def _with_attrs(metadata: dict[str, Any] | None, attrs: MemoryAttrs | None) -> dict[str, Any]:
+    return {**(metadata or {}), KEY_ATTRS: (attrs or MemoryAttrs()).as_payload()}
+
+
+def engine_add_text(
+    scope: MemoryScope, *, text: str, metadata: dict[str, Any] | None = None, attrs: MemoryAttrs | None = None
+) -> str:
     """Store `text` verbatim (infer=False, no LLM). Returns the new memory id."""
     memory = get_memory()
     result = _call(
@@ -182,7 +188,7 @@ def engine_add_text(scope: MemoryScope, *, text: str, metadata: dict[str, Any] |
         memory.add,
         [{"role": "user", "content": text}],
         user_id=scope.engine_user_id,
-        metadata=metadata or {},
+        metadata=_with_attrs(metadata, attrs),
         infer=False,
     )
     rows = result.get("results") or []
@@ -192,13 +198,19 @@ def engine_add_text(scope: MemoryScope, *, text: str, metadata: dict[str, Any] |
 
 
 def engine_ingest(
-    scope: MemoryScope, *, messages: list[dict[str, str]], metadata: dict[str, Any] | None = None
+    scope: MemoryScope,
+    *,
+    messages: list[dict[str, str]],
+    metadata: dict[str, Any] | None = None,
+    attrs: MemoryAttrs | None = None,
 ) -> list[dict[str, Any]]:
     """mem0's full pipeline (infer=True): one LLM extraction call, dedup, store."""
     if not llm_configured():
         raise LlmUnavailable("no LLM is configured for ingest")
     memory = get_memory()
-    result = _call("ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=metadata or {}, infer=True)
+    result = _call(
+        "ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=_with_attrs(metadata, attrs), infer=True
+    )
     return list(result.get("results") or [])
 
 
@@ -214,9 +226,15 @@ def engine_get(memory_id: str) -> EngineMemory | None:
     return engine_memory_from_item(item) if item else None
 
 
-def engine_update(memory_id: str, *, text: str | None, metadata: dict[str, Any] | None) -> None:
+def engine_update(
+    memory_id: str, *, text: str | None, metadata: dict[str, Any] | None, attrs: MemoryAttrs | None = None
+) -> None:
+    """Change text (re-embedded), merge metadata, replace the fields (when given)."""
     memory = get_memory()
-    _call("update", memory.update, memory_id, text=text, metadata=metadata)
+    changes = dict(metadata or {})
+    if attrs is not None:
+        changes[KEY_ATTRS] = attrs.as_payload()
+    _call("update", memory.update, memory_id, text=text, metadata=changes or None)
 
 
 def engine_delete(memory_id: str) -> None:
@@ -229,6 +247,11 @@ def engine_purge_user(scope: MemoryScope) -> None:
     memory = get_memory()
     _call("delete_all", memory.delete_all, user_id=scope.engine_user_id)
     memory.db.purge_messages(user_id=scope.engine_user_id)
+
+
+def engine_purge_messages(scope: MemoryScope) -> int:
+    """Remove mem0's raw messages of the user (they feed the next ingest's extraction)."""
+    return int(get_memory().db.purge_messages(user_id=scope.engine_user_id))
 
 
 def engine_ping() -> None:

@@ -17,6 +17,7 @@ from core.errors import ErrorCode, ServiceError
 from core.scope import CallContext
 from memories import schemas
 from memories.operations import operation_execute
+from memories.selectors import memory_trash_list
 
 
 def _call(request) -> CallContext:
@@ -36,11 +37,24 @@ def _with_memory_id(request, memory_id: str) -> dict[str, Any]:
     return {**body, "memory_id": memory_id}
 
 
+FIELD_FILTER_PARAMS = ("memory_type", "agent_id", "session_id")
+
+
+def field_filter_arguments(query) -> dict[str, Any]:
+    """memory_type, agent_id, session_id and tags (repeated or comma-separated) from a
+    query string, as operation arguments."""
+    arguments: dict[str, Any] = {name: query[name] for name in FIELD_FILTER_PARAMS if query.get(name)}
+    tags = [t for raw in query.getlist("tags") for t in raw.split(",") if t.strip()]
+    if tags:
+        arguments["tags"] = tags
+    return arguments
+
+
 def _list_arguments(query) -> dict[str, Any]:
-    unknown = set(query) - {"cursor", "page_size", "filters"}
+    unknown = set(query) - {"cursor", "page_size", "filters", "tags", *FIELD_FILTER_PARAMS}
     if unknown:
         raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0]!r}")
-    arguments: dict[str, Any] = {}
+    arguments: dict[str, Any] = field_filter_arguments(query)
     if "cursor" in query:
         arguments["cursor"] = query["cursor"]
     if "page_size" in query:
@@ -61,6 +75,10 @@ class MemoryCollectionView(APIView):
             OpenApiParameter("cursor", str, description="next_cursor of the previous page"),
             OpenApiParameter("page_size", int, description=f"1-{schemas.PAGE_SIZE_MAX}"),
             OpenApiParameter("filters", str, description='JSON object, e.g. {"pinned": true}'),
+            OpenApiParameter("memory_type", str, enum=["user", "feedback", "project", "reference"]),
+            OpenApiParameter("tags", str, many=True, description="all must match (repeat or comma-separate)"),
+            OpenApiParameter("agent_id", str),
+            OpenApiParameter("session_id", str),
         ],
         responses={200: dict},
     )
@@ -111,3 +129,35 @@ class MemoryItemView(APIView):
         return Response(
             operation_execute(request.auth, "delete_memory", call=_call(request), arguments={"memory_id": memory_id})
         )
+
+
+class MemoryForgetView(APIView):
+    """Bulk forget (seed 003): by tags, time_range and/or memory_type; confirm or dry_run."""
+
+    @extend_schema(operation_id="forget_memories", request=schemas.DeleteInput, responses={200: dict})
+    def post(self, request):
+        body = _body(request)
+        if "memory_id" in body:
+            raise ServiceError(ErrorCode.INVALID_ARGUMENT, "use DELETE /v1/memories/{id} for one memory")
+        return Response(operation_execute(request.auth, "delete_memory", call=_call(request), arguments=body))
+
+
+class TrashView(APIView):
+    @extend_schema(operation_id="list_trash", responses={200: dict})
+    def get(self, request):
+        trashed = memory_trash_list(request.auth.scope())
+        return Response({"memories": [item.as_dict() for item in trashed]})
+
+
+class TrashRestoreView(APIView):
+    @extend_schema(operation_id="restore_memory", request=schemas.RestoreInput, responses={200: dict})
+    def post(self, request):
+        return Response(
+            operation_execute(request.auth, "restore_memory", call=_call(request), arguments=_body(request))
+        )
+
+
+class TrashPurgeView(APIView):
+    @extend_schema(operation_id="purge_memory", request=schemas.PurgeInput, responses={200: dict})
+    def post(self, request):
+        return Response(operation_execute(request.auth, "purge_memory", call=_call(request), arguments=_body(request)))
