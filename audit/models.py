@@ -15,6 +15,7 @@ class MemoryHistory(models.Model):
         UPDATE = "UPDATE"
         DELETE = "DELETE"
         NONE = "NONE"
+        RESTORE = "RESTORE"  # out of the trash (issue 11); a DELETE row marks moving in
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     memory_id = models.CharField(max_length=64, db_index=True)

@@ -129,8 +129,9 @@ def _attrs(fields: dict[str, Any] | None, *, base: MemoryAttrs | None = None) ->
             changes["importance"] = MemoryAttrs.importance if value is None else float(value)
         else:
             changes[name] = value
-    if (fields or {}).get("ttl_days"):
-        changes["expires_at"] = engine_timestamp(datetime.now(UTC) + timedelta(days=fields["ttl_days"]))
+    ttl_days = (fields or {}).get("ttl_days")
+    if ttl_days:
+        changes["expires_at"] = engine_timestamp(datetime.now(UTC) + timedelta(days=ttl_days))
     return replace(attrs, **changes)
 
 
@@ -272,8 +273,9 @@ def memory_update(
     changes = dict(metadata or {})
     if pinned is not None:
         changes["pinned"] = pinned
-    if (fields or {}).get("source"):
-        changes["source"] = fields["source"]
+    source = (fields or {}).get("source")
+    if source:
+        changes["source"] = source
     with advisory_lock(f"memory:{memory_id}"):
         current = memory_get_owned(scope, memory_id=memory_id)
         attrs = _attrs(fields, base=current.attrs) if fields else None
@@ -323,6 +325,11 @@ def _rehash(scope: MemoryScope, *, memory_id: str, text: str) -> None:
     )
 
 
+def _trash_attributed(call: CallContext, scope: MemoryScope, **kwargs: Any) -> list[str]:
+    with _attributed(call):
+        return engine_trash(scope, **kwargs)
+
+
 def _trash_enabled() -> bool:
     return settings.TRASH_RETENTION_DAYS > 0
 
@@ -339,7 +346,8 @@ def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, c
                 engine_delete(memory_id)
         with transaction.atomic():
             if _trash_enabled():
-                trashed = engine_trash(
+                trashed = _trash_attributed(
+                    call,
                     scope,
                     memory_ids=[memory_id],
                     at=datetime.now(UTC),
@@ -376,7 +384,8 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
                 engine_purge_user(scope)
         with transaction.atomic():
             if _trash_enabled():
-                memory_ids = engine_trash(
+                memory_ids = _trash_attributed(
+                    call,
                     scope,
                     memory_ids=None,
                     at=datetime.now(UTC),
@@ -427,14 +436,14 @@ def memory_forget_bulk(
         raise ServiceError(ErrorCode.INVALID_ARGUMENT, "give at least one of tags, time_range, memory_type")
     rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
     start, end = time_range or (None, None)
-    selection = {
-        "containment": attrs_containment(memory_type=memory_type, tags=tags),
-        "created_from": engine_timestamp(parse_instant(start, what="start")) if start else None,
-        "created_before": engine_timestamp(parse_instant(end, what="end")) if end else None,
-    }
+    containment = attrs_containment(memory_type=memory_type, tags=tags)
+    created_from = engine_timestamp(parse_instant(start, what="start")) if start else None
+    created_before = engine_timestamp(parse_instant(end, what="end")) if end else None
     criteria = {"tags": tags or [], "time_range": {"start": start, "end": end}, "memory_type": memory_type}
     with advisory_lock(f"clear_all:{scope.engine_user_id}"):
-        memory_ids = engine_memory_ids(scope, **selection)
+        memory_ids = engine_memory_ids(
+            scope, containment=containment, created_from=created_from, created_before=created_before
+        )
         if dry_run:
             with transaction.atomic():
                 call_succeeded(
@@ -450,7 +459,8 @@ def memory_forget_bulk(
                     engine_delete(memory_id)
         with transaction.atomic():
             if _trash_enabled():
-                memory_ids = engine_trash(
+                memory_ids = _trash_attributed(
+                    call,
                     scope,
                     memory_ids=memory_ids,
                     at=datetime.now(UTC),
@@ -477,9 +487,10 @@ def memory_restore(
     unless the same text was remembered again meanwhile (then the newer memory keeps
     it and the restored one lives on beside it)."""
     with advisory_lock(f"clear_all:{scope.engine_user_id}"), transaction.atomic():
-        restored = engine_restore(
-            scope, memory_ids=[memory_id] if memory_id else None, request_id=None if memory_id else request_id
-        )
+        with _attributed(call):
+            restored = engine_restore(
+                scope, memory_ids=[memory_id] if memory_id else None, request_id=None if memory_id else request_id
+            )
         if not restored:
             raise not_found()
         ContentHash.objects.bulk_create(

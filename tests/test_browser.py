@@ -9,10 +9,10 @@ import shutil
 import pytest
 
 from core.scope import MemoryScope
-from memories import engine
 from memories.engine.retrieval import hybrid_search
 from memories.services import memory_remember
 from tests.conftest import age_memory, internal_call
+from tests.engine_helpers import memory_gone
 from tests.environment import ROOT
 
 pytestmark = pytest.mark.slow
@@ -205,7 +205,7 @@ def test_browse_search_pin_edit_delete_and_keys(browser, memsite_server, alice, 
     page.shot("07-delete-confirmation")
     page.click_text("Delete memory")
     assert "Memory deleted." in page.text and "aisle seats" not in page.text
-    assert engine.engine_get(ids[facts[2]]) is None
+    assert memory_gone(ids[facts[2]])
 
     page.open("/usage/")
     assert "search_memory" in page.text

@@ -16,6 +16,7 @@ from django.db import connection
 from psycopg import sql
 
 from core.scope import MemoryScope
+from memories.engine.history_store import history_rows_add
 from memories.engine.payload import (
     KEY_ATTRS,
     KEY_RECALL,
@@ -68,9 +69,18 @@ def engine_trash(
         params.append(memory_ids)
     statement = sql.SQL(
         "UPDATE {} SET payload = jsonb_set(payload, %s, %s::jsonb) WHERE payload->>%s = %s AND NOT payload ? %s{}"
-        " RETURNING id"
+        " RETURNING id, payload->>'data', payload->>'created_at'"
     ).format(_table(), clause)
-    return [str(row[0]) for row in _run(statement, params)]
+    rows = _run(statement, params)
+    # The memory's history shows the move to the trash (and, on restore, the way back).
+    history_rows_add(
+        [
+            {"memory_id": str(r[0]), "old_memory": r[1], "new_memory": None, "event": "DELETE",
+             "created_at": r[2], "updated_at": engine_timestamp(at), "is_deleted": 1}
+            for r in rows
+        ]
+    )  # fmt: skip
+    return [str(row[0]) for row in rows]
 
 
 def engine_restore(
@@ -81,6 +91,7 @@ def engine_restore(
     if memory_ids is None and request_id is None:
         raise ValueError("restore by memory ids or by request id")
     params: list[Any] = [KEY_TRASH, KEY_USER_ID, scope.engine_user_id, KEY_TRASH]
+    which: sql.Composable
     if memory_ids is not None:
         which = sql.SQL("id = ANY(%s::uuid[])")
         params.append(memory_ids)
@@ -90,7 +101,15 @@ def engine_restore(
     statement = sql.SQL(
         "UPDATE {} SET payload = payload - %s WHERE payload->>%s = %s AND payload ? %s AND {} RETURNING id, payload"
     ).format(_table(), which)
-    return [engine_memory_from_row(row[0], _payload(row[1])) for row in _run(statement, params)]
+    restored = [engine_memory_from_row(row[0], _payload(row[1])) for row in _run(statement, params)]
+    history_rows_add(
+        [
+            {"memory_id": m.id, "old_memory": None, "new_memory": m.text, "event": "RESTORE",
+             "created_at": m.created_at, "updated_at": m.updated_at}
+            for m in restored
+        ]
+    )  # fmt: skip
+    return restored
 
 
 def engine_trashed(scope: MemoryScope, *, memory_ids: list[str] | None = None, limit: int = 500) -> list[EngineMemory]:

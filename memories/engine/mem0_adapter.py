@@ -14,13 +14,21 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from django.conf import settings
 from django.db import connections
 
 from core.scope import MemoryScope
-from memories.engine.payload import KEY_ATTRS, EngineMemory, MemoryAttrs, engine_memory_from_item
+from memories.engine.payload import (
+    KEY_ATTRS,
+    KEY_TRASH,
+    EngineMemory,
+    MemoryAttrs,
+    engine_memory_from_item,
+    engine_timestamp,
+)
 from memories.engine.vector_schema import vector_table_dims
 
 logger = logging.getLogger(__name__)
@@ -129,6 +137,7 @@ def _build_memory() -> Any:
         history_db_path=":memory:",
     )
     memory = Memory(config)
+    _hide_dead_rows(memory.vector_store)
     memory.db.close()
     memory.db = PostgresHistoryStore()
     if settings.EMBEDDER == "local":
@@ -136,6 +145,29 @@ def _build_memory() -> Any:
 
         memory.embedding_model = MiniLMEmbedder()
     return memory
+
+
+def _live_payload(payload: Any) -> bool:
+    if not isinstance(payload, dict) or KEY_TRASH in payload:
+        return False
+    attrs = payload.get(KEY_ATTRS)
+    expires = attrs.get("expires_at") if isinstance(attrs, dict) else None
+    return not (isinstance(expires, str) and expires <= engine_timestamp(datetime.now(UTC)))
+
+
+def _hide_dead_rows(vector_store: Any) -> None:
+    """mem0's own searches (the existing memories an `ingest` extraction sees and may
+    update) must not see memories in the trash or expired ones, like ours."""
+    for name in ("search", "keyword_search"):
+        original = getattr(vector_store, name, None)
+        if original is None:
+            continue
+
+        def live_only(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+            results = _original(*args, **kwargs)
+            return [r for r in results or [] if _live_payload(getattr(r, "payload", None))]
+
+        setattr(vector_store, name, live_only)
 
 
 def get_memory() -> Any:

@@ -135,7 +135,8 @@ class EngineMemory:
 
 
 def _own_fields(payload: dict[str, Any]) -> dict[str, Any]:
-    recall = payload.get(KEY_RECALL) if isinstance(payload.get(KEY_RECALL), dict) else {}
+    raw_recall = payload.get(KEY_RECALL)
+    recall: dict[str, Any] = raw_recall if isinstance(raw_recall, dict) else {}
     trash = payload.get(KEY_TRASH)
     return {
         "attrs": attrs_from_payload(payload.get(KEY_ATTRS)),
@@ -204,17 +205,17 @@ def engine_rows_owned(
     """The scope's live rows (not in the trash, not expired; annotated with `created`),
     optionally filtered on metadata, on fields (`attrs_containment`) and on a
     creation-time range (ISO-8601 UTC text, which compares correctly as text)."""
-    rows = (
-        _rows_of(scope).exclude(payload__has_key=KEY_TRASH).exclude(expires__lte=engine_timestamp(datetime.now(UTC)))  # type: ignore[misc]
-    )
+    now = engine_timestamp(datetime.now(UTC))
+    live = Q(expires__isnull=True) | Q(expires__gt=now)
+    rows = _rows_of(scope).exclude(payload__has_key=KEY_TRASH).filter(live)
     for key, value in (filters or {}).items():
         rows = rows.filter(**{f"payload__{key}": value})
     if containment:
         rows = rows.filter(payload__contains=containment)
     if created_from:
-        rows = rows.filter(created__gte=created_from)
+        rows = rows.filter(created__gte=created_from)  # type: ignore[misc]
     if created_before:
-        rows = rows.filter(created__lt=created_before)
+        rows = rows.filter(created__lt=created_before)  # type: ignore[misc]
     return rows
 
 

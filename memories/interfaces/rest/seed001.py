@@ -257,6 +257,7 @@ class SeedMemoryForgetView(APIView):
         operation_id="v1_memory_forget",
         description="An alias for delete, recorded as a user-initiated forget.",
         parameters=_SCOPE_PARAMS[:2],
+        request=None,
         responses={200: dict},
     )
     def post(self, request, memory_id: str):
