@@ -389,3 +389,39 @@ def test_recall_counters_are_folded_from_audit_rows(api_client, alice_key, alice
     listed = client.get("/v1/memories").json()["memories"][0]
     assert listed["id"] == memory_id and listed["access_count"] == 3
     assert listed["last_recalled_at"] is not None
+
+
+# --- web UI and admin ---------------------------------------------------------------------
+def test_web_shows_edits_and_filters_fields(client, alice, alice_scope, admin_client):
+    memory_id = memory_remember(alice_scope, memory="Alice plans a trip to Crete", call=internal_call()).id
+    memory_remember(alice_scope, memory="Alice's router password is in the drawer", call=internal_call())
+    client.force_login(alice)
+    saved = client.post(
+        f"/memories/{memory_id}/fields/",
+        {"memory_type": "project", "tags": "travel, 2026", "importance": "0.8", "agent_id": "planner",
+         "session_id": "", "expires_at": FUTURE, "source": "ui-test", "why_stored": "plans"},
+        follow=True,
+    )  # fmt: skip
+    assert b"Saved." in saved.content and b"travel, 2026" in saved.content and b"planner" in saved.content
+    stored = engine.engine_get(memory_id)
+    assert (stored.attrs.memory_type, stored.attrs.tags, stored.attrs.importance) == (
+        "project",
+        ("travel", "2026"),
+        0.8,
+    )
+    assert stored.metadata["source"] == "ui-test"
+
+    bad = client.post(f"/memories/{memory_id}/fields/", {"memory_type": "nope", "importance": "7"}, follow=True)
+    assert b"memory_type" in bad.content and engine.engine_get(memory_id).attrs.memory_type == "project"
+
+    listed = client.get("/memories/?memory_type=project&tags=travel").content
+    assert b"trip to Crete" in listed and b"router password" not in listed
+    assert b"router password" in client.get("/memories/?memory_type=user").content
+    forget = client.get("/memories/forget/?tags=travel")
+    assert b"Delete 1 matching memory?" in forget.content
+    client.post("/memories/forget/", {"tags": "travel"})
+    assert engine.engine_get(memory_id).trash is not None
+    assert b"Alice plans a trip to Crete" in client.get("/trash/").content
+
+    admin_page = admin_client.get(f"/admin/memories/enginememoryrow/{memory_id}/change/").content
+    assert b"project" in admin_page and b"in trash since" in admin_page
