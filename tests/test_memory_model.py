@@ -425,3 +425,16 @@ def test_web_shows_edits_and_filters_fields(client, alice, alice_scope, admin_cl
 
     admin_page = admin_client.get(f"/admin/memories/enginememoryrow/{memory_id}/change/").content
     assert b"project" in admin_page and b"in trash since" in admin_page
+
+
+def test_x_turn_id_is_read_from_django_and_starlette_requests(rf):
+    from starlette.requests import Request
+
+    from core.calls import call_context_from_request
+    from core.choices import Channel
+
+    django_request = rf.get("/", HTTP_X_TURN_ID="turn-1")
+    assert call_context_from_request(django_request, channel=Channel.REST).turn_id == "turn-1"
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [(b"x-turn-id", b"turn-2")], "client": None}
+    assert call_context_from_request(Request(scope), channel=Channel.MCP).turn_id == "turn-2"
+    assert call_context_from_request(rf.get("/"), channel=Channel.REST).turn_id == ""
