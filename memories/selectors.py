@@ -130,7 +130,7 @@ def memory_versions(scope: MemoryScope, *, memory_id: str) -> list[dict[str, Any
     try:
         memory_get_owned(scope, memory_id=memory_id)
     except ServiceError:
-        # A memory in the trash still shows its history (the trash page links to it).
+        # The history of a memory in the trash stays readable (it is restorable).
         if not engine_trashed(scope, memory_ids=[memory_id]):
             raise
     return list(
