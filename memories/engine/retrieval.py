@@ -19,7 +19,7 @@ from psycopg import sql
 
 from core.scope import MemoryScope
 from memories.engine.mem0_adapter import engine_embed_query
-from memories.engine.payload import KEY_ATTRS, KEY_TRASH, EngineMemory, engine_memory_from_row, engine_timestamp
+from memories.engine.payload import EngineMemory, engine_memory_from_row, engine_timestamp
 
 BM25_K1 = 1.2
 BM25_B = 0.75
@@ -31,10 +31,11 @@ def _table() -> sql.Identifier:
 
 
 def _owned_clause(filters: dict[str, Any] | None) -> tuple[sql.Composable, list[Any]]:
-    """The user's live rows (not in the trash, not expired), optionally `payload @> filters`."""
+    """The user's live rows (not in the trash, not expired), optionally `payload @> filters`.
+    Trash and expiry are read from the stored columns (vector_schema), not the payload."""
     clause: sql.Composable = sql.SQL(
-        "payload->>'user_id' = %s AND NOT payload ? {trash} AND coalesce(payload->{attrs}->>'expires_at', 'z') > %s"
-    ).format(trash=sql.Literal(KEY_TRASH), attrs=sql.Literal(KEY_ATTRS))
+        "payload->>'user_id' = %s AND NOT trashed AND (expires_at IS NULL OR expires_at > %s)"
+    )
     params: list[Any] = [engine_timestamp(datetime.now(UTC))]
     if filters:
         clause = sql.SQL("{} AND payload @> %s::jsonb").format(clause)
