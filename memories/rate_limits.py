@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import connection
 
 from core.errors import ErrorCode, ServiceError
+from core.metrics import rate_limit_rejection_record
 from core.scope import MemoryScope
 from memories.models import RateWindow
 
@@ -34,6 +35,7 @@ def rate_limit_consume(scope: MemoryScope, *, operation: str) -> None:
         count = cursor.fetchone()[0]
     if count > limit:
         retry_after = max(1, math.ceil(start + window - now))
+        rate_limit_rejection_record(operation=operation)
         raise ServiceError(
             ErrorCode.RATE_LIMITED,
             f"Too many {operation} calls: at most {limit} per {window} s. Retry in {retry_after} s.",

@@ -112,6 +112,23 @@ def _children(settings) -> list[Child]:
     ]  # fmt: skip
 
 
+def _metrics_dir_prepare(settings) -> None:
+    """Web, worker and beat write their metric samples under one directory that
+    /metrics sums (prometheus-client multi-process mode); a new run starts from zero."""
+    from memsite.observability import MULTIPROC_ENV, multiproc_dir_prepare
+
+    path = Path(os.environ.get(MULTIPROC_ENV) or settings.DATA_DIR / "metrics")
+    os.environ[MULTIPROC_ENV] = str(multiproc_dir_prepare(path))
+    logger.info("metrics samples under %s", path)
+
+
+def _metrics_process_dead(child: Child) -> None:
+    from memsite.observability import multiproc_process_dead
+
+    if child.process is not None:
+        multiproc_process_dead(child.process.pid)
+
+
 def _migrate() -> None:
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, check=True)
 
@@ -136,6 +153,7 @@ class Launcher:
             if self.stopping:
                 return 0
             _migrate()
+            _metrics_dir_prepare(self.settings)
             self.children = _children(self.settings)
             for child in self.children:
                 child.start()
@@ -166,6 +184,7 @@ class Launcher:
                 code = child.exited()
                 if code is None or self.stopping:
                     continue
+                _metrics_process_dead(child)
                 if not child.allow_restart():
                     logger.error("%s keeps exiting (last code %s); stopping", child.name, code)
                     return 1

@@ -2,10 +2,12 @@ from django.contrib import admin
 from django.urls import include, path
 
 from memories.interfaces.wellknown import MEMORY_MCP_PATH, PROTECTED_RESOURCE_PATH, protected_resource_metadata
+from memsite.observability import metrics_view
 from memsite.views import healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path(PROTECTED_RESOURCE_PATH.lstrip("/"), protected_resource_metadata, name="oauth-protected-resource"),
     # RFC 9728 path-suffixed form for the MCP resource.
     path(PROTECTED_RESOURCE_PATH.lstrip("/") + MEMORY_MCP_PATH, protected_resource_metadata),

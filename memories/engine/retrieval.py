@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import connection
 from psycopg import sql
 
+from core.metrics import engine_timed_function
 from core.scope import MemoryScope
 from memories.engine.mem0_adapter import engine_embed_query
 from memories.engine.payload import EngineMemory, engine_memory_from_row
@@ -110,6 +111,7 @@ def _load(ids: list[str]) -> dict[str, EngineMemory]:
     return loaded
 
 
+@engine_timed_function("hybrid_search")  # memsite_engine_duration_seconds
 def hybrid_search(
     scope: MemoryScope, *, query: str, limit: int, filters: dict[str, Any] | None = None
 ) -> list[EngineMemory]:
