@@ -253,8 +253,18 @@ def _wait_until_answering(data_dir: Path, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+def _configure_logging() -> None:
+    """The children's format (LOG_FORMAT), so one stream reads (or parses) alike."""
+    import logging.config
+
+    try:
+        logging.config.dictConfig(_settings().LOGGING)
+    except Exception:  # settings do not load: Launcher() reports why, in the plain format
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s")
+
+
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s")
+    _configure_logging()
     try:
         return Launcher().run()
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
