@@ -295,3 +295,19 @@ def test_two_web_processes_mixed_load_metrics_and_logs(two_web_processes, alice_
     everything = "\n".join(lines)
     for secret in [*texts, "quokka", alice_key, bob_key, alice_key.rsplit("_", 1)[-1], bob_key.rsplit("_", 1)[-1]]:
         assert secret not in everything, secret
+
+
+def test_web_ui_responses_and_task_runs_carry_a_request_id(client, alice):
+    from django.urls import reverse
+
+    from core.request_ids import request_id_current
+    from memsite.celery import _bind_task_request_id, _unbind_task_request_id
+
+    client.force_login(alice)
+    response = client.get(reverse("web-memories"))
+    assert response.status_code == 200 and response["X-Request-Id"]
+    _bind_task_request_id(task_id="task-123")
+    assert request_id_current() == "task-123"
+    assert request_id_claim() != "task-123"  # a retried task must not reuse it for a usage event
+    _unbind_task_request_id(task_id="task-123")
+    assert request_id_current() == ""
