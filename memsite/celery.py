@@ -4,7 +4,7 @@ import contextlib
 import os
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from celery.signals import setup_logging, task_postrun, task_prerun, worker_process_shutdown
 
 from core.request_ids import request_id_bind, request_id_unbind
@@ -68,3 +68,13 @@ def _pool_process_dead(pid=None, **kwargs):  # noqa: ARG001 - signal signature
     from memsite.observability import multiproc_process_dead
 
     multiproc_process_dead(pid or os.getpid())
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _redact_database_errors(logger, **kwargs):  # noqa: ARG001 - signal signature
+    """Should Celery install its own handlers (it does not while `_setup_logging` is connected:
+    settings.LOGGING already redacts), keep DB error text out of them too."""
+    from memsite.logfilters import add_redaction
+
+    add_redaction(logger)

@@ -5,6 +5,9 @@ from memories.interfaces.wellknown import MEMORY_MCP_PATH, PROTECTED_RESOURCE_PA
 from memsite.observability import metrics_view
 from memsite.views import healthz
 
+# A lost database answers 503 backend_unavailable + Retry-After, not 500 (memsite.unavailable).
+handler500 = "memsite.unavailable.server_error"
+
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
