@@ -146,11 +146,6 @@ class WorkerProcess:
 
 @pytest.fixture
 def celery_worker_process(transactional_db, tmp_path):  # noqa: ARG001 - needs the test DB
-    from memsite.celery import app
-
-    # Start on an empty queue: earlier tests leave usage-delivery tasks behind (the broker
-    # tables are not truncated between tests), and a polling worker drains ~2 a second.
-    app.control.purge()
     worker = WorkerProcess(tmp_path / "worker.log", service_env())
     worker.start()
     yield worker
