@@ -17,6 +17,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from core.choices import Operation
+from core.errors import ServiceError
+from core.metrics import call_observed
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
@@ -219,9 +221,14 @@ def operation_execute(principal: Principal, name: str, arguments: Any, *, call: 
         turn_id=call.turn_id or _turn_id(arguments),
     )
     memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
-    with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
-        validated = schemas.validate_input(definition.input_model, arguments)
-        return definition.run(scope, validated, call)
+    with call_observed(operation=definition.operation, channel=call.channel) as observed:  # metrics
+        try:
+            with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
+                validated = schemas.validate_input(definition.input_model, arguments)
+                return definition.run(scope, validated, call)
+        except ServiceError as error:
+            observed.failed(code=error.code, denied=error.denied)
+            raise
 
 
 def _turn_id(arguments: Any) -> str:

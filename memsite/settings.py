@@ -11,6 +11,7 @@ import dj_database_url
 from celery.schedules import crontab
 
 from core.choices import MEMORY_TOOL_OPERATIONS, Operation
+from core.logs import logging_config
 from memsite.dbconf import sqlalchemy_url
 from memsite.embedded_pg import django_database_settings
 from memsite.env import (
@@ -63,6 +64,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: binds the request id every log line, audit row and X-Request-Id carries.
+    "memsite.observability.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -360,20 +363,21 @@ CELERY_BEAT_SCHEDULE = {
 BROKER_MESSAGE_RETENTION_S = env_int("BROKER_MESSAGE_RETENTION_S", 3600, minimum=0)
 
 # --- Logging ----------------------------------------------------------------------
+# One request id on every line of a call (core/logs.py): text as in seed 004
+# (`[time] [level] [rid=...] [logger] message`) or one JSON object per line.
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "filters": {"redact_db_errors": {"()": "memsite.logfilters.RedactDatabaseErrors"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_db_errors"]}},
-    "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {
-        # mem0 and httpx log request bodies and keys at INFO/DEBUG.
-        "mem0": {"level": "WARNING"},
-        # Without spaCy mem0 falls back to plain text for BM25 and says so on every call.
-        "mem0.utils.spacy_models": {"level": "ERROR"},
-        "httpx": {"level": "WARNING"},
-        "httpcore": {"level": "WARNING"},
-    },
-}
+LOG_FORMAT = env_choice("LOG_FORMAT", "text", ("text", "json"))
+LOGGING = logging_config(log_format=LOG_FORMAT, level=LOG_LEVEL)
+# Database error text can quote stored data (memsite/logfilters.py): withheld on every handler.
+LOGGING["filters"]["redact_db_errors"] = {"()": "memsite.logfilters.RedactDatabaseErrors"}
+for _handler in LOGGING["handlers"].values():
+    _handler["filters"].insert(0, "redact_db_errors")
+# Celery workers and beat use this LOGGING too (memsite/celery.py), not their own.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- Metrics ------------------------------------------------------------------------
+# /metrics: with METRICS_TOKEN set, scrapers send `Authorization: Bearer <token>`;
+# unset, only loopback clients may scrape (behind a proxy on the same host, set it).
+# Samples of every process are summed through PROMETHEUS_MULTIPROC_DIR (the launcher
+# sets it to DATA_DIR/metrics and empties it at start).
+METRICS_TOKEN = env_str("METRICS_TOKEN")

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from memories.interfaces.wellknown import MEMORY_MCP_PATH, PROTECTED_RESOURCE_PATH, protected_resource_metadata
+from memsite.observability import metrics_view
 from memsite.views import healthz
 
 # A lost database answers 503 backend_unavailable + Retry-After, not 500 (memsite.unavailable).
@@ -9,6 +10,7 @@ handler500 = "memsite.unavailable.server_error"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path(PROTECTED_RESOURCE_PATH.lstrip("/"), protected_resource_metadata, name="oauth-protected-resource"),
     # RFC 9728 path-suffixed form for the MCP resource.
     path(PROTECTED_RESOURCE_PATH.lstrip("/") + MEMORY_MCP_PATH, protected_resource_metadata),

@@ -19,6 +19,7 @@ from typing import Any, cast
 from django.conf import settings
 from django.db import connections
 
+from core.metrics import embedder_timed, engine_timed
 from core.scope import MemoryScope
 from memories.engine.payload import KEY_REQUEST_ID, EngineMemory, engine_memory_from_item
 from memories.engine.vector_schema import vector_table_dims
@@ -152,7 +153,15 @@ def _build_memory() -> Any:
         from memories.engine.embedder import MiniLMEmbedder
 
         memory.embedding_model = MiniLMEmbedder()
+    _embedder_instrument(memory.embedding_model)
     return memory
+
+
+def _embedder_instrument(embedder: Any) -> None:
+    """Time every embedding (memsite_embed_duration_seconds), whichever embedder it is."""
+    embedder.embed = embedder_timed(embedder.embed, embedder=settings.EMBEDDER, kind="one")
+    if hasattr(embedder, "embed_batch"):
+        embedder.embed_batch = embedder_timed(embedder.embed_batch, embedder=settings.EMBEDDER, kind="batch")
 
 
 def get_memory() -> Any:
@@ -181,7 +190,8 @@ def engine_close() -> None:
 
 def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
-        return fn(*args, **kwargs)
+        with engine_timed(what):  # memsite_engine_duration_seconds{action=what}
+            return fn(*args, **kwargs)
     except EngineError:
         raise
     except Exception as exc:
