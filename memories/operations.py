@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from core.choices import Operation
+from core.inputs import text_problem
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
@@ -219,6 +220,8 @@ def operation_execute(principal: Principal, name: str, arguments: Any, *, call: 
         turn_id=call.turn_id or _turn_id(arguments),
     )
     memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
+    if not isinstance(memory_id, str) or text_problem(memory_id):
+        memory_id = None  # the audit row of a bad call must still be writable (no NUL)
     with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
         validated = schemas.validate_input(definition.input_model, arguments)
         return definition.run(scope, validated, call)
@@ -230,4 +233,4 @@ def _turn_id(arguments: Any) -> str:
     if not isinstance(metadata, dict):
         return ""
     value = metadata.get("turn_id") or metadata.get("session_id")
-    return value[:128] if isinstance(value, str) else ""
+    return value[:128] if isinstance(value, str) and not text_problem(value) else ""

@@ -221,7 +221,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["memories.interfaces.rest.auth.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["memories.interfaces.rest.parsers.SafeJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "memories.interfaces.rest.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
@@ -302,6 +302,7 @@ CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "memsite.worker_heartbeat", "schedule": 60.0},
     "broker-cleanup": {"task": "memsite.broker_cleanup", "schedule": 600.0},
     "rate-windows-prune": {"task": "memories.rate_windows_prune", "schedule": 3600.0},
+    "auth-failures-prune": {"task": "audit.auth_failures_prune", "schedule": 3600.0},
     "usage-delivery-sweep": {"task": "billing.deliver_usage_events", "schedule": 60.0},
     "audit-export-nightly": {"task": "audit.export", "schedule": crontab(hour=2, minute=17)},
     "audit-retention-daily": {"task": "audit.retention_purge", "schedule": crontab(hour=4, minute=41)},
@@ -314,7 +315,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # No memory content in logs: tracebacks without exception messages, access lines
+    # without query strings (core/logs.py).
+    "filters": {"content_safe": {"()": "core.logs.ContentSafeFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["content_safe"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         # mem0 and httpx log request bodies and keys at INFO/DEBUG.
