@@ -53,14 +53,23 @@ def safe_traceback(exc: BaseException, tb: TracebackType | None = None) -> str:
     return "".join(lines).rstrip("\n")
 
 
+def make_content_safe(record: logging.LogRecord) -> logging.LogRecord:
+    """Pre-render a record's traceback without messages and strip access-log query
+    strings. Idempotent."""
+    if getattr(record, "_content_safe", False):
+        return record
+    if record.exc_info and record.exc_info[1] is not None:
+        # Formatters use a pre-set exc_text instead of formatting exc_info themselves.
+        record.exc_text = safe_traceback(record.exc_info[1], record.exc_info[2])
+    if record.name in ACCESS_LOGGERS and isinstance(record.args, tuple):
+        record.args = tuple(_without_query(a) if i == 2 else a for i, a in enumerate(record.args))
+    record._content_safe = True
+    return record
+
+
 class ContentSafeFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None and not getattr(record, "_content_safe", False):
-            # Formatters use a pre-set exc_text instead of formatting exc_info themselves.
-            record.exc_text = safe_traceback(record.exc_info[1], record.exc_info[2])
-            record._content_safe = True
-        if record.name in ACCESS_LOGGERS and isinstance(record.args, tuple):
-            record.args = tuple(_without_query(a) if i == 2 else a for i, a in enumerate(record.args))
+        make_content_safe(record)
         return True
 
 
@@ -69,9 +78,22 @@ def _without_query(value: Any) -> Any:
     return value.split("?", 1)[0] + ("?…" if "?" in value else "") if isinstance(value, str) else value
 
 
+_factory_installed: list[bool] = []
+
+
 def install_content_filter() -> None:
-    """Put the filter on every handler of the loggers that print (idempotent). Call after
-    logging is configured (Django's LOGGING, uvicorn's and Celery's own set-up)."""
+    """Make every record content-safe from its creation (a record factory: so every
+    handler, whatever its order, sees the safe traceback), and put the filter on the
+    handlers of the loggers that print too. Idempotent; call after logging is configured
+    (Django's LOGGING, uvicorn's and Celery's own set-up)."""
+    if not _factory_installed:
+        previous = logging.getLogRecordFactory()
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            return make_content_safe(previous(*args, **kwargs))
+
+        logging.setLogRecordFactory(factory)
+        _factory_installed.append(True)
     for name in _HANDLER_LOGGERS:
         for handler in logging.getLogger(name).handlers:
             if not any(isinstance(f, ContentSafeFilter) for f in handler.filters):

@@ -327,5 +327,9 @@ LOGGING = {
         "mem0.utils.spacy_models": {"level": "ERROR"},
         "httpx": {"level": "WARNING"},
         "httpcore": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},
+        "httpcore2": {"level": "WARNING"},
+        # The MCP SDK logs whole JSON-RPC messages (tool arguments: memory text) at DEBUG.
+        "mcp": {"level": "INFO"},
     },
 }
