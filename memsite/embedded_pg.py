@@ -233,6 +233,13 @@ class EmbeddedPostgres:
                 "shared_buffers=128MB",
                 "-c",
                 "fsync=on",
+                # No DETAIL/CONTEXT lines and no failing statement in the server log: they
+                # quote the data it carried (memory text in `CONTEXT: JSON data ...`, and
+                # Django binds parameters client-side, so STATEMENT holds the values).
+                "-c",
+                "log_error_verbosity=terse",
+                "-c",
+                "log_min_error_statement=panic",
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -19,7 +19,11 @@ from core.scope import MemoryScope
 from memories.services import memory_remember
 from tests.conftest import internal_call
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("clean_vectors", "no_broker_backlog"),
+]
 
 UUID = "5b3a3c1e-1111-4444-8888-123456789abc"
 
@@ -135,55 +139,53 @@ def _tool_call(name: str, arguments_json: str) -> bytes:
     return json.dumps(envelope).replace('"ARGS"', arguments_json).encode()
 
 
-@pytest.mark.parametrize(
-    "arguments",
-    [
-        '{"memory":"ok","metadata":{"k":NaN}}',
-        '{"memory":"ok","metadata":{"k":Infinity}}',
-        '{"memory":"ok","metadata":{"k":-Infinity}}',
-        '{"memory":"ok","metadata":{"k":1e400}}',
-        '{"memory":"a\\ud800b"}',
-        '{"memory":"ok","metadata":{"k":"\\udfff"}}',
-    ],
-)
-def test_mcp_non_finite_numbers_and_lone_surrogates(memsite_server, alice_key, existing, arguments):  # noqa: ARG001
-    before = state()
-    status, _, body = _mcp_post(memsite_server, alice_key, _tool_call("remember", arguments))
-    assert status < 500
-    payload = json.loads(body)
-    if status == 200 and "result" in payload:  # a tool error result
-        assert payload["result"]["isError"] is True
-        assert payload["result"]["structuredContent"]["error"]["code"] == "invalid_argument"
-        assert_only_audited(before, state())
-    else:  # refused by the protocol layer before any tool ran
-        assert 400 <= status < 500 and "error" in payload
-        assert_only_audited(before, state(), audit_rows=0)
+NON_FINITE_OR_SURROGATE = [
+    '{"memory":"ok","metadata":{"k":NaN}}',
+    '{"memory":"ok","metadata":{"k":Infinity}}',
+    '{"memory":"ok","metadata":{"k":-Infinity}}',
+    '{"memory":"ok","metadata":{"k":1e400}}',
+    '{"memory":"a\\ud800b"}',
+    '{"memory":"ok","metadata":{"k":"\\udfff"}}',
+]
 
 
-@pytest.mark.parametrize(
-    "body",
-    [
-        b"[" * 100_000 + b"]" * 100_000,
-        _tool_call("list_memory", '{"filters":' + '{"a":' * 5000 + "1" + "}" * 5000 + "}"),
-        b"x" * (300 * 1024),
-    ],
-    ids=["100k-nested-arrays", "5000-deep-object", "over-the-body-limit"],
-)
-def test_mcp_deep_or_huge_bodies_are_4xx(memsite_server, alice_key, existing, body):  # noqa: ARG001
-    before = state()
-    status, _, _ = _mcp_post(memsite_server, alice_key, body)
-    assert 400 <= status < 500
-    after = state()
-    assert after["audit"][0] - before["audit"][0] in (0, 1)
-    assert {k: v for k, v in after.items() if k != "audit"} == {k: v for k, v in before.items() if k != "audit"}
+def test_mcp_non_finite_numbers_and_lone_surrogates(memsite_server, alice_key, existing):  # noqa: ARG001
+    for arguments in NON_FINITE_OR_SURROGATE:
+        before = state()
+        status, _, body = _mcp_post(memsite_server, alice_key, _tool_call("remember", arguments))
+        assert status < 500, arguments
+        payload = json.loads(body)
+        if status == 200 and "result" in payload:  # a tool error result
+            assert payload["result"]["isError"] is True, arguments
+            assert payload["result"]["structuredContent"]["error"]["code"] == "invalid_argument", arguments
+            assert_only_audited(before, state())
+        else:  # refused by the protocol layer before any tool ran
+            assert 400 <= status < 500 and "error" in payload, arguments
+            assert_only_audited(before, state(), audit_rows=0)
 
 
-@pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
-def test_mcp_endpoint_holds_no_stream_open(memsite_server, alice_key, method):
+DEEP_OR_HUGE_MCP_BODIES = {
+    "100k-nested-arrays": b"[" * 100_000 + b"]" * 100_000,
+    "5000-deep-object": _tool_call("list_memory", '{"filters":' + '{"a":' * 5000 + "1" + "}" * 5000 + "}"),
+    "over-the-body-limit": b"x" * (300 * 1024),
+}
+
+
+def test_mcp_deep_or_huge_bodies_are_4xx(memsite_server, alice_key, existing):  # noqa: ARG001
+    for name, body in DEEP_OR_HUGE_MCP_BODIES.items():
+        before = state()
+        status, _, _ = _mcp_post(memsite_server, alice_key, body)
+        assert 400 <= status < 500, (name, status)
+        after = state()
+        assert after["audit"][0] - before["audit"][0] in (0, 1), name
+        assert {k: v for k, v in after.items() if k != "audit"} == {k: v for k, v in before.items() if k != "audit"}
+
+
+def test_mcp_endpoint_holds_no_stream_open(memsite_server, alice_key):
     """A stateless endpoint has no SSE stream to GET and no session to DELETE: 405 at once."""
     from memories.interfaces.mcp.registry import TOOLSETS
 
-    for toolset in TOOLSETS:
+    for toolset, method in [(t, m) for t in TOOLSETS for m in ("GET", "DELETE", "PUT")]:
         request = urllib.request.Request(
             memsite_server + toolset.path,
             method=method,
@@ -197,26 +199,27 @@ def test_mcp_endpoint_holds_no_stream_open(memsite_server, alice_key, method):
 
 
 # --- D4: metadata filter keys are data, never ORM lookups -------------------------------
-@pytest.mark.parametrize(
-    ("filters", "found"),
-    [
-        ({"lt": "v1"}, True),
-        ({"isnull": "v1"}, True),
-        ({"lt": "v2"}, False),
-        ({"in": 5}, False),
-        ({"iregex": "[["}, False),
-        ({"regex": "("}, False),
-        ({"isnull": "x"}, False),
-        ({"gt": None}, False),
-        ({"contains": "v"}, False),
-        ({"lt": "v1", "isnull": "v1"}, True),
-    ],
-)
-def test_filter_keys_are_metadata_keys_and_list_agrees_with_search(mcp_as, alice_key, existing, filters, found):
+FILTERS_AS_DATA = [
+    ({"lt": "v1"}, True),
+    ({"isnull": "v1"}, True),
+    ({"lt": "v2"}, False),
+    ({"in": 5}, False),
+    ({"iregex": "[["}, False),
+    ({"regex": "("}, False),
+    ({"isnull": "x"}, False),
+    ({"gt": None}, False),
+    ({"contains": "v"}, False),
+    ({"lt": "v1", "isnull": "v1"}, True),
+]
+
+
+def test_filter_keys_are_metadata_keys_and_list_agrees_with_search(mcp_as, alice_key, existing):
     mcp = mcp_as(alice_key)
-    listed = [m["id"] for m in mcp.ok("list_memory", {"filters": filters})["memories"]]
-    searched = [m["id"] for m in mcp.ok("search_memory", {"query": "existing memory", "filters": filters})["results"]]
-    assert listed == searched == ([existing] if found else [])
+    for filters, found in FILTERS_AS_DATA:
+        listed = [m["id"] for m in mcp.ok("list_memory", {"filters": filters})["memories"]]
+        query = {"query": "existing memory", "filters": filters}
+        searched = [m["id"] for m in mcp.ok("search_memory", query)["results"]]
+        assert listed == searched == ([existing] if found else []), filters
 
 
 # --- REST ---------------------------------------------------------------------------------
@@ -240,15 +243,15 @@ REST_GET_CASES = [
 ]
 
 
-@pytest.mark.parametrize("path", REST_GET_CASES)
-def test_rest_bad_query_strings(api_client, alice_key, existing, path):  # noqa: ARG001
+def test_rest_bad_query_strings(api_client, alice_key, existing):  # noqa: ARG001
     client = api_client(alice_key)
-    before = state()
-    response = client.get(path)
-    assert response.status_code == 400, (path, response.content[:300])
-    error = response.json()["error"]
-    assert error["code"] == "invalid_argument" and error["message"]
-    assert_only_audited(before, state())
+    for path in REST_GET_CASES:
+        before = state()
+        response = client.get(path)
+        assert response.status_code == 400, (path[:200], response.content[:300])
+        error = response.json()["error"]
+        assert error["code"] == "invalid_argument" and error["message"], path[:200]
+        assert_only_audited(before, state())
 
 
 DEEP_ARRAYS = b"[" * 100_000 + b"]" * 100_000
@@ -283,15 +286,17 @@ REST_BODY_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("method", "path", "body", "status"), REST_BODY_CASES)
-def test_rest_bad_bodies_and_ids(api_client, alice_key, existing, method, path, body, status):  # noqa: ARG001
+def test_rest_bad_bodies_and_ids(api_client, alice_key, existing):  # noqa: ARG001
     client = api_client(alice_key)
-    before = state()
-    response = getattr(client, method)(path, data=body, content_type="application/json")
-    assert response.status_code == status, (path, response.content[:300])
-    error = response.json()["error"]
-    assert error["code"] == ("payload_too_large" if status == 413 else "invalid_argument") and error["message"]
-    assert_only_audited(before, state())
+    for method, path, body, status in REST_BODY_CASES:
+        before = state()
+        response = getattr(client, method)(path, data=body, content_type="application/json")
+        case = (method, path[:80], body[:80])
+        assert response.status_code == status, (case, response.content[:300])
+        error = response.json()["error"]
+        assert error["code"] == ("payload_too_large" if status == 413 else "invalid_argument"), case
+        assert error["message"], case
+        assert_only_audited(before, state())
 
 
 # --- web UI -------------------------------------------------------------------------------
@@ -301,22 +306,22 @@ def alice_browser(client, alice, existing):  # noqa: ARG001
     return client
 
 
-@pytest.mark.parametrize(
-    "query",
-    [
-        "q=%00",
-        "q=a%01b",
-        "source=%00",
-        "pinned=yes&source=%00",
-        *[f"cursor={cursor}" for cursor in BAD_CURSORS if "!" not in cursor],
-    ],
-)
-def test_web_list_bad_parameters_are_400_pages(alice_browser, query):
-    before = state()
-    response = alice_browser.get(f"/memories/?{query}")
-    assert response.status_code == 400
-    assert b"An existing memory" not in response.content
-    assert_only_audited(before, state())
+WEB_BAD_PARAMETERS = [
+    "q=%00",
+    "q=a%01b",
+    "source=%00",
+    "pinned=yes&source=%00",
+    *[f"cursor={cursor}" for cursor in BAD_CURSORS if "!" not in cursor],
+]
+
+
+def test_web_list_bad_parameters_are_400_pages(alice_browser):
+    for query in WEB_BAD_PARAMETERS:
+        before = state()
+        response = alice_browser.get(f"/memories/?{query}")
+        assert response.status_code == 400, query
+        assert b"An existing memory" not in response.content
+        assert_only_audited(before, state())
 
 
 def test_web_far_future_dates_do_not_overflow(alice_browser, existing):  # noqa: ARG001
@@ -337,28 +342,28 @@ def test_web_edit_with_nul_changes_nothing(alice_browser, existing):
     assert_only_audited(before, state())
 
 
-@pytest.mark.parametrize("path", ["/oidc/authenticate/", "/oidc/callback/", "/oidc/logout/"])
-def test_oidc_routes_are_404_while_oidc_is_off(client, path, settings):
+def test_oidc_routes_are_404_while_oidc_is_off(client, settings):
     assert not settings.OIDC_WEB_LOGIN
-    assert client.get(path).status_code == 404
+    for path in ("/oidc/authenticate/", "/oidc/callback/", "/oidc/logout/"):
+        assert client.get(path).status_code == 404, path
 
 
 # --- admin ----------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "path",
-    [
-        "/admin/memories/enginememoryrow/?q=%00",
-        "/admin/audit/auditevent/?q=a%00",
-        "/admin/audit/auditevent/?turn_id=%00",
-        "/admin/audit/memoryhistory/?q=%00",
-    ],
-)
-def test_admin_search_and_filters_refuse_nul(client, django_user_model, path):
+ADMIN_BAD_PARAMETERS = [
+    "/admin/memories/enginememoryrow/?q=%00",
+    "/admin/audit/auditevent/?q=a%00",
+    "/admin/audit/auditevent/?turn_id=%00",
+    "/admin/audit/memoryhistory/?q=%00",
+]
+
+
+def test_admin_search_and_filters_refuse_nul(client, django_user_model):
     staff = django_user_model.objects.create_superuser("sam", "sam@example.com", "sam-password-1")
     client.force_login(staff)
-    response = client.get(path)
-    assert response.status_code == 400
-    assert b"invalid_argument" in response.content
+    for path in ADMIN_BAD_PARAMETERS:
+        response = client.get(path)
+        assert response.status_code == 400, path
+        assert b"invalid_argument" in response.content
 
 
 # --- 401s are counted -------------------------------------------------------------------------

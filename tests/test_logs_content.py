@@ -13,7 +13,11 @@ import pytest
 
 from memories import services
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("clean_vectors", "no_broker_backlog"),
+]
 
 # Distinctive enough that any occurrence in a log is a leak.
 SECRETS = {
