@@ -36,6 +36,19 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return list(reversed(chain))
 
 
+def _message_is_safe(exc: BaseException) -> bool:
+    """Our own messages written for humans, and a database driver's client-side errors
+    (no SQLSTATE: "connection refused", what an operator needs in an outage)."""
+    if getattr(exc, "log_safe_message", False):
+        return True
+    driver = exc if hasattr(exc, "sqlstate") else exc.__cause__
+    return (
+        driver is not None
+        and type(driver).__module__.startswith("psycopg")
+        and getattr(driver, "sqlstate", "?") is None
+    )
+
+
 def safe_traceback(exc: BaseException, tb: TracebackType | None = None) -> str:
     """A traceback with every frame and no exception message (unless declared safe)."""
     lines: list[str] = []
@@ -48,7 +61,7 @@ def safe_traceback(exc: BaseException, tb: TracebackType | None = None) -> str:
             lines.extend(traceback.format_tb(frames))
         kind = type(item)
         name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-        message = str(item) if getattr(item, "log_safe_message", False) else WITHHELD
+        message = str(item) if _message_is_safe(item) else WITHHELD
         lines.append(f"{name}: {message}\n")
     return "".join(lines).rstrip("\n")
 
@@ -61,6 +74,8 @@ def make_content_safe(record: logging.LogRecord) -> logging.LogRecord:
     if record.exc_info and record.exc_info[1] is not None:
         # Formatters use a pre-set exc_text instead of formatting exc_info themselves.
         record.exc_text = safe_traceback(record.exc_info[1], record.exc_info[2])
+        # Handlers and filters that would format exc_info themselves see only exc_text.
+        record.exc_info = None
     if record.name in ACCESS_LOGGERS and isinstance(record.args, tuple):
         record.args = tuple(_without_query(a) if i == 2 else a for i, a in enumerate(record.args))
     record._content_safe = True

@@ -15,7 +15,6 @@ class MemoryScope:
     tenant: str
     user_pk: int
     client_app: str | None = None
-    session_id: str | None = None
 
     @property
     def engine_user_id(self) -> str:
@@ -23,10 +22,10 @@ class MemoryScope:
         return f"{self.tenant}:{self.user_pk}"
 
     @classmethod
-    def for_user(cls, user: Any, *, client_app: str | None = None, session_id: str | None = None) -> MemoryScope:
+    def for_user(cls, user: Any, *, client_app: str | None = None) -> MemoryScope:
         if user is None or not user.is_authenticated or user.pk is None:
             raise PermissionError("a MemoryScope needs an authenticated user")
-        return cls(tenant=DEFAULT_TENANT, user_pk=user.pk, client_app=client_app, session_id=session_id)
+        return cls(tenant=DEFAULT_TENANT, user_pk=user.pk, client_app=client_app)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,6 @@ class Principal:
     user: Any
     method: Literal["api_key", "oidc", "session"]
     client_app: str | None = None
-    credential_id: str | None = None
 
     def scope(self) -> MemoryScope:
         return MemoryScope.for_user(self.user, client_app=self.client_app)
@@ -49,7 +48,6 @@ def authenticate_bearer(authorization: str | None) -> Principal | None:
             user=api_key.user,
             method="api_key",
             client_app=api_key.name or f"key:{api_key.key_id}",
-            credential_id=api_key.key_id,
         )
     if settings.OIDC_ISSUER:
         from memories.oidc import oidc_principal

@@ -30,6 +30,15 @@ def _after_configure(sender, **kwargs):  # noqa: ARG001 - signal signature
 
 @signals.after_setup_logger.connect
 @signals.after_setup_task_logger.connect
+def _redact_database_errors(logger, **kwargs):  # noqa: ARG001 - signal signature
+    """Celery installs its own handlers (replacing settings.LOGGING's): keep DB error text out."""
+    from memsite.logfilters import add_redaction
+
+    add_redaction(logger)
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
 def _content_safe_logs(**kwargs):  # noqa: ARG001 - signal signature
     """Celery replaces the root handlers when a worker starts: filter them again."""
     from core.logs import install_content_filter

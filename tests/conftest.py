@@ -54,11 +54,6 @@ def bob(django_user_model):
 
 
 @pytest.fixture
-def charlie(django_user_model):
-    return django_user_model.objects.create_user("charlie", "charlie@example.com", "charlie-password-1")
-
-
-@pytest.fixture
 def alice_scope(alice) -> MemoryScope:
     return MemoryScope.for_user(alice)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import mcp_types as types
 from asgiref.sync import sync_to_async
@@ -44,6 +44,30 @@ PRINCIPAL_KEY = "memsite.principal"
 MAX_REQUEST_BODY_BYTES = 256 * 1024
 
 
+def _flat(node: Any, defs: dict[str, Any]) -> Any:
+    """`node` with local `$ref`s inlined and `anyOf: [{type: X}, {type: null}]` as `type: [X, null]`."""
+    if isinstance(node, list):
+        return [_flat(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        return _flat(defs[ref.removeprefix("#/$defs/")], defs)
+    flat = {key: _flat(value, defs) for key, value in node.items() if key != "$defs"}
+    branches = flat.get("anyOf")
+    if isinstance(branches, list) and all(isinstance(b, dict) and set(b) == {"type"} for b in branches):
+        flat.pop("anyOf")
+        flat["type"] = [b["type"] for b in branches]
+    return flat
+
+
+def output_schema_of(model: type[Any]) -> dict[str, Any]:
+    """The operation's output model as a self-contained JSON schema. Clients (the official
+    SDK among them) validate every result against it, so no `$ref`s to resolve per call."""
+    schema = model.model_json_schema()
+    return cast(dict[str, Any], _flat(schema, schema.get("$defs", {})))
+
+
 def tool_of(operation: OperationDef) -> types.Tool:
     """The MCP tool for one operation: input and output schemas from its pydantic models."""
     return types.Tool(
@@ -51,7 +75,7 @@ def tool_of(operation: OperationDef) -> types.Tool:
         title=operation.title,
         description=operation.description,
         input_schema=operation.input_model.model_json_schema(),
-        output_schema=operation.output_model.model_json_schema(),
+        output_schema=output_schema_of(operation.output_model),
         annotations=types.ToolAnnotations(
             title=operation.title,
             read_only_hint=operation.read_only,
