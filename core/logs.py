@@ -93,22 +93,9 @@ def _without_query(value: Any) -> Any:
     return value.split("?", 1)[0] + ("?…" if "?" in value else "") if isinstance(value, str) else value
 
 
-_factory_installed: list[bool] = []
-
-
 def install_content_filter() -> None:
-    """Make every record content-safe from its creation (a record factory: so every
-    handler, whatever its order, sees the safe traceback), and put the filter on the
-    handlers of the loggers that print too. Idempotent; call after logging is configured
-    (Django's LOGGING, uvicorn's and Celery's own set-up)."""
-    if not _factory_installed:
-        previous = logging.getLogRecordFactory()
-
-        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-            return make_content_safe(previous(*args, **kwargs))
-
-        logging.setLogRecordFactory(factory)
-        _factory_installed.append(True)
+    """Put the filter on every handler of the loggers that print (idempotent). Call after
+    logging is configured (Django's LOGGING, uvicorn's and Celery's own set-up)."""
     for name in _HANDLER_LOGGERS:
         for handler in logging.getLogger(name).handlers:
             if not any(isinstance(f, ContentSafeFilter) for f in handler.filters):

@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 
+from core.logs import ContentSafeFilter
 from memories import services
 
 pytestmark = [
@@ -40,7 +41,7 @@ def test_no_memory_content_in_any_log(
 ):
     live_log = memsite_server_process["log"]
     live_offset = live_log.stat().st_size
-    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG)  # every record reaches the handlers
     mcp = mcp_as(alice_key)
     rest = api_client(alice_key)
 
@@ -84,18 +85,17 @@ def test_no_memory_content_in_any_log(
     mcp.ok("delete_memory", {"memory_id": memory_id})
 
     captured = capfd.readouterr()
-    records = "\n".join(
-        f"{record.getMessage()}\n{record.exc_text or ''}\n{logging.Formatter().format(record)}"
-        for record in caplog.records
-    )
+    # What the process's console handler prints: every record through its own filters.
+    console = next(h for h in logging.getLogger().handlers if any(isinstance(f, ContentSafeFilter) for f in h.filters))
+    printed = captured.out + captured.err
+    for record in caplog.records:
+        copy = logging.makeLogRecord(record.__dict__)
+        if all(f.filter(copy) for f in console.filters):
+            printed += console.format(copy) + "\n"
     live_output = live_log.read_bytes()[live_offset:].decode(errors="replace")
-    assert "Internal Server Error" in records  # the 500 was logged, only without content
-    assert "message withheld" in records
+    assert "Internal Server Error" in printed  # the 500 was logged, only without content
+    assert "message withheld" in printed
     assert "/v1/memories?" in live_output  # the access log saw the request, not its query
-    for where, text in (
-        ("test output", captured.out + captured.err),
-        ("log records", records),
-        ("live server", live_output),
-    ):
+    for where, text in {"test process": printed, "live server": live_output}.items():
         leaked = [marker for marker in MARKERS if marker in text]
         assert not leaked, f"{where} leaked {leaked}"
