@@ -101,17 +101,23 @@ def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
         "filters": {
             "request_id": {"()": "core.logs.RequestIdFilter"},
             "access": {"()": "core.logs.AccessLogFilter"},
+            # No memory content: tracebacks without exception messages (core/log_safety.py).
+            "content_safe": {"()": "core.log_safety.ContentSafeFilter"},
         },
         "formatters": {
             "text": {"()": "core.logs.TextFormatter"},
             "json": {"()": "core.logs.JsonFormatter"},
         },
         "handlers": {
-            "console": {"class": "logging.StreamHandler", "formatter": formatter, "filters": ["request_id"]},
+            "console": {
+                "class": "logging.StreamHandler",
+                "formatter": formatter,
+                "filters": ["content_safe", "request_id"],
+            },
             "access": {
                 "class": "logging.StreamHandler",
                 "formatter": formatter,
-                "filters": ["access", "request_id"],
+                "filters": ["content_safe", "access", "request_id"],
             },
         },
         "root": {"handlers": ["console"], "level": level},
@@ -126,5 +132,9 @@ def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
             "mem0.utils.spacy_models": {"level": "ERROR"},
             "httpx": {"level": "WARNING"},
             "httpcore": {"level": "WARNING"},
+            "httpx2": {"level": "WARNING"},
+            "httpcore2": {"level": "WARNING"},
+            # The MCP SDK logs whole JSON-RPC messages (tool arguments: memory text) at DEBUG.
+            "mcp": {"level": "INFO"},
         },
     }

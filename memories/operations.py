@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from core.choices import Operation
 from core.errors import ServiceError
+from core.inputs import text_problem
 from core.metrics import call_observed
 from core.scope import CallContext, MemoryScope
 from memories import schemas
@@ -221,6 +222,8 @@ def operation_execute(principal: Principal, name: str, arguments: Any, *, call: 
         turn_id=call.turn_id or _turn_id(arguments),
     )
     memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
+    if not isinstance(memory_id, str) or text_problem(memory_id):
+        memory_id = None  # the audit row of a bad call must still be writable (no NUL)
     with call_observed(operation=definition.operation, channel=call.channel) as observed:  # metrics
         try:
             with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
@@ -237,4 +240,4 @@ def _turn_id(arguments: Any) -> str:
     if not isinstance(metadata, dict):
         return ""
     value = metadata.get("turn_id") or metadata.get("session_id")
-    return value[:128] if isinstance(value, str) else ""
+    return value[:128] if isinstance(value, str) and not text_problem(value) else ""

@@ -4,10 +4,7 @@ operations take a MemoryScope first."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import json
 import secrets
 import unicodedata
 from collections.abc import Iterator
@@ -26,6 +23,7 @@ from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
 from core.locks import advisory_xact_lock
 from core.scope import CallContext, MemoryScope
 from memories.call_record import call_succeeded
+from memories.cursors import CursorError, cursor_decode, cursor_encode
 from memories.engine import (
     EngineError,
     LlmUnavailable,
@@ -465,20 +463,11 @@ def memory_search(
     return results
 
 
-def _encode_cursor(created_at: str, memory_id: str) -> str:
-    raw = json.dumps([created_at, memory_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
 def _decode_cursor(cursor: str) -> tuple[str, str]:
     try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        created_at, memory_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        if not isinstance(created_at, str) or not isinstance(memory_id, str):
-            raise ValueError
-        return created_at, memory_id
-    except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
-        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "cursor is not one this server issued") from None
+        return cursor_decode(cursor)
+    except CursorError as exc:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -513,7 +502,7 @@ def memory_list(
     next_cursor = None
     if len(page) > page_size:
         last = page[page_size - 1]
-        next_cursor = _encode_cursor(last.created_at or "", last.id)
+        next_cursor = cursor_encode(last.created_at or "", last.id)
     with transaction.atomic():
         call_succeeded(
             scope,

@@ -78,3 +78,12 @@ def _redact_database_errors(logger, **kwargs):  # noqa: ARG001 - signal signatur
     from memsite.logfilters import add_redaction
 
     add_redaction(logger)
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _content_safe_logs(**kwargs):  # noqa: ARG001 - signal signature
+    """Celery replaces the root handlers when a worker starts: filter them again."""
+    from core.log_safety import install_content_filter
+
+    install_content_filter()

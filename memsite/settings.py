@@ -71,6 +71,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "memsite.middleware.AdminInputMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -247,7 +248,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["memories.interfaces.rest.auth.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["memories.interfaces.rest.parsers.SafeJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "memories.interfaces.rest.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
@@ -354,6 +355,7 @@ CELERY_BEAT_SCHEDULE = {
     "broker-cleanup": {"task": "memsite.broker_cleanup", "schedule": 600.0},
     "rate-windows-prune": {"task": "memories.rate_windows_prune", "schedule": 3600.0},
     "ingest-intents-reconcile": {"task": "memories.ingest_intents_reconcile", "schedule": 60.0},
+    "auth-failures-prune": {"task": "audit.auth_failures_prune", "schedule": 3600.0},
     "usage-delivery-sweep": {"task": "billing.deliver_usage_events", "schedule": 60.0},
     "audit-export-nightly": {"task": "audit.export", "schedule": crontab(hour=2, minute=17)},
     "audit-retention-daily": {"task": "audit.retention_purge", "schedule": crontab(hour=4, minute=41)},
@@ -371,7 +373,7 @@ LOGGING = logging_config(log_format=LOG_FORMAT, level=LOG_LEVEL)
 # Database error text can quote stored data (memsite/logfilters.py): withheld on every handler.
 LOGGING["filters"]["redact_db_errors"] = {"()": "memsite.logfilters.RedactDatabaseErrors"}
 for _handler in LOGGING["handlers"].values():
-    _handler["filters"].insert(0, "redact_db_errors")
+    _handler["filters"].insert(1, "redact_db_errors")  # after content_safe
 # Celery workers and beat use this LOGGING too (memsite/celery.py), not their own.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 

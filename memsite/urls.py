@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from memories.interfaces.web.oidc_login import oidc_urlpatterns
 from memories.interfaces.wellknown import MEMORY_MCP_PATH, PROTECTED_RESOURCE_PATH, protected_resource_metadata
 from memsite.observability import metrics_view
 from memsite.views import healthz
@@ -16,6 +17,6 @@ urlpatterns = [
     path(PROTECTED_RESOURCE_PATH.lstrip("/") + MEMORY_MCP_PATH, protected_resource_metadata),
     path("v1/", include("memories.interfaces.rest.urls")),
     path("admin/", admin.site.urls),
-    path("oidc/", include("mozilla_django_oidc.urls")),
+    path("oidc/", include(oidc_urlpatterns())),
     path("", include("memories.interfaces.web.urls")),
 ]

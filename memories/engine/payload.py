@@ -94,13 +94,16 @@ def engine_rows_owned(
     created_from: str | None = None,
     created_before: str | None = None,
 ) -> QuerySet[EngineMemoryRow]:
-    """The scope's rows (annotated with `created`), optionally filtered on metadata and on
-    a creation-time range (ISO-8601 UTC text, which compares correctly as text)."""
+    """The scope's rows (annotated with `created`), optionally filtered on metadata (exact
+    match of each key, by containment) and on a creation-time range (ISO-8601 UTC text,
+    which compares correctly as text)."""
     rows = EngineMemoryRow.objects.annotate(
         owner=KT(f"payload__{KEY_USER_ID}"), created=KT(f"payload__{KEY_CREATED_AT}")
     ).filter(owner=scope.engine_user_id)
-    for key, value in (filters or {}).items():
-        rows = rows.filter(**{f"payload__{key}": value})
+    if filters:
+        # JSON containment (payload @> filters), as hybrid search filters: a metadata key
+        # named `lt`, `in` or `isnull` is data, never an ORM lookup.
+        rows = rows.filter(payload__contains=filters)
     if created_from:
         rows = rows.filter(created__gte=created_from)
     if created_before:
