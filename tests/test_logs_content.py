@@ -74,10 +74,10 @@ def test_no_memory_content_in_any_log(
 
     # An unexpected failure whose exception quotes the memory (as psycopg's CONTEXT does):
     # Django logs the 500 with its traceback, which must not carry the message.
-    def crash(*args, **kwargs):
-        raise RuntimeError(f'CONTEXT:  JSON data, line 1: {{"data": "{kwargs.get("text")}"')
+    def crash(text, *args, **kwargs):
+        raise RuntimeError(f'CONTEXT:  JSON data, line 1: {{"data": "{text}"')
 
-    monkeypatch.setattr(services, "engine_add_text", crash)
+    monkeypatch.setattr(services, "engine_embed_text", crash)
     rest.raise_request_exception = False
     assert rest.post("/v1/memories", {"memory": SECRETS["crash"]}, format="json").status_code == 500
     monkeypatch.undo()
