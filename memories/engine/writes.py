@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from psycopg import sql
 
+from core.metrics import engine_timed_function
 from core.scope import MemoryScope
 from memories.engine.history_store import PostgresHistoryStore
 from memories.engine.mem0_adapter import EngineError, _call, get_memory
@@ -88,6 +89,7 @@ def _md5(text: str) -> str:
     return hashlib.md5(text.encode()).hexdigest()  # noqa: S324 - mem0's payload hash, not security
 
 
+@engine_timed_function("add")  # memsite_engine_duration_seconds
 def engine_insert_text(scope: MemoryScope, *, embedded: EmbeddedText, metadata: dict[str, Any] | None = None) -> str:
     """Store a verbatim memory (what `Memory.add(infer=False)` stores for one user
     message) in the caller's transaction. Returns the new memory id."""
@@ -144,6 +146,7 @@ def _payload_of(memory_id: str) -> dict[str, Any] | None:
     return cast(dict[str, Any], row[0] if isinstance(row[0], dict) else json.loads(row[0]))
 
 
+@engine_timed_function("update")  # memsite_engine_duration_seconds
 def engine_update_row(
     memory_id: str, *, embedded: EmbeddedText | None, metadata: dict[str, Any] | None
 ) -> EngineMemory:
@@ -204,6 +207,7 @@ def _deleted_history(memory_id: str, payload: dict[str, Any], *, now: str) -> di
     }
 
 
+@engine_timed_function("delete")  # memsite_engine_duration_seconds
 def engine_delete_row(memory_id: str) -> bool:
     """Delete one memory (and write its DELETE history row) in the caller's transaction."""
     _require_transaction()
@@ -219,6 +223,7 @@ def engine_delete_row(memory_id: str) -> bool:
     return True
 
 
+@engine_timed_function("delete_all")  # memsite_engine_duration_seconds
 def engine_delete_user_rows(scope: MemoryScope) -> list[str]:
     """Delete every memory of the user (a DELETE history row each) and mem0's raw
     messages for them, in the caller's transaction. Returns the deleted ids."""
