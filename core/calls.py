@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.choices import Channel
+from core.request_ids import request_id_claim
 from core.scope import CallContext
 
 USER_AGENT_MAX_CHARS = 300
@@ -43,4 +44,10 @@ def call_context_from_request(request: Any, *, channel: Channel, staff: bool = F
         extra["turn_id"] = turn_id
     if staff:
         extra = {"staff_user_id": request.user.pk, "staff_username": request.user.get_username()}
-    return CallContext(channel=channel, ip=ip, user_agent=user_agent[:USER_AGENT_MAX_CHARS], **extra)
+    return CallContext(
+        channel=channel,
+        request_id=request_id_claim(),  # the id the request's log lines and X-Request-Id carry
+        ip=ip,
+        user_agent=user_agent[:USER_AGENT_MAX_CHARS],
+        **extra,
+    )

@@ -28,6 +28,8 @@ class Operation(models.TextChoices):
     ADMIN_VIEW_MEMORY = "admin_view_memory"
     ADMIN_REVOKE_API_KEY = "admin_revoke_api_key"
     ADMIN_RETRY_USAGE_EVENTS = "admin_retry_usage_events"
+    # A request without a valid credential (sampled: the first per ip per minute).
+    AUTHENTICATE = "authenticate"
 
 
 MEMORY_TOOL_OPERATIONS: tuple[Operation, ...] = (

@@ -37,6 +37,8 @@ HTTP_STATUS = {
 class ServiceError(Exception):
     """A failure the caller can act on. `message` is for humans and never holds secrets."""
 
+    log_safe_message = True  # core/log_safety.py prints it in tracebacks
+
     def __init__(
         self,
         code: ErrorCode,

@@ -18,6 +18,8 @@ from pydantic import BaseModel
 
 from core.choices import Operation
 from core.errors import ErrorCode, ServiceError
+from core.inputs import text_problem
+from core.metrics import call_observed
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
@@ -305,11 +307,18 @@ def operation_execute(
         turn_id=call.turn_id or _turn_id(arguments),
     )
     memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
-    with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
-        if claimed_scope is not None:
-            principal_claim_check(principal, claimed_scope)
-        validated = schemas.validate_input(definition.input_model, arguments)
-        return definition.run(scope, validated, call)
+    if not isinstance(memory_id, str) or text_problem(memory_id):
+        memory_id = None  # the audit row of a bad call must still be writable (no NUL)
+    with call_observed(operation=definition.operation, channel=call.channel) as observed:  # metrics
+        try:
+            with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
+                if claimed_scope is not None:
+                    principal_claim_check(principal, claimed_scope)
+                validated = schemas.validate_input(definition.input_model, arguments)
+                return definition.run(scope, validated, call)
+        except ServiceError as error:
+            observed.failed(code=error.code, denied=error.denied)
+            raise
 
 
 def principal_claim_check(principal: Principal, claimed: dict[str, Any]) -> None:
@@ -328,4 +337,4 @@ def _turn_id(arguments: Any) -> str:
     if not isinstance(metadata, dict):
         return ""
     value = metadata.get("turn_id") or metadata.get("session_id")
-    return value[:128] if isinstance(value, str) else ""
+    return value[:128] if isinstance(value, str) and not text_problem(value) else ""

@@ -4,10 +4,7 @@ operations take a MemoryScope first."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import json
 import secrets
 import unicodedata
 from collections.abc import Iterator
@@ -20,41 +17,44 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audit.services import audit_record, audit_snapshot, audit_text
+from audit.services import audit_failure, audit_record, audit_snapshot, audit_text
 from core.choices import Channel, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
-from core.locks import advisory_lock
+from core.locks import advisory_xact_lock
 from core.scope import CallContext, MemoryScope
 from memories.call_record import call_succeeded
+from memories.cursors import CursorError, cursor_decode, cursor_encode
 from memories.engine import (
     EngineError,
     EngineMemory,
     LlmUnavailable,
     MemoryAttrs,
     attrs_containment,
-    engine_add_text,
-    engine_delete,
-    engine_get,
+    engine_delete_row,
+    engine_delete_user_rows,
+    engine_embed_text,
     engine_ingest,
+    engine_insert_text,
+    engine_lock_owned,
     engine_memories_page,
     engine_memory_ids,
     engine_purge_due,
     engine_purge_messages,
-    engine_purge_user,
     engine_recalls_fold,
     engine_restore,
+    engine_rows_from_request,
     engine_timestamp,
     engine_trash,
     engine_trashed,
-    engine_update,
+    engine_update_row,
     history_attribution,
     hybrid_search,
     llm_configured,
 )
-from memories.models import ApiKey, ContentHash, JobWatermark
+from memories.models import ApiKey, ContentHash, IngestIntent, JobWatermark
 from memories.rate_limits import rate_limit_consume
 from memories.schemas import parse_instant
-from memories.selectors import MemoryView, decayed_score, memory_get_owned, memory_ids_owned, memory_view
+from memories.selectors import MemoryView, decayed_score, memory_get_owned, memory_view
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 KEY_ID_BYTES = 6  # 12 hex chars: the public, unique lookup part
@@ -174,6 +174,31 @@ class RememberResult:
         return {"id": self.id, "duplicate": self.duplicate}
 
 
+def _text_lock_key(scope: MemoryScope, digest: str) -> str:
+    # Every path that sets a memory's text takes this lock: one dedupe rule, no races.
+    return f"text:{scope.engine_user_id}:{digest}"
+
+
+def _hash_owner(scope: MemoryScope, *, digest: str) -> str | None:
+    """The live memory holding this text's hash, row-locked; a hash whose memory went
+    away behind its back is removed. Inside the transaction, under the text lock."""
+    known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).first()
+    if known is None:
+        return None
+    if _live(engine_lock_owned(scope, memory_id=str(known.memory_id)), scope):
+        return str(known.memory_id)
+    known.delete()
+    return None
+
+
+def _duplicate_text(existing_id: str) -> ServiceError:
+    return ServiceError(
+        ErrorCode.CONFLICT,
+        "Another of your memories already has this text; nothing was changed.",
+        details={"existing_id": existing_id},
+    )
+
+
 def memory_remember(
     scope: MemoryScope,
     *,
@@ -184,41 +209,49 @@ def memory_remember(
     call: CallContext,
 ) -> RememberResult:
     """Store one curated fact verbatim (no LLM) with its fields. The same text twice is
-    stored once (the first memory's fields are kept)."""
+    stored once (the first memory's fields are kept).
+
+    The memory row, its history row, its dedupe hash, the usage event and the audit row
+    commit in one transaction (the embedding is computed before it): after a crash
+    either all exist or none, and a retry finds the hash."""
     attrs = _attrs(fields)
     source = (fields or {}).get("source") or "remember"
     rate_limit_consume(scope, operation=Operation.REMEMBER)
+    text = memory.strip()
     digest = content_sha256(memory)
-    with advisory_lock(f"remember:{scope.engine_user_id}:{digest}"), _engine_errors():
-        known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).first()
-        if known is not None:
-            existing = engine_get(str(known.memory_id))
-            if existing is not None and _live(existing, scope):
-                with transaction.atomic():
-                    call_succeeded(
+    # A known text needs no embedding; otherwise embed before the transaction.
+    known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).exists()
+    embedded = None
+    for _attempt in range(2):
+        if embedded is None and not known:
+            with _engine_errors():
+                embedded = engine_embed_text(text)
+        with _engine_errors(), transaction.atomic():
+            advisory_xact_lock(_text_lock_key(scope, digest))
+            existing_id = _hash_owner(scope, digest=digest)
+            if existing_id is not None:
+                call_succeeded(
+                    scope,
+                    call=call,
+                    operation=Operation.REMEMBER,
+                    memory_ids=[existing_id],
+                    detail={"duplicate": True},
+                )
+                return RememberResult(id=existing_id, duplicate=True)
+            if embedded is not None:
+                with _attributed(call):
+                    memory_id = engine_insert_text(
                         scope,
-                        call=call,
-                        operation=Operation.REMEMBER,
-                        memory_ids=[existing.id],
-                        detail={"duplicate": True},
+                        embedded=embedded,
+                        metadata=_system_metadata(scope, source=source, pinned=pinned, metadata=metadata),
+                        attrs=attrs,
                     )
-                return RememberResult(id=existing.id, duplicate=True)
-            known.delete()  # the memory went away (or expired) behind the hash's back
-        with _attributed(call):
-            memory_id = engine_add_text(
-                scope,
-                text=memory.strip(),
-                metadata=_system_metadata(scope, source=source, pinned=pinned, metadata=metadata),
-                attrs=attrs,
-            )
-        with transaction.atomic():
-            ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
-            after = {
-                **audit_snapshot(memory=memory.strip(), pinned=pinned, metadata=metadata or {}),
-                **_audit_attrs(attrs),
-            }
-            call_succeeded(scope, call=call, operation=Operation.REMEMBER, memory_ids=[memory_id], after=after)
-    return RememberResult(id=memory_id, duplicate=False)
+                ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
+                after = {**audit_snapshot(memory=text, pinned=pinned, metadata=metadata or {}), **_audit_attrs(attrs)}
+                call_succeeded(scope, call=call, operation=Operation.REMEMBER, memory_ids=[memory_id], after=after)
+                return RememberResult(id=memory_id, duplicate=False)
+        known = False  # the hash went away between the check and the lock: embed and store
+    raise backend_unavailable()
 
 
 def memory_ingest(
@@ -229,31 +262,129 @@ def memory_ingest(
     fields: dict[str, Any] | None = None,
     call: CallContext,
 ) -> list[dict[str, Any]]:
-    """mem0's extraction pipeline over a conversation turn (one LLM call)."""
+    """mem0's extraction pipeline over a conversation turn (one LLM call).
+
+    mem0 writes its rows on its own, so the call is bracketed by a durable intent:
+    committed before the engine call, completed (hashes, audit row, usage event) in one
+    transaction after it. A crash in between leaves the intent open, and
+    `ingest_intents_reconcile` completes it later from the rows tagged with the request id."""
     if not llm_configured():
         raise _llm_unavailable()
     rate_limit_consume(scope, operation=Operation.INGEST)
-    with _engine_errors(), _attributed(call):
-        added = engine_ingest(
-            scope,
-            messages=messages,
-            metadata=_system_metadata(
-                scope, source=(fields or {}).get("source") or "ingest", pinned=False, metadata=metadata
-            ),
-            attrs=_attrs(fields),
-        )
-    results = [{"id": str(a.get("id")), "memory": a.get("memory"), "event": a.get("event")} for a in added]
-    with transaction.atomic():
+    intent = IngestIntent.objects.create(
+        request_id=call.request_id,
+        engine_user_id=scope.engine_user_id,
+        scope=_scope_record(scope),
+        call=_call_record(call),
+        detail={"messages": len(messages)},
+    )
+    try:
+        with _engine_errors(), _attributed(call):
+            added = engine_ingest(
+                scope,
+                messages=messages,
+                metadata=_system_metadata(
+                    scope, source=(fields or {}).get("source") or "ingest", pinned=False, metadata=metadata
+                ),
+                attrs=_attrs(fields),
+                request_id=call.request_id,
+            )
+    except ServiceError:
+        # Nothing stored: the call failed (failures_audited writes its row), close it.
+        # Rows stored before a late failure stay for the reconciler to complete.
+        if not engine_rows_from_request(request_id=call.request_id):
+            IngestIntent.objects.filter(pk=intent.pk).update(state=IngestIntent.State.UNDONE, closed_at=timezone.now())
+        raise
+    added_ids = [str(a.get("id")) for a in added if a.get("event") == "ADD"]
+    return _ingest_complete(scope, intent=intent, call=call, added_ids=added_ids)
+
+
+def _ingest_complete(
+    scope: MemoryScope, *, intent: IngestIntent, call: CallContext, added_ids: list[str]
+) -> list[dict[str, Any]]:
+    """One transaction: the dedupe rule over what mem0 added (a fact whose text another
+    memory already has is removed again, and answered with that memory's id and event
+    NONE), hashes for the new ones, the audit row, the usage event, the intent closed."""
+    results: list[dict[str, Any]] = []
+    with _engine_errors(), transaction.atomic():
+        current = IngestIntent.objects.select_for_update().get(pk=intent.pk)
+        if current.state != IngestIntent.State.OPEN:
+            return list(current.results)
+        added = [m for m in (engine_lock_owned(scope, memory_id=i) for i in added_ids) if m is not None]
+        advisory_xact_lock(*(_text_lock_key(scope, content_sha256(m.text)) for m in added))
+        for item in added:
+            digest = content_sha256(item.text)
+            existing_id = _hash_owner(scope, digest=digest)
+            if existing_id is not None and existing_id != item.id:
+                with _attributed(call):
+                    engine_delete_row(item.id)
+                results.append({"id": existing_id, "memory": item.text, "event": "NONE"})
+                continue
+            if existing_id is None:
+                ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=item.id)
+            results.append({"id": item.id, "memory": item.text, "event": "ADD"})
         after = [{**r, "memory": audit_text(r["memory"])} for r in results]
         call_succeeded(
             scope,
             call=call,
             operation=Operation.INGEST,
-            memory_ids=[str(r["id"]) for r in results],
+            memory_ids=[r["id"] for r in results],
             after=after,
-            detail={"messages": len(messages)},
+            detail=dict(current.detail),
         )
+        current.state = IngestIntent.State.DONE
+        current.results = results
+        current.closed_at = timezone.now()
+        current.save(update_fields=["state", "results", "closed_at"])
     return results
+
+
+def _scope_record(scope: MemoryScope) -> dict[str, Any]:
+    return {"tenant": scope.tenant, "user_pk": scope.user_pk, "client_app": scope.client_app}
+
+
+def _call_record(call: CallContext) -> dict[str, Any]:
+    return {
+        "channel": call.channel,
+        "ip": call.ip,
+        "user_agent": call.user_agent,
+        "actor_username": call.actor_username,
+        "actor_auth": call.actor_auth,
+        "turn_id": call.turn_id,
+    }
+
+
+def ingest_intents_reconcile(*, older_than_s: float | None = None) -> dict[str, int]:
+    """Close the ingest intents a crash left open (older than the lease, so calls still
+    running are left alone): rows tagged with the request id exist -> complete the call
+    (hashes, audit row, usage event, as if it had returned); none -> close it as undone
+    with a failure audit row (no usage event: nothing was stored)."""
+    lease = settings.INGEST_INTENT_LEASE_S if older_than_s is None else older_than_s
+    cutoff = timezone.now() - timedelta(seconds=lease)
+    counts = {"completed": 0, "undone": 0}
+    for intent in IngestIntent.objects.filter(state=IngestIntent.State.OPEN, created_at__lt=cutoff).order_by("pk"):
+        scope = MemoryScope(**intent.scope)
+        call = CallContext(request_id=intent.request_id, **intent.call)
+        rows = engine_rows_from_request(request_id=intent.request_id)
+        if rows:
+            _ingest_complete(scope, intent=intent, call=call, added_ids=[r.id for r in rows])
+            counts["completed"] += 1
+            continue
+        with transaction.atomic():
+            current = IngestIntent.objects.select_for_update().get(pk=intent.pk)
+            if current.state != IngestIntent.State.OPEN:
+                continue
+            audit_failure(
+                scope,
+                call=call,
+                operation=Operation.INGEST,
+                error=ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "interrupted before anything was stored"),
+            )
+            current.state = IngestIntent.State.UNDONE
+            current.closed_at = timezone.now()
+            current.save(update_fields=["state", "closed_at"])
+        counts["undone"] += 1
+    return counts
 
 
 def memory_update(
@@ -268,7 +399,11 @@ def memory_update(
 ) -> MemoryView:
     """Change text, pin state, metadata or fields of one of the scope's memories.
     Metadata is merged, never wiped. Serialised per memory with concurrent updates and
-    deletes."""
+    deletes.
+
+    New text that another of the user's memories already has answers `conflict` (with
+    its id) and changes nothing. The row, its history, the hash, the usage event and
+    the audit row commit together."""
     rate_limit_consume(scope, operation=Operation.UPDATE_MEMORY)
     changes = dict(metadata or {})
     if pinned is not None:
@@ -276,30 +411,36 @@ def memory_update(
     source = (fields or {}).get("source")
     if source:
         changes["source"] = source
-    with advisory_lock(f"memory:{memory_id}"):
-        current = memory_get_owned(scope, memory_id=memory_id)
-        attrs = _attrs(fields, base=current.attrs) if fields else None
-        with _engine_errors(), _attributed(call):
-            engine_update(
-                memory_id,
-                text=memory.strip() if memory is not None else None,
-                metadata=changes or None,
-                attrs=attrs,
-            )
-            updated = engine_get(memory_id)
-        if updated is None:
+    memory_get_owned(scope, memory_id=memory_id)  # not_found before any embedding work
+    text = memory.strip() if memory is not None else None
+    digest = content_sha256(memory) if memory is not None else None
+    embedded = None
+    if text is not None:
+        with _engine_errors():
+            embedded = engine_embed_text(text)
+    with _engine_errors(), transaction.atomic():
+        keys = [f"memory:{memory_id}"] + ([_text_lock_key(scope, digest)] if digest else [])
+        advisory_xact_lock(*keys)
+        current = engine_lock_owned(scope, memory_id=memory_id)
+        if current is None or not _live(current, scope):
             raise not_found()
-        with transaction.atomic():
-            if memory is not None:
-                _rehash(scope, memory_id=memory_id, text=memory)
-            call_succeeded(
-                scope,
-                call=call,
-                operation=Operation.UPDATE_MEMORY,
-                memory_ids=[memory_id],
-                before=_snapshot(current),
-                after=_snapshot(updated),
-            )
+        attrs = _attrs(fields, base=current.attrs) if fields else None
+        if digest is not None:
+            existing_id = _hash_owner(scope, digest=digest)
+            if existing_id is not None and existing_id != memory_id:
+                raise _duplicate_text(existing_id)
+        with _attributed(call):
+            updated = engine_update_row(memory_id, embedded=embedded, metadata=changes or None, attrs=attrs)
+        if digest is not None:
+            _rehash(scope, memory_id=memory_id, digest=digest)
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.UPDATE_MEMORY,
+            memory_ids=[memory_id],
+            before=_snapshot(current),
+            after=_snapshot(updated),
+        )
     return memory_view(updated)
 
 
@@ -317,91 +458,80 @@ def _attributed(call: CallContext) -> Iterator[None]:
         yield
 
 
-def _rehash(scope: MemoryScope, *, memory_id: str, text: str) -> None:
-    ContentHash.objects.filter(memory_id=memory_id).delete()
-    ContentHash.objects.bulk_create(
-        [ContentHash(engine_user_id=scope.engine_user_id, sha256=content_sha256(text), memory_id=memory_id)],
-        ignore_conflicts=True,
+def _rehash(scope: MemoryScope, *, memory_id: str, digest: str) -> None:
+    ContentHash.objects.filter(memory_id=memory_id).exclude(sha256=digest).delete()
+    ContentHash.objects.get_or_create(
+        engine_user_id=scope.engine_user_id, sha256=digest, defaults={"memory_id": memory_id}
     )
-
-
-def _trash_attributed(call: CallContext, scope: MemoryScope, **kwargs: Any) -> list[str]:
-    with _attributed(call):
-        return engine_trash(scope, **kwargs)
 
 
 def _trash_enabled() -> bool:
     return settings.TRASH_RETENTION_DAYS > 0
 
 
+def _trash_or_delete(
+    scope: MemoryScope, *, memory_ids: list[str] | None, call: CallContext, operation: str
+) -> list[str]:
+    """Inside the caller's transaction: move the memories (all of the scope's when None)
+    to the trash, or delete them for good when the trash is off. Returns the ids."""
+    with _attributed(call):
+        if _trash_enabled():
+            return engine_trash(
+                scope, memory_ids=memory_ids, at=datetime.now(UTC), request_id=call.request_id, operation=operation
+            )
+        if memory_ids is None:
+            return engine_delete_user_rows(scope)
+        return [memory_id for memory_id in memory_ids if engine_delete_row(memory_id)]
+
+
 def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, call: CallContext) -> None:
     """Move one memory to the trash (restorable for TRASH_RETENTION_DAYS; 0 deletes it at
-    once). `forget` records a user-initiated forget (seed 001's /forget)."""
+    once). `forget` records a user-initiated forget (seed 001's /forget). The row change,
+    its history, the hash, the usage event and the audit row commit in one transaction."""
     rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
-    detail = {"forget": True} if forget else None
-    with advisory_lock(f"memory:{memory_id}"):
-        current = memory_get_owned(scope, memory_id=memory_id)
-        if not _trash_enabled():
-            with _engine_errors(), _attributed(call):
-                engine_delete(memory_id)
-        with transaction.atomic():
-            if _trash_enabled():
-                trashed = _trash_attributed(
-                    call,
-                    scope,
-                    memory_ids=[memory_id],
-                    at=datetime.now(UTC),
-                    request_id=call.request_id,
-                    operation=Operation.DELETE_MEMORY,
-                )
-                if not trashed:
-                    raise not_found()
-            # In the trash a memory is not counted for dedupe: the same text again is new.
-            ContentHash.objects.filter(memory_id=memory_id).delete()
-            call_succeeded(
-                scope,
-                call=call,
-                operation=Operation.DELETE_MEMORY,
-                memory_ids=[memory_id],
-                before=_snapshot(current),
-                detail={**(detail or {}), "trashed": _trash_enabled()},
-            )
+    memory_get_owned(scope, memory_id=memory_id)
+    detail = {"forget": True} if forget else {}
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"memory:{memory_id}")
+        current = engine_lock_owned(scope, memory_id=memory_id)
+        if current is None or not _live(current, scope):
+            raise not_found()
+        if not _trash_or_delete(scope, memory_ids=[memory_id], call=call, operation=Operation.DELETE_MEMORY):
+            raise not_found()
+        # In the trash a memory is not counted for dedupe: the same text again is new.
+        ContentHash.objects.filter(memory_id=memory_id).delete()
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.DELETE_MEMORY,
+            memory_ids=[memory_id],
+            before=_snapshot(current),
+            detail={**detail, "trashed": _trash_enabled()},
+        )
 
 
 def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) -> int:
     """Move every memory of the scope's user to the trash (or delete them when the trash
     is off), drop their dedupe hashes and purge mem0's raw messages (so a later ingest
-    cannot bring cleared facts back). Returns the count."""
+    cannot bring cleared facts back), in one transaction with the usage event and audit
+    row. Returns the count."""
     if confirm is not True:
         raise ServiceError(
             ErrorCode.CONFIRMATION_REQUIRED, "clear_all_memory deletes all your memories; call it with confirm: true."
         )
     rate_limit_consume(scope, operation=Operation.CLEAR_ALL_MEMORY)
-    with advisory_lock(f"clear_all:{scope.engine_user_id}"):
-        if not _trash_enabled():
-            memory_ids = memory_ids_owned(scope)
-            with _engine_errors(), _attributed(call):
-                engine_purge_user(scope)
-        with transaction.atomic():
-            if _trash_enabled():
-                memory_ids = _trash_attributed(
-                    call,
-                    scope,
-                    memory_ids=None,
-                    at=datetime.now(UTC),
-                    request_id=call.request_id,
-                    operation=Operation.CLEAR_ALL_MEMORY,
-                )
-                with _engine_errors():
-                    engine_purge_messages(scope)
-            ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
-            call_succeeded(
-                scope,
-                call=call,
-                operation=Operation.CLEAR_ALL_MEMORY,
-                memory_ids=memory_ids,
-                detail={"deleted": len(memory_ids), "trashed": _trash_enabled()},
-            )
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        memory_ids = _trash_or_delete(scope, memory_ids=None, call=call, operation=Operation.CLEAR_ALL_MEMORY)
+        engine_purge_messages(scope)
+        ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.CLEAR_ALL_MEMORY,
+            memory_ids=memory_ids,
+            detail={"deleted": len(memory_ids), "trashed": _trash_enabled()},
+        )
     return len(memory_ids)
 
 
@@ -440,41 +570,29 @@ def memory_forget_bulk(
     created_from = engine_timestamp(parse_instant(start, what="start")) if start else None
     created_before = engine_timestamp(parse_instant(end, what="end")) if end else None
     criteria = {"tags": tags or [], "time_range": {"start": start, "end": end}, "memory_type": memory_type}
-    with advisory_lock(f"clear_all:{scope.engine_user_id}"):
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
         memory_ids = engine_memory_ids(
             scope, containment=containment, created_from=created_from, created_before=created_before
         )
         if dry_run:
-            with transaction.atomic():
-                call_succeeded(
-                    scope,
-                    call=call,
-                    operation=Operation.DELETE_MEMORY,
-                    detail={"bulk": criteria, "dry_run": True, "count": len(memory_ids)},
-                )
-            return ForgetResult(deleted_count=len(memory_ids), dry_run=True)
-        if not _trash_enabled():
-            with _engine_errors(), _attributed(call):
-                for memory_id in memory_ids:
-                    engine_delete(memory_id)
-        with transaction.atomic():
-            if _trash_enabled():
-                memory_ids = _trash_attributed(
-                    call,
-                    scope,
-                    memory_ids=memory_ids,
-                    at=datetime.now(UTC),
-                    request_id=call.request_id,
-                    operation=Operation.DELETE_MEMORY,
-                )
-            ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=memory_ids).delete()
             call_succeeded(
                 scope,
                 call=call,
                 operation=Operation.DELETE_MEMORY,
-                memory_ids=memory_ids,
-                detail={"bulk": criteria, "dry_run": False, "count": len(memory_ids), "trashed": _trash_enabled()},
+                detail={"bulk": criteria, "dry_run": True, "count": len(memory_ids)},
             )
+            return ForgetResult(deleted_count=len(memory_ids), dry_run=True)
+        if memory_ids:
+            memory_ids = _trash_or_delete(scope, memory_ids=memory_ids, call=call, operation=Operation.DELETE_MEMORY)
+        ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=memory_ids).delete()
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.DELETE_MEMORY,
+            memory_ids=memory_ids,
+            detail={"bulk": criteria, "dry_run": False, "count": len(memory_ids), "trashed": _trash_enabled()},
+        )
     return ForgetResult(deleted_count=len(memory_ids), dry_run=False)
 
 
@@ -486,7 +604,8 @@ def memory_restore(
     that one call deleted (its request id). A restored memory gets its dedupe hash back
     unless the same text was remembered again meanwhile (then the newer memory keeps
     it and the restored one lives on beside it)."""
-    with advisory_lock(f"clear_all:{scope.engine_user_id}"), transaction.atomic():
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
         with _attributed(call):
             restored = engine_restore(
                 scope, memory_ids=[memory_id] if memory_id else None, request_id=None if memory_id else request_id
@@ -513,14 +632,15 @@ def memory_restore(
 
 def memory_purge(scope: MemoryScope, *, memory_id: str | None = None, call: CallContext) -> int:
     """Delete for good: one memory in the scope's trash, or (no id) the whole trash."""
-    trashed = engine_trashed(scope, memory_ids=[memory_id] if memory_id else None, limit=1_000_000)
-    if memory_id and not trashed:
-        raise not_found()
-    ids = [item.id for item in trashed]
-    with _engine_errors(), _attributed(call):
-        for item_id in ids:
-            engine_delete(item_id)
-    with transaction.atomic():
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        trashed = engine_trashed(scope, memory_ids=[memory_id] if memory_id else None, limit=1_000_000)
+        if memory_id and not trashed:
+            raise not_found()
+        ids = [item.id for item in trashed]
+        with _attributed(call):
+            for item_id in ids:
+                engine_delete_row(item_id)
         audit_record(scope, call=call, operation=Operation.PURGE_MEMORY, memory_ids=ids, detail={"purged": len(ids)})
     return len(ids)
 
@@ -533,17 +653,18 @@ def memory_purge_due(*, now: datetime | None = None, batch: int = 500) -> int:
     call = CallContext(channel=Channel.INTERNAL, actor_username="system:purge")
     total = 0
     while True:
-        due = engine_purge_due(trashed_before=trashed_before, expired_at=now, limit=batch)
-        if not due:
-            return total
-        by_owner: dict[str, list[str]] = {}
-        for memory_id, owner in due:
-            by_owner.setdefault(owner, []).append(memory_id)
-        for owner, ids in by_owner.items():
-            with _engine_errors(), _attributed(call):
+        # One transaction per batch: the rows are selected FOR UPDATE, so a restore racing
+        # the purge either wins (the row is skipped) or waits and finds nothing.
+        with _engine_errors(), transaction.atomic(), _attributed(call):
+            due = engine_purge_due(trashed_before=trashed_before, expired_at=now, limit=batch)
+            if not due:
+                return total
+            by_owner: dict[str, list[str]] = {}
+            for memory_id, owner in due:
+                by_owner.setdefault(owner, []).append(memory_id)
+            for owner, ids in by_owner.items():
                 for memory_id in ids:
-                    engine_delete(memory_id)
-            with transaction.atomic():
+                    engine_delete_row(memory_id)
                 ContentHash.objects.filter(memory_id__in=ids).delete()
                 audit_record(
                     MemoryScope.from_engine_user_id(owner),
@@ -643,20 +764,11 @@ def memory_search(
     return results
 
 
-def _encode_cursor(created_at: str, memory_id: str) -> str:
-    raw = json.dumps([created_at, memory_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
 def _decode_cursor(cursor: str) -> tuple[str, str]:
     try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        created_at, memory_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        if not isinstance(created_at, str) or not isinstance(memory_id, str):
-            raise ValueError
-        return created_at, memory_id
-    except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
-        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "cursor is not one this server issued") from None
+        return cursor_decode(cursor)
+    except CursorError as exc:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -694,7 +806,7 @@ def memory_list(
     next_cursor = None
     if len(page) > page_size:
         last = page[page_size - 1]
-        next_cursor = _encode_cursor(last.created_at or "", last.id)
+        next_cursor = cursor_encode(last.created_at or "", last.id)
     with transaction.atomic():
         call_succeeded(
             scope,

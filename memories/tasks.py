@@ -22,3 +22,10 @@ def recalls_fold() -> int:
     from memories.services import memory_recalls_fold
 
     return memory_recalls_fold()
+
+
+@shared_task(name="memories.ingest_intents_reconcile")
+def ingest_intents_reconcile() -> dict[str, int]:
+    from memories.services import ingest_intents_reconcile as reconcile
+
+    return reconcile()

@@ -22,7 +22,6 @@ from memories.engine.mem0_adapter import (
     engine_get,
     engine_ingest,
     engine_ping,
-    engine_purge_messages,
     engine_purge_user,
     engine_update,
     get_memory,
@@ -48,10 +47,29 @@ from memories.engine.payload import (
     engine_timestamp,
 )
 from memories.engine.retrieval import hybrid_search
+from memories.engine.writes import (
+    EmbeddedText,
+    engine_delete_row,
+    engine_delete_user_rows,
+    engine_embed_text,
+    engine_insert_text,
+    engine_lock_owned,
+    engine_purge_messages,
+    engine_rows_from_request,
+    engine_update_row,
+)
 
 __all__ = [
     "DEFAULT_IMPORTANCE",
     "DEFAULT_MEMORY_TYPE",
+    "EmbeddedText",
+    "engine_delete_row",
+    "engine_delete_user_rows",
+    "engine_embed_text",
+    "engine_insert_text",
+    "engine_lock_owned",
+    "engine_rows_from_request",
+    "engine_update_row",
     "ENGINE_RESERVED_METADATA_KEYS",
     "MemoryAttrs",
     "TrashState",

@@ -3,7 +3,7 @@ SQL over the engine's table (in the caller's transaction; no mem0 call, no embed
 
 Putting a memory in the trash is a state change of its row (a `trash` object in the
 payload), not a deletion: the id, the vector and the history stay, so restore is exact.
-Only the purge (`engine_delete`, through mem0) removes a row."""
+Only the purge (`engine_delete_row`) removes a row."""
 
 from __future__ import annotations
 
@@ -129,7 +129,8 @@ def engine_trashed(scope: MemoryScope, *, memory_ids: list[str] | None = None, l
 
 def engine_purge_due(*, trashed_before: datetime | None, expired_at: datetime, limit: int) -> list[tuple[str, str]]:
     """(id, owner) of rows due for deletion: in the trash since before `trashed_before`
-    (None: no trash is due), or expired at `expired_at`. Any user's: the purge job."""
+    (None: no trash is due), or expired at `expired_at`. Any user's: the purge job.
+    Row-locked until the caller's transaction ends (rows locked by others are skipped)."""
     params: list[Any] = []
     conditions = []
     if trashed_before is not None:
@@ -138,7 +139,7 @@ def engine_purge_due(*, trashed_before: datetime | None, expired_at: datetime, l
     conditions.append(sql.SQL("payload->{}->>'expires_at' <= %s").format(sql.Literal(KEY_ATTRS)))
     params.append(engine_timestamp(expired_at))
     params.append(limit)
-    statement = sql.SQL("SELECT id, payload->>{} FROM {} WHERE {} ORDER BY id LIMIT %s").format(
+    statement = sql.SQL("SELECT id, payload->>{} FROM {} WHERE {} ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED").format(
         sql.Literal(KEY_USER_ID), _table(), sql.SQL(" OR ").join(conditions)
     )
     return [(str(row[0]), str(row[1])) for row in _run(statement, params)]

@@ -20,9 +20,11 @@ from typing import Any, cast
 from django.conf import settings
 from django.db import connections
 
+from core.metrics import embedder_timed, engine_timed
 from core.scope import MemoryScope
 from memories.engine.payload import (
     KEY_ATTRS,
+    KEY_REQUEST_ID,
     KEY_TRASH,
     EngineMemory,
     MemoryAttrs,
@@ -161,6 +163,7 @@ def _build_memory() -> Any:
         from memories.engine.embedder import MiniLMEmbedder
 
         memory.embedding_model = MiniLMEmbedder()
+    _embedder_instrument(memory.embedding_model)
     return memory
 
 
@@ -185,6 +188,13 @@ def _hide_dead_rows(vector_store: Any) -> None:
             return [r for r in results or [] if _live_payload(getattr(r, "payload", None))]
 
         setattr(vector_store, name, live_only)
+
+
+def _embedder_instrument(embedder: Any) -> None:
+    """Time every embedding (memsite_embed_duration_seconds), whichever embedder it is."""
+    embedder.embed = embedder_timed(embedder.embed, embedder=settings.EMBEDDER, kind="one")
+    if hasattr(embedder, "embed_batch"):
+        embedder.embed_batch = embedder_timed(embedder.embed_batch, embedder=settings.EMBEDDER, kind="batch")
 
 
 def get_memory() -> Any:
@@ -213,7 +223,8 @@ def engine_close() -> None:
 
 def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
-        return fn(*args, **kwargs)
+        with engine_timed(what):  # memsite_engine_duration_seconds{action=what}
+            return fn(*args, **kwargs)
     except EngineError:
         raise
     except Exception as exc:
@@ -252,13 +263,16 @@ def engine_ingest(
     messages: list[dict[str, str]],
     metadata: dict[str, Any] | None = None,
     attrs: MemoryAttrs | None = None,
+    request_id: str | None = None,
 ) -> list[dict[str, Any]]:
-    """mem0's full pipeline (infer=True): one LLM extraction call, dedup, store."""
+    """mem0's full pipeline (infer=True): one LLM extraction call, dedup, store. mem0
+    commits on its own; rows carry `request_id` so a crashed call's rows can be found."""
     if not llm_configured():
         raise LlmUnavailable("no LLM is configured for ingest")
     memory = get_memory()
+    tagged = {**(metadata or {}), **({KEY_REQUEST_ID: request_id} if request_id else {})}
     result = _call(
-        "ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=_with_attrs(metadata, attrs), infer=True
+        "ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=_with_attrs(tagged, attrs), infer=True
     )
     return list(result.get("results") or [])
 
@@ -296,11 +310,6 @@ def engine_purge_user(scope: MemoryScope) -> None:
     memory = get_memory()
     _call("delete_all", memory.delete_all, user_id=scope.engine_user_id)
     memory.db.purge_messages(user_id=scope.engine_user_id)
-
-
-def engine_purge_messages(scope: MemoryScope) -> int:
-    """Remove mem0's raw messages of the user (they feed the next ingest's extraction)."""
-    return int(get_memory().db.purge_messages(user_id=scope.engine_user_id))
 
 
 def engine_ping() -> None:

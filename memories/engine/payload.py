@@ -30,9 +30,22 @@ KEY_TRASH = "trash"
 # Recall counters, folded in from audit rows by a job ({count, at}); never on search's path.
 KEY_RECALL = "recall"
 OWN_PAYLOAD_KEYS = frozenset({KEY_ATTRS, KEY_TRASH, KEY_RECALL})
-# Keys mem0 keeps in a row's payload for itself; the rest is the memory's metadata.
+# The request that made a row through mem0's own writes (ingest): how the reconciler
+# finds the rows of a call that crashed before it recorded them.
+KEY_REQUEST_ID = "memsite_request_id"
+# Keys the engine keeps in a row's payload for itself; the rest is the memory's metadata.
 ENGINE_PAYLOAD_KEYS = frozenset(
-    {KEY_TEXT, "hash", KEY_CREATED_AT, KEY_UPDATED_AT, KEY_USER_ID, "text_lemmatized", "role", "actor_id"}
+    {
+        KEY_TEXT,
+        "hash",
+        KEY_CREATED_AT,
+        KEY_UPDATED_AT,
+        KEY_USER_ID,
+        "text_lemmatized",
+        "role",
+        "actor_id",
+        KEY_REQUEST_ID,
+    }
 )
 
 # Metadata keys a client may not set or filter on: mem0 owns or interprets them.
@@ -203,13 +216,16 @@ def engine_rows_owned(
     containment: dict[str, Any] | None = None,
 ) -> QuerySet[EngineMemoryRow]:
     """The scope's live rows (not in the trash, not expired; annotated with `created`),
-    optionally filtered on metadata, on fields (`attrs_containment`) and on a
-    creation-time range (ISO-8601 UTC text, which compares correctly as text)."""
+    optionally filtered on metadata and on fields (`attrs_containment`), both by JSON
+    containment, and on a creation-time range (ISO-8601 UTC text, which compares
+    correctly as text)."""
     now = engine_timestamp(datetime.now(UTC))
     live = Q(expires__isnull=True) | Q(expires__gt=now)
     rows = _rows_of(scope).exclude(payload__has_key=KEY_TRASH).filter(live)
-    for key, value in (filters or {}).items():
-        rows = rows.filter(**{f"payload__{key}": value})
+    if filters:
+        # JSON containment (payload @> filters), as hybrid search filters: a metadata key
+        # named `lt`, `in` or `isnull` is data, never an ORM lookup.
+        rows = rows.filter(payload__contains=filters)
     if containment:
         rows = rows.filter(payload__contains=containment)
     if created_from:

@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import connection
 from psycopg import sql
 
+from core.metrics import engine_timed_function
 from core.scope import MemoryScope
 from memories.engine.mem0_adapter import engine_embed_query
 from memories.engine.payload import EngineMemory, engine_memory_from_row, engine_timestamp
@@ -209,6 +210,7 @@ def fuse_scores(
     return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
 
 
+@engine_timed_function("hybrid_search")  # memsite_engine_duration_seconds
 def hybrid_search(scope: MemoryScope, *, query: str, limit: int, filters: Filters = None) -> list[EngineMemory]:
     """The best `limit` memories for `query`, each with its fused score."""
     candidates = max(limit, settings.SEARCH_CANDIDATES)

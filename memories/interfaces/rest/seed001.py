@@ -7,6 +7,7 @@ otherwise), `agent_id`/`session_id` narrow inside the caller's own memories."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, inline_serializer
@@ -15,8 +16,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ErrorCode, ServiceError
+from memories import schemas
 from memories.auth import Principal
-from memories.interfaces.rest.views import _body, _call, field_filter_arguments
+from memories.interfaces.rest.views import _DIGITS, COMMON_ERRORS, _body, _call, _errors, field_filter_arguments
 from memories.operations import operation_execute
 from memories.selectors import memory_get_owned, memory_view
 
@@ -66,18 +68,53 @@ _SCOPE_PARAMS = [
 ]
 
 
+class _Rejected(Exception):
+    """A bad seed-001 argument, answered and audited by the dispatcher like any other."""
+
+    def __init__(self, message: str):
+        self.arguments = schemas.RejectedArguments(ServiceError(ErrorCode.INVALID_ARGUMENT, message))
+
+
 def _scope_of(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "scope must be an object")
+        raise _Rejected("scope must be an object")
     unknown = set(value) - set(SCOPE_KEYS)
     if unknown:
-        raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected scope key {sorted(unknown)[0]!r}")
+        raise _Rejected(f"unexpected scope key {sorted(unknown)[0][:40]!r}")
     for key, item in value.items():
         if item is not None and not isinstance(item, str):
-            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"scope.{key} must be a string")
+            raise _Rejected(f"scope.{key} must be a string")
     return value
+
+
+def _only(keys: Any, allowed: set[str], what: str = "argument") -> None:
+    unknown = set(keys) - allowed
+    if unknown:
+        raise _Rejected(f"unexpected {what} {sorted(unknown)[0][:40]!r}")
+
+
+def _body_dict(request) -> dict[str, Any]:
+    body = _body(request)
+    if isinstance(body, schemas.RejectedArguments):
+        raise _RejectedBody(body)
+    return body
+
+
+class _RejectedBody(_Rejected):
+    def __init__(self, arguments: schemas.RejectedArguments):
+        self.arguments = arguments
+
+
+def _execute(request, operation: str, build: Callable[[], tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """Build (arguments, claimed scope) and run the operation; a bad argument found while
+    building goes to the dispatcher as RejectedArguments, so it is answered and audited."""
+    try:
+        arguments, claimed = build()
+    except _Rejected as rejected:
+        return operation_execute(request.auth, operation, rejected.arguments, call=_call(request))
+    return operation_execute(request.auth, operation, arguments, call=_call(request), claimed_scope=claimed)
 
 
 def _narrowing(scope: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +158,7 @@ class SeedMemoryCollectionView(APIView):
     @extend_schema(
         operation_id="v1_memory_store",
         request=_store_request,
-        responses={201: dict, 200: dict},
+        responses={201: schemas.SeedStoreOutput, 200: schemas.SeedStoreOutput, **_errors(*COMMON_ERRORS, 403)},
         examples=[
             OpenApiExample(
                 "store",
@@ -135,27 +172,28 @@ class SeedMemoryCollectionView(APIView):
         ],
     )
     def post(self, request):
-        body = _body(request)
-        claimed = _scope_of(body.pop("scope", None))
-        content, messages = body.pop("content", None), body.pop("messages", None)
-        unknown = set(body) - set(STORE_FIELDS) - {"metadata"}
-        if unknown:
-            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected argument {sorted(unknown)[0]!r}")
-        if (content is None) == (messages is None):
-            raise ServiceError(ErrorCode.INVALID_ARGUMENT, "give content or messages")
-        arguments = {**body, **_narrowing(claimed)}
-        if messages is not None:
-            arguments.pop("pinned", None)
-            result = operation_execute(
-                request.auth, "ingest", {**arguments, "messages": messages}, call=_call(request), claimed_scope=claimed
-            )
+        raw = _body(request)
+        if isinstance(raw, dict) and raw.get("messages") is not None and raw.get("content") is None:
+            result = _execute(request, "ingest", lambda: self._arguments(request, messages=True))
             return Response({"memories": result["results"]}, status=status.HTTP_201_CREATED)
-        result = operation_execute(
-            request.auth, "remember", {**arguments, "memory": content}, call=_call(request), claimed_scope=claimed
-        )
+        result = _execute(request, "remember", lambda: self._arguments(request, messages=False))
         memory = seed_memory(request.auth, _stored(request.auth, result["id"]))
         code = status.HTTP_200_OK if result["duplicate"] else status.HTTP_201_CREATED
         return Response({"memory": memory, "duplicate": result["duplicate"]}, status=code)
+
+    @staticmethod
+    def _arguments(request, *, messages: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        body = _body_dict(request)
+        claimed = _scope_of(body.pop("scope", None))
+        content, items = body.pop("content", None), body.pop("messages", None)
+        _only(body, set(STORE_FIELDS) | {"metadata"})
+        if (content is None) == (items is None):
+            raise _Rejected("give content or messages")
+        arguments = {**body, **_narrowing(claimed)}
+        if messages:
+            arguments.pop("pinned", None)
+            return {**arguments, "messages": items}, claimed
+        return {**arguments, "memory": content}, claimed
 
     @extend_schema(
         operation_id="v1_memory_list",
@@ -166,21 +204,22 @@ class SeedMemoryCollectionView(APIView):
             OpenApiParameter("limit", int),
             OpenApiParameter("cursor", str),
         ],
-        responses={200: dict},
+        responses={200: schemas.SeedListOutput, **_errors(*COMMON_ERRORS, 403)},
     )
     def get(self, request):
-        query = request.query_params
-        unknown = set(query) - {*SCOPE_KEYS, "memory_type", "tags", "limit", "cursor"}
-        if unknown:
-            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0]!r}")
-        claimed = {key: query[key] for key in ("tenant_id", "user_id") if key in query}
-        arguments = field_filter_arguments(query)
-        if "limit" in query:
-            raw = query["limit"]
-            arguments["page_size"] = int(raw) if raw.isdigit() and len(raw) < 10 else raw
-        if query.get("cursor"):
-            arguments["cursor"] = query["cursor"]
-        result = operation_execute(request.auth, "list_memory", arguments, call=_call(request), claimed_scope=claimed)
+        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+            query = request.query_params
+            _only(query, {*SCOPE_KEYS, "memory_type", "tags", "limit", "cursor"}, "query parameter")
+            claimed = {key: query[key] for key in ("tenant_id", "user_id") if key in query}
+            arguments = field_filter_arguments(query)
+            if "limit" in query:
+                raw = query["limit"]
+                arguments["page_size"] = int(raw) if _DIGITS.fullmatch(raw) else raw
+            if query.get("cursor"):
+                arguments["cursor"] = query["cursor"]
+            return arguments, claimed
+
+        result = _execute(request, "list_memory", build)
         return Response(
             {
                 "memories": [seed_memory(request.auth, m) for m in result["memories"]],
@@ -193,7 +232,7 @@ class SeedMemorySearchView(APIView):
     @extend_schema(
         operation_id="v1_memory_search",
         request=_search_request,
-        responses={200: dict},
+        responses={200: schemas.SeedSearchOutput, **_errors(*COMMON_ERRORS, 403)},
         examples=[
             OpenApiExample(
                 "search",
@@ -208,47 +247,50 @@ class SeedMemorySearchView(APIView):
         ],
     )
     def post(self, request):
-        body = _body(request)
-        claimed = _scope_of(body.pop("scope", None))
-        unknown = set(body) - {"query", "memory_type", "tags", "limit"}
-        if unknown:
-            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected argument {sorted(unknown)[0]!r}")
-        arguments = {key: body[key] for key in ("query", "memory_type", "tags") if key in body}
-        arguments["top_k"] = body.get("limit", 10)
-        arguments.update(_narrowing(claimed))
-        result = operation_execute(request.auth, "search_memory", arguments, call=_call(request), claimed_scope=claimed)
+        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+            body = _body_dict(request)
+            claimed = _scope_of(body.pop("scope", None))
+            _only(body, {"query", "memory_type", "tags", "limit"})
+            arguments: dict[str, Any] = {key: body[key] for key in ("query", "memory_type", "tags") if key in body}
+            arguments["top_k"] = body.get("limit", 10)
+            arguments.update(_narrowing(claimed))
+            return arguments, claimed
+
+        result = _execute(request, "search_memory", build)
         return Response({"memories": [seed_memory(request.auth, m) for m in result["results"]]})
 
 
 class SeedMemoryItemView(APIView):
-    @extend_schema(operation_id="v1_memory_update", request=_store_request, responses={200: dict})
+    @extend_schema(
+        operation_id="v1_memory_update",
+        request=_store_request,
+        responses={200: schemas.SeedMemoryOutput, **_errors(*COMMON_ERRORS, 403, 404)},
+    )
     def put(self, request, memory_id: str):
-        body = _body(request)
-        claimed = _scope_of(body.pop("scope", None))
-        unknown = set(body) - set(STORE_FIELDS) - {"content", "metadata"}
-        if unknown:
-            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected argument {sorted(unknown)[0]!r}")
-        arguments = {**body, **_narrowing(claimed), "memory_id": memory_id}
-        if "content" in arguments:
-            arguments["memory"] = arguments.pop("content")
-        result = operation_execute(request.auth, "update_memory", arguments, call=_call(request), claimed_scope=claimed)
+        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+            body = _body_dict(request)
+            claimed = _scope_of(body.pop("scope", None))
+            _only(body, set(STORE_FIELDS) | {"content", "metadata"})
+            arguments = {**body, **_narrowing(claimed), "memory_id": memory_id}
+            if "content" in arguments:
+                arguments["memory"] = arguments.pop("content")
+            return arguments, claimed
+
+        result = _execute(request, "update_memory", build)
         return Response({"memory": seed_memory(request.auth, result["memory"])})
 
-    @extend_schema(operation_id="v1_memory_delete", parameters=_SCOPE_PARAMS[:2], responses={200: dict})
+    @extend_schema(
+        operation_id="v1_memory_delete",
+        parameters=_SCOPE_PARAMS[:2],
+        responses={200: schemas.DeleteOutput, **_errors(*COMMON_ERRORS, 403, 404)},
+    )
     def delete(self, request, memory_id: str):
-        claimed = _query_claim(request)
-        return Response(
-            operation_execute(
-                request.auth, "delete_memory", {"memory_id": memory_id}, call=_call(request), claimed_scope=claimed
-            )
-        )
+        return Response(_execute(request, "delete_memory", lambda: ({"memory_id": memory_id}, _query_claim(request))))
 
 
 def _query_claim(request) -> dict[str, Any]:
     query = request.query_params
-    unknown = set(query) - {"tenant_id", "user_id"}
-    if unknown:
-        raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0]!r}")
+    _only(query, {"tenant_id", "user_id"}, "query parameter")
     return {key: query[key] for key in ("tenant_id", "user_id") if key in query}
 
 
@@ -258,14 +300,13 @@ class SeedMemoryForgetView(APIView):
         description="An alias for delete, recorded as a user-initiated forget.",
         parameters=_SCOPE_PARAMS[:2],
         request=None,
-        responses={200: dict},
+        responses={200: schemas.DeleteOutput, **_errors(*COMMON_ERRORS, 403, 404)},
     )
     def post(self, request, memory_id: str):
-        claimed = _query_claim(request)
-        if isinstance(request.data, dict) and request.data.get("scope") is not None:
-            claimed = {**claimed, **_scope_of(request.data["scope"])}
-        return Response(
-            operation_execute(
-                request.auth, "forget_memory", {"memory_id": memory_id}, call=_call(request), claimed_scope=claimed
-            )
-        )
+        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+            claimed = _query_claim(request)
+            if isinstance(request.data, dict) and request.data.get("scope") is not None:
+                claimed = {**claimed, **_scope_of(request.data["scope"])}
+            return {"memory_id": memory_id}, claimed
+
+        return Response(_execute(request, "forget_memory", build))

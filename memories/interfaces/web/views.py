@@ -4,7 +4,7 @@ usage. Server-rendered; every memory action goes through the same operation disp
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, timedelta
 
 from django.conf import settings
 from django.contrib import messages
@@ -126,8 +126,11 @@ def memory_index(request):
             )
             context.update(memories=page["memories"], next_cursor=page["next_cursor"])
     except ServiceError as exc:
+        # The page still renders (with the message), under the error's status: a bad
+        # cursor or query is a 400, like the same mistake over REST.
         messages.error(request, exc.message)
         context["memories"] = []
+        return render(request, "web/memory_list.html", context, status=exc.http_status)
     return render(request, "web/memory_list.html", context)
 
 
@@ -148,11 +151,13 @@ def _field_filters(request) -> dict:
 
 
 def _day_after(day: str | None) -> str | None:
+    """The exclusive upper bound for "created on or before `day`"; none after 9999-12-31."""
     if not day:
         return None
-    from datetime import timedelta
-
-    return (date.fromisoformat(day) + timedelta(days=1)).isoformat()
+    try:
+        return (date.fromisoformat(day) + timedelta(days=1)).isoformat()
+    except OverflowError:
+        return None
 
 
 def _within(created_at: str | None, date_from: str | None, date_to: str | None) -> bool:

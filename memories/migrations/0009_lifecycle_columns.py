@@ -14,6 +14,6 @@ def backwards(apps, schema_editor):
 class Migration(migrations.Migration):
     """Issue 11: trash and expiry as stored columns, so search need not parse payloads."""
 
-    dependencies = [("memories", "0006_memory_fields")]
+    dependencies = [("memories", "0008_memory_fields")]
 
     operations = [migrations.RunPython(forwards, backwards)]

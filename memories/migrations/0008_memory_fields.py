@@ -10,7 +10,7 @@ def forwards(apps, schema_editor):
 class Migration(migrations.Migration):
     """Issue 11: existing memories get the default fields (type user, importance 0.5)."""
 
-    dependencies = [("memories", "0005_fulltext")]
+    dependencies = [("memories", "0007_rate_events")]
 
     operations = [
         migrations.CreateModel(

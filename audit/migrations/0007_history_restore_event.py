@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("audit", "0005_audit_memory_ids_index"),
+        ("audit", "0006_auth_failure_windows"),
     ]
 
     operations = [
