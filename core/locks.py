@@ -51,5 +51,8 @@ def advisory_xact_lock(*keys: str, timeout_s: float | None = None) -> None:
                 cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
             # Only the advisory wait is bounded; the rest of the transaction waits as usual.
             cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
-    except OperationalError:
+    except OperationalError as exc:
+        # Only lock_timeout (55P03) means busy; a lost connection is backend_unavailable (503).
+        if getattr(exc.__cause__, "sqlstate", None) != "55P03":
+            raise
         raise ServiceError(ErrorCode.CONFLICT, "Another change to this memory is in progress; retry.") from None

@@ -132,6 +132,18 @@ class EngineMemoryRow(models.Model):
         return str(self.id)
 
 
+class JobWatermark(models.Model):
+    """How far a background job has read an append-only stream (e.g. the recall
+    counters fold audit rows up to `position`), so each row is counted exactly once."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    position = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} @ {self.position}"
+
+
 class IngestIntent(models.Model):
     """An `ingest` call in flight. mem0 commits its rows on its own connection, so the
     call is recorded (committed) before the engine call and closed, with its hashes,

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from core.errors import ErrorCode, ServiceError
+from core.metrics import rate_limit_rejection_record
 from core.scope import MemoryScope
 from memories.models import RateEvent, RateWindow
 
@@ -39,6 +40,7 @@ def clock() -> float:
 
 def _limited(operation: str, limit: int, window: int, retry_after: float) -> ServiceError:
     seconds = max(1, math.ceil(retry_after))
+    rate_limit_rejection_record(operation=operation)
     return ServiceError(
         ErrorCode.RATE_LIMITED,
         f"Too many {operation} calls: at most {limit} per {window} s. Retry in {seconds} s.",

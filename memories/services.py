@@ -4,15 +4,12 @@ operations take a MemoryScope first."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import json
 import secrets
 import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,14 +18,18 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_failure, audit_record, audit_snapshot, audit_text
-from core.choices import Operation
+from core.choices import Channel, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
 from core.locks import advisory_xact_lock
 from core.scope import CallContext, MemoryScope
 from memories.call_record import call_succeeded
+from memories.cursors import CursorError, cursor_decode, cursor_encode
 from memories.engine import (
     EngineError,
+    EngineMemory,
     LlmUnavailable,
+    MemoryAttrs,
+    attrs_containment,
     engine_delete_row,
     engine_delete_user_rows,
     engine_embed_text,
@@ -36,14 +37,23 @@ from memories.engine import (
     engine_insert_text,
     engine_lock_owned,
     engine_memories_page,
+    engine_memory_ids,
+    engine_purge_due,
+    engine_purge_messages,
+    engine_recalls_fold,
+    engine_restore,
     engine_rows_from_request,
+    engine_timestamp,
+    engine_trash,
+    engine_trashed,
     engine_update_row,
     history_attribution,
     hybrid_search,
     llm_configured,
 )
-from memories.models import ApiKey, ContentHash, IngestIntent
+from memories.models import ApiKey, ContentHash, IngestIntent, JobWatermark
 from memories.rate_limits import rate_limit_consume
+from memories.schemas import parse_instant
 from memories.selectors import MemoryView, decayed_score, memory_get_owned, memory_view
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -101,6 +111,39 @@ def _system_metadata(scope: MemoryScope, *, source: str, pinned: bool, metadata:
     return {**(metadata or {}), "pinned": pinned, "source": source, "client_app": scope.client_app}
 
 
+def _attrs(fields: dict[str, Any] | None, *, base: MemoryAttrs | None = None) -> MemoryAttrs:
+    """The memory's fields after applying `fields` (validated by schemas.FieldsMixin) to
+    `base` (the defaults for a new memory). `ttl_days` becomes `expires_at`."""
+    attrs = base or MemoryAttrs()
+    changes: dict[str, Any] = {}
+    for name, value in (fields or {}).items():
+        if name in ("source", "ttl_days"):
+            continue
+        if name == "tags":
+            changes["tags"] = tuple(value or ())
+        elif name == "expires_at":
+            changes["expires_at"] = None if value is None else engine_timestamp(parse_instant(value, what=name))
+        elif name == "memory_type":
+            changes["memory_type"] = value or MemoryAttrs.memory_type
+        elif name == "importance":
+            changes["importance"] = MemoryAttrs.importance if value is None else float(value)
+        else:
+            changes[name] = value
+    ttl_days = (fields or {}).get("ttl_days")
+    if ttl_days:
+        changes["expires_at"] = engine_timestamp(datetime.now(UTC) + timedelta(days=ttl_days))
+    return replace(attrs, **changes)
+
+
+def _live(item: EngineMemory | None, scope: MemoryScope) -> bool:
+    return (
+        item is not None
+        and item.user_id == scope.engine_user_id
+        and item.trash is None
+        and not item.expired(datetime.now(UTC))
+    )
+
+
 def _llm_unavailable() -> ServiceError:
     return ServiceError(ErrorCode.LLM_UNAVAILABLE, "ingest needs an LLM and none is configured; use remember instead.")
 
@@ -113,6 +156,13 @@ def _engine_errors() -> Iterator[None]:
         raise _llm_unavailable() from None
     except EngineError as exc:
         raise backend_unavailable() from exc
+
+
+def _audit_attrs(attrs: MemoryAttrs) -> dict[str, Any]:
+    data = attrs.as_payload()
+    if data.get("why_stored") is not None:
+        data["why_stored"] = audit_text(data["why_stored"])
+    return {"fields": data}
 
 
 @dataclass(frozen=True)
@@ -135,7 +185,7 @@ def _hash_owner(scope: MemoryScope, *, digest: str) -> str | None:
     known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).first()
     if known is None:
         return None
-    if engine_lock_owned(scope, memory_id=str(known.memory_id)) is not None:
+    if _live(engine_lock_owned(scope, memory_id=str(known.memory_id)), scope):
         return str(known.memory_id)
     known.delete()
     return None
@@ -155,13 +205,17 @@ def memory_remember(
     memory: str,
     pinned: bool = False,
     metadata: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
     call: CallContext,
 ) -> RememberResult:
-    """Store one curated fact verbatim (no LLM). The same text twice is stored once.
+    """Store one curated fact verbatim (no LLM) with its fields. The same text twice is
+    stored once (the first memory's fields are kept).
 
     The memory row, its history row, its dedupe hash, the usage event and the audit row
     commit in one transaction (the embedding is computed before it): after a crash
     either all exist or none, and a retry finds the hash."""
+    attrs = _attrs(fields)
+    source = (fields or {}).get("source") or "remember"
     rate_limit_consume(scope, operation=Operation.REMEMBER)
     text = memory.strip()
     digest = content_sha256(memory)
@@ -189,10 +243,11 @@ def memory_remember(
                     memory_id = engine_insert_text(
                         scope,
                         embedded=embedded,
-                        metadata=_system_metadata(scope, source="remember", pinned=pinned, metadata=metadata),
+                        metadata=_system_metadata(scope, source=source, pinned=pinned, metadata=metadata),
+                        attrs=attrs,
                     )
                 ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
-                after = audit_snapshot(memory=text, pinned=pinned, metadata=metadata or {})
+                after = {**audit_snapshot(memory=text, pinned=pinned, metadata=metadata or {}), **_audit_attrs(attrs)}
                 call_succeeded(scope, call=call, operation=Operation.REMEMBER, memory_ids=[memory_id], after=after)
                 return RememberResult(id=memory_id, duplicate=False)
         known = False  # the hash went away between the check and the lock: embed and store
@@ -204,6 +259,7 @@ def memory_ingest(
     *,
     messages: list[dict[str, str]],
     metadata: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
     call: CallContext,
 ) -> list[dict[str, Any]]:
     """mem0's extraction pipeline over a conversation turn (one LLM call).
@@ -227,7 +283,10 @@ def memory_ingest(
             added = engine_ingest(
                 scope,
                 messages=messages,
-                metadata=_system_metadata(scope, source="ingest", pinned=False, metadata=metadata),
+                metadata=_system_metadata(
+                    scope, source=(fields or {}).get("source") or "ingest", pinned=False, metadata=metadata
+                ),
+                attrs=_attrs(fields),
                 request_id=call.request_id,
             )
     except ServiceError:
@@ -335,10 +394,12 @@ def memory_update(
     memory: str | None = None,
     pinned: bool | None = None,
     metadata: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
     call: CallContext,
 ) -> MemoryView:
-    """Change text, pin state or metadata of one of the scope's memories. Metadata is
-    merged, never wiped. Serialised per memory with concurrent updates and deletes.
+    """Change text, pin state, metadata or fields of one of the scope's memories.
+    Metadata is merged, never wiped. Serialised per memory with concurrent updates and
+    deletes.
 
     New text that another of the user's memories already has answers `conflict` (with
     its id) and changes nothing. The row, its history, the hash, the usage event and
@@ -347,6 +408,9 @@ def memory_update(
     changes = dict(metadata or {})
     if pinned is not None:
         changes["pinned"] = pinned
+    source = (fields or {}).get("source")
+    if source:
+        changes["source"] = source
     memory_get_owned(scope, memory_id=memory_id)  # not_found before any embedding work
     text = memory.strip() if memory is not None else None
     digest = content_sha256(memory) if memory is not None else None
@@ -358,14 +422,15 @@ def memory_update(
         keys = [f"memory:{memory_id}"] + ([_text_lock_key(scope, digest)] if digest else [])
         advisory_xact_lock(*keys)
         current = engine_lock_owned(scope, memory_id=memory_id)
-        if current is None:
+        if current is None or not _live(current, scope):
             raise not_found()
+        attrs = _attrs(fields, base=current.attrs) if fields else None
         if digest is not None:
             existing_id = _hash_owner(scope, digest=digest)
             if existing_id is not None and existing_id != memory_id:
                 raise _duplicate_text(existing_id)
         with _attributed(call):
-            updated = engine_update_row(memory_id, embedded=embedded, metadata=changes or None)
+            updated = engine_update_row(memory_id, embedded=embedded, metadata=changes or None, attrs=attrs)
         if digest is not None:
             _rehash(scope, memory_id=memory_id, digest=digest)
         call_succeeded(
@@ -381,7 +446,10 @@ def memory_update(
 
 def _snapshot(item) -> dict[str, Any]:
     view = memory_view(item)
-    return audit_snapshot(memory=view.memory, pinned=view.pinned, metadata=view.metadata)
+    return {
+        **audit_snapshot(memory=view.memory, pinned=view.pinned, metadata=view.metadata),
+        **_audit_attrs(item.attrs),
+    }
 
 
 @contextmanager
@@ -397,28 +465,56 @@ def _rehash(scope: MemoryScope, *, memory_id: str, digest: str) -> None:
     )
 
 
-def memory_delete(scope: MemoryScope, *, memory_id: str, call: CallContext) -> None:
-    """Delete one of the scope's memories: row, history, hash, usage event and audit row
-    in one transaction."""
+def _trash_enabled() -> bool:
+    return settings.TRASH_RETENTION_DAYS > 0
+
+
+def _trash_or_delete(
+    scope: MemoryScope, *, memory_ids: list[str] | None, call: CallContext, operation: str
+) -> list[str]:
+    """Inside the caller's transaction: move the memories (all of the scope's when None)
+    to the trash, or delete them for good when the trash is off. Returns the ids."""
+    with _attributed(call):
+        if _trash_enabled():
+            return engine_trash(
+                scope, memory_ids=memory_ids, at=datetime.now(UTC), request_id=call.request_id, operation=operation
+            )
+        if memory_ids is None:
+            return engine_delete_user_rows(scope)
+        return [memory_id for memory_id in memory_ids if engine_delete_row(memory_id)]
+
+
+def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, call: CallContext) -> None:
+    """Move one memory to the trash (restorable for TRASH_RETENTION_DAYS; 0 deletes it at
+    once). `forget` records a user-initiated forget (seed 001's /forget). The row change,
+    its history, the hash, the usage event and the audit row commit in one transaction."""
     rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
     memory_get_owned(scope, memory_id=memory_id)
+    detail = {"forget": True} if forget else {}
     with _engine_errors(), transaction.atomic():
         advisory_xact_lock(f"memory:{memory_id}")
         current = engine_lock_owned(scope, memory_id=memory_id)
-        if current is None:
+        if current is None or not _live(current, scope):
             raise not_found()
-        with _attributed(call):
-            engine_delete_row(memory_id)
+        if not _trash_or_delete(scope, memory_ids=[memory_id], call=call, operation=Operation.DELETE_MEMORY):
+            raise not_found()
+        # In the trash a memory is not counted for dedupe: the same text again is new.
         ContentHash.objects.filter(memory_id=memory_id).delete()
         call_succeeded(
-            scope, call=call, operation=Operation.DELETE_MEMORY, memory_ids=[memory_id], before=_snapshot(current)
+            scope,
+            call=call,
+            operation=Operation.DELETE_MEMORY,
+            memory_ids=[memory_id],
+            before=_snapshot(current),
+            detail={**detail, "trashed": _trash_enabled()},
         )
 
 
 def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) -> int:
-    """Delete every memory of the scope's user, their dedupe hashes and mem0's raw
-    messages (so a later ingest cannot bring cleared facts back), in one transaction
-    with the usage event and audit row. Returns the count."""
+    """Move every memory of the scope's user to the trash (or delete them when the trash
+    is off), drop their dedupe hashes and purge mem0's raw messages (so a later ingest
+    cannot bring cleared facts back), in one transaction with the usage event and audit
+    row. Returns the count."""
     if confirm is not True:
         raise ServiceError(
             ErrorCode.CONFIRMATION_REQUIRED, "clear_all_memory deletes all your memories; call it with confirm: true."
@@ -426,28 +522,226 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
     rate_limit_consume(scope, operation=Operation.CLEAR_ALL_MEMORY)
     with _engine_errors(), transaction.atomic():
         advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
-        with _attributed(call):
-            memory_ids = engine_delete_user_rows(scope)
+        memory_ids = _trash_or_delete(scope, memory_ids=None, call=call, operation=Operation.CLEAR_ALL_MEMORY)
+        engine_purge_messages(scope)
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
         call_succeeded(
             scope,
             call=call,
             operation=Operation.CLEAR_ALL_MEMORY,
             memory_ids=memory_ids,
-            detail={"deleted": len(memory_ids)},
+            detail={"deleted": len(memory_ids), "trashed": _trash_enabled()},
         )
     return len(memory_ids)
 
 
+@dataclass(frozen=True)
+class ForgetResult:
+    deleted_count: int
+    dry_run: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"deleted_count": self.deleted_count, "dry_run": self.dry_run}
+
+
+def memory_forget_bulk(
+    scope: MemoryScope,
+    *,
+    tags: list[str] | None = None,
+    time_range: tuple[str | None, str | None] | None = None,
+    memory_type: str | None = None,
+    confirm: bool = False,
+    dry_run: bool = False,
+    call: CallContext,
+) -> ForgetResult:
+    """Bulk forget (seed 003): the scope's live memories with all of `tags`, created in
+    `time_range` [start, end) and/or of `memory_type` go to the trash. `confirm: true`
+    is required unless `dry_run`, which only counts."""
+    if not dry_run and confirm is not True:
+        raise ServiceError(
+            ErrorCode.CONFIRMATION_REQUIRED,
+            "bulk delete needs confirm: true (use dry_run: true to count what would be deleted).",
+        )
+    if not tags and time_range is None and memory_type is None:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "give at least one of tags, time_range, memory_type")
+    rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
+    start, end = time_range or (None, None)
+    containment = attrs_containment(memory_type=memory_type, tags=tags)
+    created_from = engine_timestamp(parse_instant(start, what="start")) if start else None
+    created_before = engine_timestamp(parse_instant(end, what="end")) if end else None
+    criteria = {"tags": tags or [], "time_range": {"start": start, "end": end}, "memory_type": memory_type}
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        memory_ids = engine_memory_ids(
+            scope, containment=containment, created_from=created_from, created_before=created_before
+        )
+        if dry_run:
+            call_succeeded(
+                scope,
+                call=call,
+                operation=Operation.DELETE_MEMORY,
+                detail={"bulk": criteria, "dry_run": True, "count": len(memory_ids)},
+            )
+            return ForgetResult(deleted_count=len(memory_ids), dry_run=True)
+        if memory_ids:
+            memory_ids = _trash_or_delete(scope, memory_ids=memory_ids, call=call, operation=Operation.DELETE_MEMORY)
+        ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=memory_ids).delete()
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.DELETE_MEMORY,
+            memory_ids=memory_ids,
+            detail={"bulk": criteria, "dry_run": False, "count": len(memory_ids), "trashed": _trash_enabled()},
+        )
+    return ForgetResult(deleted_count=len(memory_ids), dry_run=False)
+
+
+# --- the trash: restore, delete forever, the purge job ------------------------------------
+def memory_restore(
+    scope: MemoryScope, *, memory_id: str | None = None, request_id: str | None = None, call: CallContext
+) -> list[str]:
+    """Take memories out of the trash with the same ids and history: one by id, or all
+    that one call deleted (its request id). A restored memory gets its dedupe hash back
+    unless the same text was remembered again meanwhile (then the newer memory keeps
+    it and the restored one lives on beside it)."""
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        with _attributed(call):
+            restored = engine_restore(
+                scope, memory_ids=[memory_id] if memory_id else None, request_id=None if memory_id else request_id
+            )
+        if not restored:
+            raise not_found()
+        ContentHash.objects.bulk_create(
+            [
+                ContentHash(engine_user_id=scope.engine_user_id, sha256=content_sha256(item.text), memory_id=item.id)
+                for item in restored
+            ],
+            ignore_conflicts=True,
+        )
+        ids = [item.id for item in restored]
+        audit_record(
+            scope,
+            call=call,
+            operation=Operation.RESTORE_MEMORY,
+            memory_ids=ids,
+            detail={"restored": len(ids), "request_id": request_id or ""},
+        )
+    return ids
+
+
+def memory_purge(scope: MemoryScope, *, memory_id: str | None = None, call: CallContext) -> int:
+    """Delete for good: one memory in the scope's trash, or (no id) the whole trash."""
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        trashed = engine_trashed(scope, memory_ids=[memory_id] if memory_id else None, limit=1_000_000)
+        if memory_id and not trashed:
+            raise not_found()
+        ids = [item.id for item in trashed]
+        with _attributed(call):
+            for item_id in ids:
+                engine_delete_row(item_id)
+        audit_record(scope, call=call, operation=Operation.PURGE_MEMORY, memory_ids=ids, detail={"purged": len(ids)})
+    return len(ids)
+
+
+def memory_purge_due(*, now: datetime | None = None, batch: int = 500) -> int:
+    """The periodic purge: trash older than TRASH_RETENTION_DAYS and expired memories are
+    deleted for good, with one audit row per user and batch. Returns how many."""
+    now = now or datetime.now(UTC)
+    trashed_before = now - timedelta(days=settings.TRASH_RETENTION_DAYS)
+    call = CallContext(channel=Channel.INTERNAL, actor_username="system:purge")
+    total = 0
+    while True:
+        # One transaction per batch: the rows are selected FOR UPDATE, so a restore racing
+        # the purge either wins (the row is skipped) or waits and finds nothing.
+        with _engine_errors(), transaction.atomic(), _attributed(call):
+            due = engine_purge_due(trashed_before=trashed_before, expired_at=now, limit=batch)
+            if not due:
+                return total
+            by_owner: dict[str, list[str]] = {}
+            for memory_id, owner in due:
+                by_owner.setdefault(owner, []).append(memory_id)
+            for owner, ids in by_owner.items():
+                for memory_id in ids:
+                    engine_delete_row(memory_id)
+                ContentHash.objects.filter(memory_id__in=ids).delete()
+                audit_record(
+                    MemoryScope.from_engine_user_id(owner),
+                    call=call,
+                    operation=Operation.PURGE_DUE,
+                    memory_ids=ids,
+                    detail={"purged": len(ids)},
+                )
+        total += len(due)
+
+
+RECALLS_WATERMARK = "recalls"
+
+
+def memory_recalls_fold(*, batch: int = 5000, settle_seconds: int | None = None) -> int:
+    """last_recalled_at / access_count without a write on search's path: every search
+    already leaves an audit row listing the ids it returned; this job adds the rows past
+    a watermark to the counters, in one transaction with the watermark (lossless, each
+    row counted once). Rows younger than RECALLS_SETTLE_SECONDS wait for the next run,
+    so a search transaction still committing is not skipped."""
+    from audit.models import AuditEvent
+
+    settle = settings.RECALLS_SETTLE_SECONDS if settle_seconds is None else settle_seconds
+    folded = 0
+    while True:
+        with transaction.atomic():
+            mark, _ = JobWatermark.objects.select_for_update().get_or_create(name=RECALLS_WATERMARK)
+            rows = list(
+                AuditEvent.objects.filter(
+                    id__gt=mark.position,
+                    operation=Operation.SEARCH_MEMORY,
+                    occurred_at__lt=datetime.now(UTC) - timedelta(seconds=settle),
+                )
+                .order_by("id")
+                .values_list("id", "occurred_at", "memory_ids", "outcome")[:batch]
+            )
+            if not rows:
+                return folded
+            recalls: dict[str, tuple[int, str]] = {}
+            for _, occurred_at, memory_ids, outcome in rows:
+                if outcome != AuditEvent.Outcome.OK:
+                    continue
+                stamp = engine_timestamp(occurred_at)
+                for memory_id in memory_ids or []:
+                    count, last = recalls.get(memory_id, (0, stamp))
+                    recalls[memory_id] = (count + 1, max(last, stamp))
+            engine_recalls_fold(recalls)
+            mark.position = rows[-1][0]
+            mark.save(update_fields=["position", "updated_at"])
+            folded += len(rows)
+
+
 # --- billed and audited reads ---------------------------------------------------------------
+def _containment(filters: dict[str, Any] | None, field_filters: dict[str, Any] | None) -> dict[str, Any]:
+    return {**(filters or {}), **attrs_containment(**(field_filters or {}))}
+
+
 def memory_search(
-    scope: MemoryScope, *, query: str, top_k: int, filters: dict[str, Any] | None = None, call: CallContext
+    scope: MemoryScope,
+    *,
+    query: str,
+    top_k: int,
+    filters: dict[str, Any] | None = None,
+    field_filters: dict[str, Any] | None = None,
+    call: CallContext,
 ) -> list[MemoryView]:
-    """The best `top_k` memories for `query`: hybrid retrieval (engine), then age decay."""
+    """The best `top_k` live memories for `query` (narrowed by metadata filters and
+    field filters: memory_type, tags, agent_id, session_id): hybrid retrieval, then age
+    decay. Recall counters are not touched here (memory_recalls_fold)."""
     rate_limit_consume(scope, operation=Operation.SEARCH_MEMORY)
+    field_filters = {k: v for k, v in (field_filters or {}).items() if v is not None}
     try:
         candidates = hybrid_search(
-            scope, query=query, limit=min(100, top_k * settings.SEARCH_CANDIDATE_FACTOR), filters=filters
+            scope,
+            query=query,
+            limit=min(100, top_k * settings.SEARCH_CANDIDATE_FACTOR),
+            filters=_containment(filters, field_filters) or None,
         )
     except EngineError as exc:
         raise backend_unavailable() from exc
@@ -460,25 +754,21 @@ def memory_search(
             call=call,
             operation=Operation.SEARCH_MEMORY,
             memory_ids=[r.id for r in results],
-            detail={"query": audit_text(query), "top_k": top_k, "filters": filters or {}, "results": len(results)},
+            detail={
+                "query": audit_text(query),
+                "top_k": top_k,
+                "filters": {**(filters or {}), **field_filters},
+                "results": len(results),
+            },
         )
     return results
 
 
-def _encode_cursor(created_at: str, memory_id: str) -> str:
-    raw = json.dumps([created_at, memory_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
 def _decode_cursor(cursor: str) -> tuple[str, str]:
     try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        created_at, memory_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        if not isinstance(created_at, str) or not isinstance(memory_id, str):
-            raise ValueError
-        return created_at, memory_id
-    except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
-        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "cursor is not one this server issued") from None
+        return cursor_decode(cursor)
+    except CursorError as exc:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -495,12 +785,14 @@ def memory_list(
     filters: dict[str, Any] | None = None,
     created_from: str | None = None,
     created_before: str | None = None,
+    field_filters: dict[str, Any] | None = None,
     call: CallContext,
 ) -> MemoryPage:
     """One page in creation order (oldest first, id breaking ties): each memory
     appears exactly once across pages, even while new ones are added."""
     rate_limit_consume(scope, operation=Operation.LIST_MEMORY)
     after = _decode_cursor(cursor) if cursor else None
+    field_filters = {k: v for k, v in (field_filters or {}).items() if v is not None}
     page = engine_memories_page(
         scope,
         after=after,
@@ -508,19 +800,25 @@ def memory_list(
         filters=filters,
         created_from=created_from,
         created_before=created_before,
+        containment=attrs_containment(**field_filters) or None,
     )
     views = [memory_view(item) for item in page[:page_size]]
     next_cursor = None
     if len(page) > page_size:
         last = page[page_size - 1]
-        next_cursor = _encode_cursor(last.created_at or "", last.id)
+        next_cursor = cursor_encode(last.created_at or "", last.id)
     with transaction.atomic():
         call_succeeded(
             scope,
             call=call,
             operation=Operation.LIST_MEMORY,
             memory_ids=[v.id for v in views],
-            detail={"page_size": page_size, "paged": bool(cursor), "filters": filters or {}, "results": len(views)},
+            detail={
+                "page_size": page_size,
+                "paged": bool(cursor),
+                "filters": {**(filters or {}), **field_filters},
+                "results": len(views),
+            },
         )
     return MemoryPage(memories=views, next_cursor=next_cursor)
 

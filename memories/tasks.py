@@ -8,6 +8,22 @@ def rate_windows_prune() -> int:
     return prune()
 
 
+@shared_task(name="memories.purge_due", autoretry_for=(Exception,), retry_backoff=True, max_retries=5)
+def purge_due() -> int:
+    """Delete for good: trash past TRASH_RETENTION_DAYS and expired memories."""
+    from memories.services import memory_purge_due
+
+    return memory_purge_due()
+
+
+@shared_task(name="memories.recalls_fold", autoretry_for=(Exception,), retry_backoff=True, max_retries=5)
+def recalls_fold() -> int:
+    """Fold search audit rows into last_recalled_at / access_count."""
+    from memories.services import memory_recalls_fold
+
+    return memory_recalls_fold()
+
+
 @shared_task(name="memories.ingest_intents_reconcile")
 def ingest_intents_reconcile() -> dict[str, int]:
     from memories.services import ingest_intents_reconcile as reconcile

@@ -116,3 +116,27 @@ def test_exact_path_never_uses_the_vector_index(alice_scope):
             [alice_scope.engine_user_id, zero],
         )
         assert "hnsw" not in " ".join(row[0] for row in cursor.fetchall())
+
+
+def test_index_path_skips_trashed_and_expired_rows(large_users, alice_scope):
+    """Issue 11's trash and expiry hold on the HNSW path too: the nearest rows, once trashed
+    or expired, are not found, and the scan still fills the limit with live rows."""
+    query = large_users["queries"][0]
+    nearest = [memory_id for memory_id, _ in vector_scores(alice_scope, query, limit=10, plan=HNSW)]
+    trashed, expired = nearest[:3], nearest[3:6]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'UPDATE "{settings.MEMORY_COLLECTION}" SET payload = payload || \'{{"trash": {{}}}}\'::jsonb'  # noqa: S608
+            " WHERE id = ANY(%s::uuid[])",
+            [trashed],
+        )
+        cursor.execute(
+            f"UPDATE \"{settings.MEMORY_COLLECTION}\" SET payload = jsonb_set(payload, '{{attrs}}',"  # noqa: S608
+            ' \'{"expires_at": "2000-01-01T00:00:00+00:00"}\'::jsonb) WHERE id = ANY(%s::uuid[])',
+            [expired],
+        )
+    for plan in (HNSW, EXACT):
+        found = [memory_id for memory_id, _ in vector_scores(alice_scope, query, limit=10, plan=plan)]
+        assert len(found) == 10
+        assert not set(found) & set(trashed + expired)
+        assert set(nearest[6:]) <= set(found)

@@ -57,6 +57,13 @@ def _history_row(record: dict[str, Any]) -> MemoryHistory:
     )
 
 
+def history_rows_add(records: list[dict[str, Any]]) -> None:
+    """History rows for changes made with SQL rather than through mem0 (the trash), in
+    the caller's transaction, attributed like mem0's own."""
+    if records:
+        MemoryHistory.objects.bulk_create([_history_row(r) for r in records])
+
+
 class PostgresHistoryStore:
     def add_history(
         self,

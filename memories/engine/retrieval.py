@@ -26,15 +26,17 @@ import json
 import threading
 import time
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from psycopg import sql
 
+from core.metrics import engine_timed_function
 from core.scope import MemoryScope
 from memories.engine.mem0_adapter import engine_embed_query
-from memories.engine.payload import EngineMemory, engine_memory_from_row
+from memories.engine.payload import EngineMemory, engine_memory_from_row, engine_timestamp
 
 BM25_K1 = 1.2
 BM25_B = 0.75
@@ -48,9 +50,14 @@ def _table() -> sql.Identifier:
     return sql.Identifier(settings.MEMORY_COLLECTION)
 
 
-def _owned_clause(filters: dict[str, Any] | None) -> tuple[sql.Composable, list[Any]]:
-    clause: sql.Composable = sql.SQL("payload->>'user_id' = %s")
-    params: list[Any] = []
+def _owned_clause(filters: dict[str, Any] | None, *, owner_index: bool = True) -> tuple[sql.Composable, list[Any]]:
+    """The user's live rows (not in the trash, not expired), optionally `payload @> filters`.
+    Trash and expiry are read from the stored columns (vector_schema), not the payload.
+    `owner_index=False` writes the owner test so the owner index cannot serve it (for the
+    HNSW path, where the filter must run inside the index scan)."""
+    owner = "payload->>'user_id' = %s" if owner_index else "(payload->>'user_id') || '' = %s"
+    clause: sql.Composable = sql.SQL(owner + " AND NOT trashed AND (expires_at IS NULL OR expires_at > %s)")
+    params: list[Any] = [engine_timestamp(datetime.now(UTC))]
     if filters:
         clause = sql.SQL("{} AND payload @> %s::jsonb").format(clause)
         params.append(json.dumps(filters))
@@ -142,7 +149,7 @@ def vector_scores(
     """The user's `limit` nearest memories with their cosine similarity, nearest first.
     `plan` (default: chosen by the user's size) is EXACT or HNSW."""
     plan = plan or vector_plan(scope)
-    owned, params = _owned_clause(filters)
+    owned, params = _owned_clause(filters, owner_index=plan == EXACT)
     operator = _distance_operator()
     negate = settings.EMBEDDER == "local"
     if plan == EXACT:
@@ -162,13 +169,10 @@ def vector_scores(
     else:
         # The owner test is written so the owner index cannot serve it ("|| ''"): the filter
         # then runs inside the HNSW scan, which iterates (relaxed order, re-sorted below)
-        # until it has `limit` of the user's rows.
-        clause: sql.Composable = sql.SQL("(payload->>'user_id') || '' = %s")
-        if filters:
-            clause = sql.SQL("{} AND payload @> %s::jsonb").format(clause)
+        # until it has `limit` of the user's live rows.
         query = sql.SQL(
             "SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} ORDER BY distance LIMIT %s"
-        ).format(operator, _table(), clause)
+        ).format(operator, _table(), owned)
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
@@ -293,6 +297,7 @@ def fuse_scores(
     return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
 
 
+@engine_timed_function("hybrid_search")  # memsite_engine_duration_seconds
 def hybrid_search(scope: MemoryScope, *, query: str, limit: int, filters: Filters = None) -> list[EngineMemory]:
     """The best `limit` memories for `query`, each with its fused score."""
     candidates = max(limit, settings.SEARCH_CANDIDATES)

@@ -26,16 +26,19 @@ from django.conf import settings
 from django.db import connection, transaction
 from psycopg import sql
 
+from core.metrics import engine_timed_function
 from core.scope import MemoryScope
 from memories.engine.history_store import PostgresHistoryStore
 from memories.engine.mem0_adapter import EngineError, _call, get_memory
 from memories.engine.payload import (
+    KEY_ATTRS,
     KEY_CREATED_AT,
     KEY_REQUEST_ID,
     KEY_TEXT,
     KEY_UPDATED_AT,
     KEY_USER_ID,
     EngineMemory,
+    MemoryAttrs,
     engine_memory_from_row,
 )
 
@@ -88,9 +91,16 @@ def _md5(text: str) -> str:
     return hashlib.md5(text.encode()).hexdigest()  # noqa: S324 - mem0's payload hash, not security
 
 
-def engine_insert_text(scope: MemoryScope, *, embedded: EmbeddedText, metadata: dict[str, Any] | None = None) -> str:
+@engine_timed_function("add")  # memsite_engine_duration_seconds
+def engine_insert_text(
+    scope: MemoryScope,
+    *,
+    embedded: EmbeddedText,
+    metadata: dict[str, Any] | None = None,
+    attrs: MemoryAttrs | None = None,
+) -> str:
     """Store a verbatim memory (what `Memory.add(infer=False)` stores for one user
-    message) in the caller's transaction. Returns the new memory id."""
+    message) with its fields in the caller's transaction. Returns the new memory id."""
     _require_transaction()
     memory_id = str(uuid.uuid4())
     created_at = _now()
@@ -104,6 +114,7 @@ def engine_insert_text(scope: MemoryScope, *, embedded: EmbeddedText, metadata: 
             KEY_CREATED_AT: created_at,
             KEY_UPDATED_AT: created_at,
             "text_lemmatized": embedded.lemmatized,
+            KEY_ATTRS: (attrs or MemoryAttrs()).as_payload(),
         }
     )
     statement = sql.SQL("INSERT INTO {} (id, vector, payload) VALUES (%s, %s::vector, %s::jsonb)").format(_table())
@@ -144,12 +155,17 @@ def _payload_of(memory_id: str) -> dict[str, Any] | None:
     return cast(dict[str, Any], row[0] if isinstance(row[0], dict) else json.loads(row[0]))
 
 
+@engine_timed_function("update")  # memsite_engine_duration_seconds
 def engine_update_row(
-    memory_id: str, *, embedded: EmbeddedText | None, metadata: dict[str, Any] | None
+    memory_id: str,
+    *,
+    embedded: EmbeddedText | None,
+    metadata: dict[str, Any] | None,
+    attrs: MemoryAttrs | None = None,
 ) -> EngineMemory:
-    """Change a memory's text (with its new vector) and/or merge metadata, as mem0's
-    `update()` does, in the caller's transaction. The row must be locked
-    (`engine_lock_owned`). Metadata-only changes keep the vector: the text is the same."""
+    """Change a memory's text (with its new vector), merge metadata and/or replace its
+    fields, as mem0's `update()` does, in the caller's transaction. The row must be
+    locked (`engine_lock_owned`). Other changes keep the vector: the text is the same."""
     _require_transaction()
     existing = _payload_of(memory_id)
     if existing is None:
@@ -165,6 +181,8 @@ def engine_update_row(
     payload["hash"] = _md5(text)
     if embedded is not None:
         payload["text_lemmatized"] = embedded.lemmatized
+    if attrs is not None:
+        payload[KEY_ATTRS] = attrs.as_payload()
     payload[KEY_CREATED_AT] = existing.get(KEY_CREATED_AT)
     payload[KEY_UPDATED_AT] = _now()
     with connection.cursor() as cursor:
@@ -204,6 +222,7 @@ def _deleted_history(memory_id: str, payload: dict[str, Any], *, now: str) -> di
     }
 
 
+@engine_timed_function("delete")  # memsite_engine_duration_seconds
 def engine_delete_row(memory_id: str) -> bool:
     """Delete one memory (and write its DELETE history row) in the caller's transaction."""
     _require_transaction()
@@ -219,6 +238,7 @@ def engine_delete_row(memory_id: str) -> bool:
     return True
 
 
+@engine_timed_function("delete_all")  # memsite_engine_duration_seconds
 def engine_delete_user_rows(scope: MemoryScope) -> list[str]:
     """Delete every memory of the user (a DELETE history row each) and mem0's raw
     messages for them, in the caller's transaction. Returns the deleted ids."""
@@ -240,6 +260,13 @@ def engine_delete_user_rows(scope: MemoryScope) -> list[str]:
     # The user's whole entity partition goes too, after commit (derived data).
     transaction.on_commit(lambda: _entities_purge(scope.engine_user_id))
     return deleted
+
+
+def engine_purge_messages(scope: MemoryScope) -> int:
+    """Remove mem0's raw messages of the user (they feed the next ingest's extraction),
+    in the caller's transaction."""
+    _require_transaction()
+    return int(_history.purge_messages(user_id=scope.engine_user_id))
 
 
 def engine_rows_from_request(*, request_id: str) -> list[EngineMemory]:

@@ -12,6 +12,6 @@ def backwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("memories", "0007_rate_events")]
+    dependencies = [("memories", "0009_lifecycle_columns")]
 
     operations = [migrations.RunPython(forwards, backwards)]
