@@ -136,5 +136,8 @@ def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
             "httpcore2": {"level": "WARNING"},
             # The MCP SDK logs whole JSON-RPC messages (tool arguments: memory text) at DEBUG.
             "mcp": {"level": "INFO"},
+            # Stateless mode: "Terminating session: None" at INFO after every request (noise,
+            # and a log line's filters and write on every MCP call).
+            "mcp.server.streamable_http": {"level": "WARNING"},
         },
     }

@@ -8,12 +8,14 @@ type and SQLSTATE. Attached to the console handler in settings.LOGGING and to Ce
 
 from __future__ import annotations
 
+import functools
 import logging
 import traceback
 
 WITHHELD = "(message withheld: database errors can quote stored data)"
 
 
+@functools.cache  # once per process: it runs for every log record
 def _db_error_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = []
     try:
