@@ -206,6 +206,17 @@ class DatedListInput(ListInput):
     created_before: Annotated[StrictStr, Field(max_length=40)] | None = None
 
 
+class ExportInput(StrictInput):
+    format: Literal["jsonl", "markdown"] = Field(default="jsonl", description="jsonl (lossless) or markdown (to read).")
+
+
+class ImportInput(StrictInput):
+    """Not an MCP tool: REST and the web UI pass the uploaded file's bytes."""
+
+    data: bytes = Field(description="The file's content.")
+    source: Literal["memsite", "mem0", "openmemory"] = "memsite"
+
+
 # --- outputs (each MCP tool's outputSchema) ---------------------------------------------------
 class MemoryOut(BaseModel):
     id: str
@@ -254,6 +265,18 @@ class ListOutput(BaseModel):
 
 class ClearAllOutput(BaseModel):
     deleted: int = Field(description="How many memories were deleted.")
+
+
+class ExportOutput(BaseModel):
+    content: str
+    format: str
+    count: int = Field(description="How many memories the file holds.")
+
+
+class ImportOutput(BaseModel):
+    imported: int = Field(description="Memories added.")
+    duplicates: int = Field(description="Memories skipped because you already had the same text.")
+    ids: list[str]
 
 
 def _describe(error: Any) -> str:

@@ -10,7 +10,7 @@ import hashlib
 import json
 import secrets
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,6 +32,7 @@ from memories.engine import (
     engine_add_text,
     engine_delete,
     engine_get,
+    engine_import_text,
     engine_ingest,
     engine_memories_page,
     engine_purge_user,
@@ -41,8 +42,23 @@ from memories.engine import (
     llm_configured,
 )
 from memories.models import ApiKey, ContentHash
+from memories.portability import (
+    EXPORT_FORMATS,
+    ExportRecord,
+    ImportItem,
+    export_jsonl,
+    export_markdown,
+    import_items_parse,
+)
 from memories.rate_limits import rate_limit_consume
-from memories.selectors import MemoryView, decayed_score, memory_get_owned, memory_ids_owned, memory_view
+from memories.selectors import (
+    MemoryView,
+    decayed_score,
+    memory_get_owned,
+    memory_histories,
+    memory_ids_owned,
+    memory_view,
+)
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 KEY_ID_BYTES = 6  # 12 hex chars: the public, unique lookup part
@@ -376,3 +392,152 @@ def memory_get(scope: MemoryScope, *, memory_id: str, call: CallContext) -> Memo
     view = memory_view(memory_get_owned(scope, memory_id=memory_id))
     audit_record(scope, call=call, operation=Operation.GET_MEMORY, memory_ids=[view.id])
     return view
+
+
+# --- export and import --------------------------------------------------------------------
+EXPORT_PAGE_SIZE = 500
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class MemoryExport:
+    content: str
+    format: str
+    count: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"content": self.content, "format": self.format, "count": self.count}
+
+
+def memory_export(
+    scope: MemoryScope, *, file_format: str, call: CallContext, progress: Progress | None = None
+) -> MemoryExport:
+    """All of the scope's memories with their history: lossless JSONL, or Markdown to read.
+    One billed, audited call."""
+    if file_format not in EXPORT_FORMATS:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"format must be one of {', '.join(EXPORT_FORMATS)}")
+    rate_limit_consume(scope, operation=Operation.EXPORT_MEMORIES)
+    views: list[MemoryView] = []
+    after: tuple[str, str] | None = None
+    try:
+        while True:
+            page = engine_memories_page(scope, after=after, limit=EXPORT_PAGE_SIZE)
+            views += [memory_view(item) for item in page]
+            if progress:
+                progress(len(views), 0)
+            if len(page) < EXPORT_PAGE_SIZE:
+                break
+            after = (page[-1].created_at or "", page[-1].id)
+    except EngineError as exc:
+        raise backend_unavailable() from exc
+    histories = memory_histories(scope, memory_ids=[v.id for v in views])
+    records = [
+        ExportRecord(
+            id=v.id,
+            text=v.memory,
+            pinned=v.pinned,
+            metadata=v.metadata,
+            source=v.source,
+            client_app=v.client_app,
+            created_at=v.created_at,
+            updated_at=v.updated_at,
+            history=histories.get(v.id, []),
+        )
+        for v in views
+    ]
+    exported_at = datetime.now(UTC).isoformat()
+    if file_format == "jsonl":
+        content = export_jsonl(records, exported_at=exported_at)
+    else:
+        content = export_markdown(records, exported_at=exported_at, username=call.actor_username or "you")
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.EXPORT_MEMORIES,
+            memory_ids=[r.id for r in records],
+            detail={"format": file_format, "memories": len(records)},
+        )
+    return MemoryExport(content=content, format=file_format, count=len(records))
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    imported: int
+    duplicates: int
+    ids: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"imported": self.imported, "duplicates": self.duplicates, "ids": self.ids}
+
+
+def memory_import_file(
+    scope: MemoryScope, *, data: bytes, source: str, call: CallContext, progress: Progress | None = None
+) -> ImportResult:
+    """Parse and validate the whole file first (a malformed or truncated one is refused
+    whole, nothing written), then import it."""
+    items = import_items_parse(
+        data=data, source=source, max_bytes=settings.IMPORT_MAX_BYTES, max_memories=settings.IMPORT_MAX_MEMORIES
+    )
+    return memory_import(scope, items=items, source=source, call=call, progress=progress)
+
+
+def memory_import(
+    scope: MemoryScope,
+    *,
+    items: list[ImportItem],
+    source: str,
+    call: CallContext,
+    progress: Progress | None = None,
+) -> ImportResult:
+    """Write validated items into the scope's memories, keeping their times and history.
+    Idempotent: a text the user already has (the same dedupe hash as `remember`) is
+    skipped, so importing a file twice adds nothing. Each memory's hash commits right
+    after the engine stored it: if the engine fails midway, importing the same file
+    again completes the import without duplicates."""
+    if len(items) > settings.IMPORT_MAX_MEMORIES:
+        raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"at most {settings.IMPORT_MAX_MEMORIES} memories per import")
+    rate_limit_consume(scope, operation=Operation.IMPORT_MEMORIES)
+    created: list[str] = []
+    duplicates = 0
+    with _engine_errors(), _attributed(call):
+        for n, item in enumerate(items, start=1):
+            digest = content_sha256(item.text)
+            with advisory_lock(f"remember:{scope.engine_user_id}:{digest}"):
+                known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).first()
+                if known is not None and _still_owned(scope, str(known.memory_id)):
+                    duplicates += 1
+                else:
+                    if known is not None:
+                        known.delete()  # the memory went away behind the hash's back
+                    memory_id = engine_import_text(
+                        scope,
+                        text=item.text,
+                        metadata={
+                            **item.metadata,
+                            "pinned": item.pinned,
+                            "source": item.source,
+                            "client_app": item.client_app or scope.client_app,
+                        },
+                        created_at=item.created_at,
+                        updated_at=item.updated_at,
+                        versions=item.versions,
+                    )
+                    ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
+                    created.append(memory_id)
+            if progress:
+                progress(n, len(items))
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.IMPORT_MEMORIES,
+            memory_ids=created,
+            detail={"source": source, "memories": len(items), "imported": len(created), "duplicates": duplicates},
+        )
+    return ImportResult(imported=len(created), duplicates=duplicates, ids=created)
+
+
+def _still_owned(scope: MemoryScope, memory_id: str) -> bool:
+    existing = engine_get(memory_id)
+    return existing is not None and existing.user_id == scope.engine_user_id

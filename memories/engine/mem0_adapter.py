@@ -20,7 +20,8 @@ from django.conf import settings
 from django.db import connections
 
 from core.scope import MemoryScope
-from memories.engine.payload import EngineMemory, engine_memory_from_item
+from memories.engine.history_store import history_imported
+from memories.engine.payload import KEY_CREATED_AT, KEY_UPDATED_AT, EngineMemory, engine_memory_from_item
 from memories.engine.vector_schema import vector_table_dims
 
 logger = logging.getLogger(__name__)
@@ -189,6 +190,31 @@ def engine_add_text(scope: MemoryScope, *, text: str, metadata: dict[str, Any] |
     if len(rows) != 1:
         raise EngineError(f"memory engine add stored {len(rows)} rows, expected 1")
     return str(rows[0]["id"])
+
+
+def engine_import_text(
+    scope: MemoryScope,
+    *,
+    text: str,
+    metadata: dict[str, Any] | None,
+    created_at: str | None,
+    updated_at: str | None,
+    versions: list[dict[str, Any]],
+) -> str:
+    """Store an imported memory verbatim, keeping its creation and update times and its
+    history versions (which replace the ADD row of this write). Returns the new id."""
+    stamped = dict(metadata or {})
+    if created_at:
+        stamped[KEY_CREATED_AT] = created_at  # mem0 keeps a given created_at
+    with history_imported(versions):
+        memory_id = engine_add_text(scope, text=text, metadata=stamped)
+    if updated_at and updated_at != created_at:
+        store = get_memory().vector_store
+        row = _call("get", store.get, memory_id)
+        if row is None:
+            raise EngineError("memory engine lost an imported row")
+        _call("update", store.update, memory_id, payload={**row.payload, KEY_UPDATED_AT: updated_at})
+    return memory_id
 
 
 def engine_ingest(

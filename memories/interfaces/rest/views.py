@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -17,6 +20,9 @@ from core.errors import ErrorCode, ServiceError
 from core.scope import CallContext
 from memories import schemas
 from memories.operations import operation_execute
+
+EXPORT_CONTENT_TYPES = {"jsonl": "application/x-ndjson", "markdown": "text/markdown"}
+EXPORT_FILE_NAMES = {"jsonl": "memories.jsonl", "markdown": "memories.md"}
 
 
 def _call(request) -> CallContext:
@@ -111,3 +117,68 @@ class MemoryItemView(APIView):
         return Response(
             operation_execute(request.auth, "delete_memory", call=_call(request), arguments={"memory_id": memory_id})
         )
+
+
+def export_response(result: dict[str, Any]) -> HttpResponse:
+    """An export as a file download (REST and the web UI)."""
+    response = HttpResponse(result["content"], content_type=f"{EXPORT_CONTENT_TYPES[result['format']]}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{EXPORT_FILE_NAMES[result["format"]]}"'
+    response["X-Memory-Count"] = str(result["count"])
+    return response
+
+
+class MemoryExportView(APIView):
+    def perform_content_negotiation(self, request, force=False):
+        # `?format=` names the export's format here, not one of DRF's renderers.
+        return super().perform_content_negotiation(request, force=True)
+
+    @extend_schema(
+        operation_id="export_memories",
+        parameters=[OpenApiParameter("format", str, enum=["jsonl", "markdown"], description="default jsonl")],
+        responses={200: bytes},
+    )
+    def get(self, request):
+        unknown = set(request.query_params) - {"format"}
+        if unknown:
+            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0]!r}")
+        arguments = {"format": request.query_params.get("format", "jsonl")}
+        return export_response(
+            operation_execute(request.auth, "export_memories", call=_call(request), arguments=arguments)
+        )
+
+
+class MemoryImportView(APIView):
+    # A multipart upload (field `file`); any other body is taken raw as the file itself.
+    parser_classes = [MultiPartParser]
+
+    @extend_schema(
+        operation_id="import_memories",
+        parameters=[
+            OpenApiParameter("from", str, enum=["memsite", "mem0", "openmemory"], description="default memsite")
+        ],
+        request={
+            "multipart/form-data": {"type": "object", "properties": {"file": {"type": "string", "format": "binary"}}}
+        },
+        responses={200: schemas.ImportOutput},
+    )
+    def post(self, request):
+        arguments = {"data": upload_bytes(request), "source": request.query_params.get("from", "memsite")}
+        return Response(operation_execute(request.auth, "import_memories", call=_call(request), arguments=arguments))
+
+
+def upload_bytes(request) -> bytes:
+    """The uploaded file (multipart field `file`) or, failing that, the raw request body."""
+    from django.conf import settings
+
+    too_large = ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"the file exceeds {settings.IMPORT_MAX_BYTES} bytes")
+    try:
+        if request.content_type.startswith("multipart/"):
+            upload = request.FILES.get("file")
+            if upload is None:
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "send the file in the multipart field 'file'")
+            if upload.size > settings.IMPORT_MAX_BYTES:
+                raise too_large
+            return upload.read()
+        return request.body
+    except RequestDataTooBig:
+        raise too_large from None
