@@ -359,3 +359,11 @@ def test_manage_py_export_and_import(alice_memories, bob, tmp_path, capsys):
         call_command("export_memories", "nobody")
     call_command("export_memories", "alice", "--format", "markdown")
     assert "Alice lives in Grenoble" in capsys.readouterr().out
+
+
+def test_history_selector_never_returns_another_users_versions(alice_memories, bob_scope):
+    from memories.selectors import memory_histories
+
+    alice_ids = [m["id"] for m in _memories(alice_memories)]
+    assert memory_histories(bob_scope, memory_ids=alice_ids) == {}
+    assert set(memory_histories(alice_memories, memory_ids=alice_ids)) == set(alice_ids)
