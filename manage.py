@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Django's command-line utility. With the embedded database, a command run while the
-service is stopped starts Postgres for its own duration."""
+service is stopped starts Postgres for its own duration (except `restore`, which builds a
+fresh data dir and must not find an empty server initialised there first)."""
 
 import os
 import sys
@@ -12,6 +13,9 @@ def main() -> None:
 
     from memsite.launcher import embedded_database_for_command
 
+    if sys.argv[1:2] == ["restore"]:
+        execute_from_command_line(sys.argv)
+        return
     with embedded_database_for_command():
         execute_from_command_line(sys.argv)
 

@@ -21,7 +21,10 @@ def advisory_lock(key: str, *, timeout_s: float | None = None) -> Iterator[None]
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{timeout_ms}ms"])
             cursor.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [key])
-    except OperationalError:
+    except OperationalError as exc:
+        # Only lock_timeout (55P03) means busy; a lost connection is backend_unavailable (503).
+        if getattr(exc.__cause__, "sqlstate", None) != "55P03":
+            raise
         raise ServiceError(ErrorCode.CONFLICT, "Another change to this memory is in progress; retry.") from None
     try:
         yield

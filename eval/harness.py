@@ -1,11 +1,13 @@
 """Retrieval evaluation through the product path (remember, then search_memory).
 
-Two sets: LoCoMo dev (../shared/eval/locomo_dev, protocol in ../shared/eval/README.md)
-and the project's golden set (eval/golden.jsonl). Prints recall@5, hit@5, recall@10,
-MRR and search p50/p95; with --gate, fails when recall@5 on either set falls more than
-2 points below eval/baseline.json.
+Three sets: LoCoMo dev (../shared/eval/locomo_dev, protocol in ../shared/eval/README.md),
+the project's golden set (eval/golden.jsonl: exact identifiers and short paraphrases, one
+user) and the paraphrase set (eval/golden_paraphrase.jsonl: 240 personal facts of 24
+made-up users, each stored with the set's 96 distractors that share words but not
+meaning, and queried in other words). Prints recall@5, hit@5, recall@10, MRR and search p50/p95; with --gate, fails
+when recall@5 on any set falls more than 2 points below eval/baseline.json.
 
-    eval/run [--gate] [--write-baseline] [--sets locomo golden]
+    eval/run [--gate] [--write-baseline] [--sets locomo golden paraphrase]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from bench.common import ROOT, bench_database, percentiles
 
 LOCOMO_DIR = ROOT.parent / "shared" / "eval" / "locomo_dev"
 GOLDEN = ROOT / "eval" / "golden.jsonl"
+PARAPHRASE = ROOT / "eval" / "golden_paraphrase.jsonl"
 BASELINE = ROOT / "eval" / "baseline.json"
 GATE_TOLERANCE = 0.02
 TOP_K = 10
@@ -151,7 +154,31 @@ def run_golden() -> dict:
     return scores.summary()
 
 
-SETS = {"locomo": run_locomo, "golden": run_golden}
+def run_paraphrase() -> dict:
+    """One user per made-up person: their facts plus every distractor of the set (rows
+    without a query: statements that share words with some query but answer none), so
+    each search picks one fact among ~110 memories. Every fact is searched with its
+    paraphrase."""
+    scores = Scores()
+    rows = [json.loads(line) for line in PARAPHRASE.read_text().splitlines() if line.strip()]
+    distractors = [row for row in rows if not row.get("query")]
+    by_user: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("query"):
+            by_user.setdefault(row["user"], []).append(row)
+    for user, facts in by_user.items():
+        scope = _user(f"eval-paraphrase-{user}")
+        ids = [_remember(scope, row["memory"], {"kind": row["kind"]}) for row in facts]
+        for row in distractors:
+            _remember(scope, row["memory"], {"kind": row["kind"]})
+        for memory_id, row in zip(ids, facts, strict=True):
+            ranked = _search(scope, row["query"], scores.latencies)
+            scores.add([{m} for m in ranked], {memory_id})
+    print(f"  paraphrase: {len(scores.rows)} questions, {len(by_user)} users", file=sys.stderr)
+    return scores.summary()
+
+
+SETS = {"locomo": run_locomo, "golden": run_golden, "paraphrase": run_paraphrase}
 REUSE = False
 
 

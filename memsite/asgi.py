@@ -13,6 +13,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
 django_app = get_asgi_application()
 
 from memories.interfaces.mcp.registry import TOOLSETS  # noqa: E402 - needs Django set up
+from memsite.unavailable import BackendUnavailableMiddleware  # noqa: E402
 
 
 def build_application():
@@ -44,7 +45,8 @@ def build_application():
                 return
         await django_app(scope, receive, send)
 
-    return application
+    # While the database is away every surface answers 503 backend_unavailable with Retry-After.
+    return BackendUnavailableMiddleware(application)
 
 
 application = build_application()

@@ -2,7 +2,7 @@
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
 
@@ -26,3 +26,12 @@ def _configure_sqlalchemy_transport() -> None:
 @app.on_after_configure.connect
 def _after_configure(sender, **kwargs):  # noqa: ARG001 - signal signature
     _configure_sqlalchemy_transport()
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _redact_database_errors(logger, **kwargs):  # noqa: ARG001 - signal signature
+    """Celery installs its own handlers (replacing settings.LOGGING's): keep DB error text out."""
+    from memsite.logfilters import add_redaction
+
+    add_redaction(logger)

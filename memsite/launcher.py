@@ -5,6 +5,11 @@ Owns the embedded Postgres (unless DATABASE_URL is set) and supervises the web s
 parent-death signal, so even `kill -9` of the launcher leaves no process behind; an
 flock on the data dir (released by the kernel on any exit) keeps two launchers apart
 and leaves no stale lock. SIGINT/SIGTERM stop the children, then Postgres.
+
+Self-healing: when the embedded Postgres dies it is restarted with backoff while the
+children keep running (the web process answers 503 backend_unavailable meanwhile, and
+every connection pool reconnects afterwards); a child that exits is restarted with
+backoff too. Nothing gives up while the launcher runs.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,8 +31,15 @@ logger = logging.getLogger("memsite.launcher")
 
 ROOT = Path(__file__).resolve().parent.parent
 STOP_TIMEOUT_S = 20.0
+# Restarts within this window count towards the backoff; a process up longer starts afresh.
 RESTART_WINDOW_S = 60.0
-MAX_RESTARTS_PER_WINDOW = 5
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+def backoff_delay(attempt: int) -> float:
+    """Seconds to wait before restart number `attempt` (1-based) within the window."""
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, attempt - 1))
 
 
 def _settings():
@@ -68,10 +81,11 @@ class Child:
     def exited(self) -> int | None:
         return self.process.poll() if self.process else None
 
-    def allow_restart(self) -> bool:
+    def restart_delay(self) -> float:
+        """Record a restart and say how long to wait before it (exponential backoff)."""
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S] + [now]
-        return len(self.restarts) <= MAX_RESTARTS_PER_WINDOW
+        return backoff_delay(len(self.restarts))
 
 
 def _children(settings) -> list[Child]:
@@ -112,6 +126,33 @@ def _children(settings) -> list[Child]:
     ]  # fmt: skip
 
 
+def _archive_settings(data_dir: Path) -> dict[str, str]:
+    from memsite.backup import server_settings
+
+    return server_settings(data_dir)
+
+
+def _first_backup(settings) -> Child | None:
+    """A base backup right after start when none is recent (beat checks again every 15 min):
+    WAL archiving alone cannot restore anything without one."""
+    if not (settings.EMBEDDED_DATABASE and settings.BACKUP_ENABLED):
+        return None
+    log_dir = settings.DATA_DIR / "logs" if os.environ.get("MEMSITE_LOG_TO_FILES") == "1" else None
+    child = Child(
+        "backup", [sys.executable, "manage.py", "backup", "--if-due"], log_dir / "backup.log" if log_dir else None
+    )
+    child.start()
+
+    def reap() -> None:  # at once, so no zombie lingers in the process tree
+        assert child.process is not None
+        code = child.process.wait()
+        if code != 0:
+            logger.error("the first base backup failed (exit %s); beat retries every 15 min", code)
+
+    threading.Thread(target=reap, name="backup-reaper", daemon=True).start()
+    return child
+
+
 def _migrate() -> None:
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, check=True)
 
@@ -121,6 +162,7 @@ class Launcher:
         self.settings = _settings()
         self.postgres: Any = None
         self.children: list[Child] = []
+        self.backup: Child | None = None  # one-shot, not restarted
         self.stopping = False
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
@@ -139,6 +181,7 @@ class Launcher:
             self.children = _children(self.settings)
             for child in self.children:
                 child.start()
+            self.backup = _first_backup(self.settings)
             logger.info("memsite is up on http://%s:%s/", self.settings.HOST, self.settings.PORT)
             return self._supervise()
         finally:
@@ -153,28 +196,62 @@ class Launcher:
         self.postgres = EmbeddedPostgres(self.settings.DATA_DIR)
         if not self.postgres.try_lock():
             raise SystemExit(f"another memsite process owns {self.settings.DATA_DIR} (launcher or manage.py)")
+        self.postgres.server_settings = _archive_settings(self.settings.DATA_DIR)
         self.postgres.start()
         logger.info("embedded postgres ready (socket dir %s)", self.postgres.paths.socket_dir)
 
     def _supervise(self) -> int:
+        due: dict[str, float] = {}  # child name -> when its pending restart may happen
         while not self.stopping:
-            time.sleep(0.5)
-            if self.postgres and self.postgres.process.poll() is not None:
-                logger.error("embedded postgres exited (%s); stopping", self.postgres.process.returncode)
-                return 1
+            time.sleep(0.25)
+            if self.postgres and (self.postgres.process is None or self.postgres.process.poll() is not None):
+                self._restart_database()
+            now = time.monotonic()
             for child in self.children:
+                if self.stopping:
+                    break
                 code = child.exited()
-                if code is None or self.stopping:
+                if code is None:
                     continue
-                if not child.allow_restart():
-                    logger.error("%s keeps exiting (last code %s); stopping", child.name, code)
-                    return 1
-                logger.warning("%s exited with %s; restarting", child.name, code)
-                child.start()
+                if child.name not in due:
+                    delay = child.restart_delay()
+                    logger.warning("%s exited with %s; restarting in %.1fs", child.name, code, delay)
+                    due[child.name] = now + delay
+                if now >= due[child.name]:
+                    del due[child.name]
+                    child.start()
         return 0
 
+    def _restart_database(self) -> None:
+        """Bring the embedded Postgres back; the children keep running and reconnect."""
+        logger.error(
+            "embedded postgres exited (%s); restarting it, the service answers 503 meanwhile",
+            self.postgres.process.returncode if self.postgres.process else "not running",
+        )
+        started = time.monotonic()
+        attempt = 0
+        while not self.stopping:
+            attempt += 1
+            try:
+                # The old postmaster's backends exit on their own within a moment; until they
+                # have, the new one refuses the still-attached shared memory and we retry.
+                self.postgres.restart(timeout=30)
+            except (RuntimeError, OSError) as exc:
+                delay = backoff_delay(attempt)
+                logger.warning("embedded postgres restart %s failed (%s); retrying in %.1fs", attempt, exc, delay)
+                self._sleep(delay)
+                continue
+            logger.info("embedded postgres is back after %.1fs", time.monotonic() - started)
+            return
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(0.1, seconds))
+
     def _stop_children(self) -> None:
-        running = [(c.name, c.process) for c in self.children if c.process and c.process.poll() is None]
+        children = self.children + ([self.backup] if self.backup else [])
+        running = [(c.name, c.process) for c in children if c.process and c.process.poll() is None]
         for _, process in running:
             process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -217,6 +294,8 @@ def embedded_database_for_command() -> Iterator[None]:
         yield
         return
     try:
+        # Archiving on for every start of this data dir, or its WAL would have a gap.
+        postgres.server_settings = _archive_settings(settings.DATA_DIR)
         postgres.start()
         yield
     finally:

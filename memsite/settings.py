@@ -105,12 +105,27 @@ if _database_name := env_str("DATABASE_NAME"):
 # A psycopg pool per process (Django >= 5.1): ASGI runs requests on short-lived threads,
 # where per-thread persistent connections would leak; a pool makes connecting ~free.
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 16, minimum=0)
+# CONN_HEALTH_CHECKS: with the pool, Django passes `check=ConnectionPool.check_connection`,
+# which tests a pooled connection on checkout, so one broken by a database restart is
+# replaced rather than failing a request (without the pool: a check per request). While the
+# database is away a request waits up to DATABASE_POOL_TIMEOUT_S for a connection, then gets
+# 503 backend_unavailable.
+DATABASE_POOL_TIMEOUT_S = env_float("DATABASE_POOL_TIMEOUT_S", 5.0, minimum=0.1)
+# psycopg_pool retries a failed connect about every second (memsite.apps) for this long, then
+# gives up until a request needs a connection and starts a fresh attempt. Long enough to span
+# a restart, so a pool reconnects within about a second of the database coming back.
+DATABASE_POOL_RECONNECT_TIMEOUT_S = 60.0
 if DATABASE_POOL_MAX_SIZE:
-    _default_db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_MAX_SIZE, "timeout": 10}
+    _default_db.setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DATABASE_POOL_MAX_SIZE,
+        "timeout": DATABASE_POOL_TIMEOUT_S,
+        "reconnect_timeout": DATABASE_POOL_RECONNECT_TIMEOUT_S,
+    }
     _default_db["CONN_MAX_AGE"] = 0
 else:
     _default_db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0)
-_default_db["CONN_HEALTH_CHECKS"] = not DATABASE_POOL_MAX_SIZE
+_default_db["CONN_HEALTH_CHECKS"] = True
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -165,8 +180,13 @@ SEARCH_DECAY_HALF_LIFE_DAYS = env_float("SEARCH_DECAY_HALF_LIFE_DAYS", 30.0, min
 SEARCH_DECAY_FLOOR = env_float("SEARCH_DECAY_FLOOR", 0.5, minimum=0.0)
 # Candidates fetched per requested result, so decay can re-rank beyond the top k.
 SEARCH_CANDIDATE_FACTOR = env_int("SEARCH_CANDIDATE_FACTOR", 3, minimum=1)
-# Hybrid retrieval (memories/engine/retrieval.py): each of the vector and BM25 rankings
-# contributes weight / (SEARCH_RRF_K + rank) for its top SEARCH_CANDIDATES. 0 turns one off.
+# Hybrid retrieval (memories/retrieval.py). SEARCH_FUSION=score: cosine similarity +
+# SEARCH_COVERAGE_WEIGHT x the IDF-weighted share of the query's terms a memory contains.
+# SEARCH_FUSION=rrf: each of the vector and BM25 rankings contributes
+# weight / (SEARCH_RRF_K + rank). Either way each side looks SEARCH_CANDIDATES deep and a
+# weight of 0 turns that side off.
+SEARCH_FUSION = env_choice("SEARCH_FUSION", "score", ("score", "rrf"))
+SEARCH_COVERAGE_WEIGHT = env_float("SEARCH_COVERAGE_WEIGHT", 1.0, minimum=0.0)
 SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 1.0, minimum=0.0)
 SEARCH_LEXICAL_WEIGHT = env_float("SEARCH_LEXICAL_WEIGHT", 2.0, minimum=0.0)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
@@ -291,9 +311,34 @@ STORAGES = {
     "audit": _audit_storage,
 }
 
+# --- Backups (embedded database) ----------------------------------------------------------
+# Continuous WAL archiving + scheduled base backups, restore to a point in time (memsite/backup.py).
+# With DATABASE_URL, back the external server up with its own PITR (README, "Backups").
+BACKUP_ENABLED = env_bool("BACKUP_ENABLED", True)
+BACKUP_DIR = env_path("BACKUP_DIR", DATA_DIR / "backups")
+# A WAL segment is archived at least this often when there were writes: the RPO bound.
+BACKUP_ARCHIVE_TIMEOUT_S = env_int("BACKUP_ARCHIVE_TIMEOUT_S", 60, minimum=1)
+BACKUP_BASE_INTERVAL_H = env_float("BACKUP_BASE_INTERVAL_H", 24.0, minimum=0.01)
+BACKUP_KEEP = env_int("BACKUP_KEEP", 7, minimum=1)  # base backups kept in a directory target
+# An S3-compatible bucket (R2, S3, MinIO) with object lock instead of BACKUP_DIR.
+BACKUP_S3_BUCKET = env_str("BACKUP_S3_BUCKET")
+BACKUP_S3_ENDPOINT_URL = env_str("BACKUP_S3_ENDPOINT_URL")
+BACKUP_S3_ACCESS_KEY_ID = env_str("BACKUP_S3_ACCESS_KEY_ID")
+BACKUP_S3_SECRET_ACCESS_KEY = env_str("BACKUP_S3_SECRET_ACCESS_KEY")
+BACKUP_S3_REGION = env_str("BACKUP_S3_REGION", "auto")
+BACKUP_S3_PREFIX = env_str("BACKUP_S3_PREFIX", "postgres")
+BACKUP_S3_ADDRESSING_STYLE = env_choice("BACKUP_S3_ADDRESSING_STYLE", "path", ("path", "virtual", "auto"))
+_BACKUP_LOCK_MODE = env_choice("BACKUP_OBJECT_LOCK_MODE", "COMPLIANCE", ("COMPLIANCE", "GOVERNANCE", "none"))
+BACKUP_OBJECT_LOCK_MODE = None if _BACKUP_LOCK_MODE == "none" else _BACKUP_LOCK_MODE
+BACKUP_OBJECT_LOCK_DAYS = env_int("BACKUP_OBJECT_LOCK_DAYS", 35, minimum=1)
+
 # --- Celery -----------------------------------------------------------------------
 # Default broker: kombu's SQLAlchemy transport on the same Postgres (no Redis needed).
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or sqlalchemy_url(_default_db, scheme="sqla+postgresql+psycopg")
+if CELERY_BROKER_URL.startswith("sqla+"):
+    # Reaches SQLAlchemy's create_engine: test pooled connections before use, so the broker
+    # survives a database restart (kombu then reconnects on OperationalError).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"pool_pre_ping": True}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -310,6 +355,8 @@ CELERY_BEAT_SCHEDULE = {
     "usage-delivery-sweep": {"task": "billing.deliver_usage_events", "schedule": 60.0},
     "audit-export-nightly": {"task": "audit.export", "schedule": crontab(hour=2, minute=17)},
     "audit-retention-daily": {"task": "audit.retention_purge", "schedule": crontab(hour=4, minute=41)},
+    # Takes a base backup when the newest is older than BACKUP_BASE_INTERVAL_H.
+    "backup-base-if-due": {"task": "memsite.backup_base_if_due", "schedule": 900.0},
 }
 BROKER_MESSAGE_RETENTION_S = env_int("BROKER_MESSAGE_RETENTION_S", 3600, minimum=0)
 
@@ -319,7 +366,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"redact_db_errors": {"()": "memsite.logfilters.RedactDatabaseErrors"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_db_errors"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         # mem0 and httpx log request bodies and keys at INFO/DEBUG.

@@ -4,6 +4,9 @@ from django.urls import include, path
 from memories.interfaces.wellknown import MEMORY_MCP_PATH, PROTECTED_RESOURCE_PATH, protected_resource_metadata
 from memsite.views import healthz
 
+# A lost database answers 503 backend_unavailable + Retry-After, not 500 (memsite.unavailable).
+handler500 = "memsite.unavailable.server_error"
+
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path(PROTECTED_RESOURCE_PATH.lstrip("/"), protected_resource_metadata, name="oauth-protected-resource"),

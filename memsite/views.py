@@ -1,20 +1,20 @@
 import time
 
-from django.db import connection
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
 from memories.engine import EngineError, engine_ping
+from memsite.dbinfo import DatabaseInfo, database_info, vector_search_plan
 from memsite.models import WorkerHeartbeat
+from memsite.unavailable import RETRY_AFTER_S
 
 
-def _check_database() -> str | None:
+def _check_database() -> tuple[DatabaseInfo | None, str | None]:
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
+        return database_info(), None  # one round trip: reachable, and which versions
     except Exception as exc:
-        return type(exc).__name__
-    return None
+        # The type only: a driver's message can quote the statement's data.
+        return None, type(exc).__name__
 
 
 def _check_engine() -> str | None:
@@ -37,7 +37,8 @@ def _last_worker_heartbeat() -> str | None:
 def healthz(request):  # noqa: ARG001 - view signature
     started = time.perf_counter()
     failures = {}
-    if error := _check_database():
+    info, error = _check_database()
+    if error:
         failures["database"] = error
     elif error := _check_engine():
         failures["engine"] = error
@@ -46,9 +47,15 @@ def healthz(request):  # noqa: ARG001 - view signature
         "database": "ok" if "database" not in failures else "failing",
         "engine": "ok" if not failures else ("failing" if "engine" in failures else "unknown"),
         "worker_last_seen": None if failures else _last_worker_heartbeat(),
+        "postgres": info.server_version if info else None,
+        "pgvector": info.pgvector_version if info else None,
+        "vector_search_plan": vector_search_plan(),
         "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
     }
     if failures:
         body["failing"] = sorted(failures)
         body["errors"] = failures
-    return JsonResponse(body, status=200 if not failures else 503)
+    response = JsonResponse(body, status=200 if not failures else 503)
+    if failures:
+        response["Retry-After"] = str(RETRY_AFTER_S)
+    return response

@@ -21,6 +21,11 @@ def _broker_rows(visible: bool) -> int:
 
 def test_task_round_trip_through_a_worker_and_broker_cleanup(celery_worker_process, settings):
     assert settings.CELERY_BROKER_URL.startswith("sqla+postgresql+psycopg://")
+    # Earlier tests leave delivery tasks queued; a 1-process worker drains them at about one
+    # per second, which would eat this test's timeout before it reaches the tasks below.
+    from memsite.celery import app
+
+    app.control.purge()
     tokens = [uuid.uuid4().hex for _ in range(3)]
     for token in tokens:
         worker_heartbeat.delay(token)

@@ -3,7 +3,7 @@ obeys its weights."""
 
 import pytest
 
-from memories.engine.retrieval import fuse
+from memories.engine.retrieval import fuse, fuse_scores, hybrid_search, lexical_scores
 from memories.services import memory_remember, memory_search
 from tests.conftest import internal_call
 
@@ -33,8 +33,14 @@ DISTRACTORS = [
 ]
 
 
+@pytest.fixture(params=["score", "rrf"])
+def fusion(request, settings):
+    settings.SEARCH_FUSION = request.param
+    return request.param
+
+
 @pytest.mark.parametrize("shape", sorted(IDENTIFIERS))
-def test_an_exact_identifier_returns_its_memory_first(alice_scope, shape):
+def test_an_exact_identifier_returns_its_memory_first(alice_scope, shape, fusion):
     for text in DISTRACTORS:
         memory_remember(alice_scope, memory=text, call=internal_call())
     ids = {
@@ -46,7 +52,7 @@ def test_an_exact_identifier_returns_its_memory_first(alice_scope, shape):
     assert results[0].id == ids[shape], [r.memory for r in results]
 
 
-def test_paraphrases_are_found_by_the_vector_side(alice_scope):
+def test_paraphrases_are_found_by_the_vector_side(alice_scope, fusion):
     target = memory_remember(alice_scope, memory="I am allergic to penicillin.", call=internal_call()).id
     for text in DISTRACTORS:
         memory_remember(alice_scope, memory=text, call=internal_call())
@@ -59,3 +65,74 @@ def test_fusion_weights():
     assert [i for i, _ in fuse([(vector, 1.0), (lexical, 1.0)], k=10)][:1] == ["c"]
     assert [i for i, _ in fuse([(vector, 10.0), (lexical, 1.0)], k=10)][:1] == ["a"]
     assert [i for i, _ in fuse([(vector, 0.0), (lexical, 1.0)], k=10)][:2] == ["c", "d"]
+
+
+def test_score_fusion_adds_weighted_coverage_to_the_cosine():
+    vector = [("a", 0.60), ("b", 0.50)]
+    # (id, bm25, coverage, cosine): "b" covers the whole query, "c" was found only lexically.
+    lexical = [("b", 7.0, 1.0, 0.50), ("c", 3.0, 0.25, 0.20)]
+    fused = dict(fuse_scores(vector, lexical, coverage_weight=1.0))
+    assert fused == pytest.approx({"a": 0.60, "b": 1.50, "c": 0.45})
+    assert [i for i, _ in fuse_scores(vector, lexical, coverage_weight=0.0)] == ["a", "b", "c"]
+    assert [i for i, _ in fuse_scores([], lexical, coverage_weight=1.0)] == ["b", "c"]
+
+
+def test_words_shared_without_the_meaning_weigh_less_than_under_rank_fusion(alice_scope, settings):
+    """Rank fusion gave BM25's first hits a fixed bonus, however weak their match; score
+    fusion gives a memory sharing one word of the question only that word's share."""
+    target = memory_remember(alice_scope, memory="My abuela is turning 95 in November.", call=internal_call()).id
+    for text in [
+        "My old laptop still boots, slowly.",
+        "Autumn leaves block the gutter every year.",
+        "The old bakery on the corner sells rye bread.",
+        *DISTRACTORS,
+    ]:
+        memory_remember(alice_scope, memory=text, call=internal_call())
+
+    def rank(fusion: str) -> int:
+        settings.SEARCH_FUSION = fusion
+        found = [m.id for m in hybrid_search(alice_scope, query="How old will my grandma be this autumn?", limit=13)]
+        return found.index(target)
+
+    assert rank("score") <= 1
+    assert rank("score") < rank("rrf")
+
+
+def test_coverage_is_the_idf_weighted_share_of_the_query_terms(alice_scope):
+    both = memory_remember(alice_scope, memory="Ticket PROJ-8812 is the Safari login bug.", call=internal_call()).id
+    one = memory_remember(alice_scope, memory="Safari is slow on old Macs.", call=internal_call()).id
+    for text in DISTRACTORS:
+        memory_remember(alice_scope, memory=text, call=internal_call())
+    rows = {row[0]: row for row in lexical_scores(alice_scope, "PROJ-8812 Safari", limit=10)}
+    assert rows[both][2] == pytest.approx(1.0)
+    assert 0 < rows[one][2] < 0.5  # "safari" is in three memories, the ticket in one: it carries less
+    assert rows[both][3] is None  # no vector given, no similarity computed
+
+
+def test_hybrid_search_scores_are_cosine_plus_coverage(alice_scope):
+    target = memory_remember(alice_scope, memory="My flight confirmation code is QX7PLM.", call=internal_call()).id
+    for text in DISTRACTORS:
+        memory_remember(alice_scope, memory=text, call=internal_call())
+    results = hybrid_search(alice_scope, query="QX7PLM", limit=5)
+    assert results[0].id == target
+    assert 1.0 < results[0].score <= 2.0  # full coverage plus a cosine
+    assert all(r.score < 1.0 for r in results[1:])  # no query term: cosine only
+
+
+def test_score_fusion_never_returns_another_users_memory(alice_scope, bob_scope, fusion):
+    memory_remember(bob_scope, memory="Bob's locker code is ZX-99172.", call=internal_call())
+    mine = memory_remember(alice_scope, memory="My locker is on the second floor.", call=internal_call()).id
+    results = memory_search(alice_scope, query="locker code ZX-99172", top_k=5, call=internal_call())
+    assert [r.id for r in results] == [mine]
+    assert lexical_scores(alice_scope, "ZX-99172", limit=5) == []
+
+
+def test_score_fusion_keeps_filters(alice_scope, fusion):
+    work = memory_remember(
+        alice_scope, memory="Deploy key rotation is ticket OPS-311.", metadata={"area": "work"}, call=internal_call()
+    ).id
+    memory_remember(
+        alice_scope, memory="OPS-311 is also my gym locker number.", metadata={"area": "home"}, call=internal_call()
+    )
+    results = memory_search(alice_scope, query="OPS-311", top_k=5, filters={"area": "work"}, call=internal_call())
+    assert [r.id for r in results] == [work]

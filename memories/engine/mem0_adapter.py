@@ -105,6 +105,25 @@ def database_conninfo(db: dict[str, Any]) -> str:
     return make_conninfo(**{k: str(v) for k, v in parts.items() if v}, **extra)
 
 
+def _vector_pool() -> Any:
+    """mem0's own psycopg pool, built by us so that it checks a connection on checkout: after
+    Postgres restarts, a stale connection is replaced instead of failing the next call.
+    mem0 closes it with the Memory (its __del__)."""
+    from psycopg_pool import ConnectionPool
+
+    pool = ConnectionPool(
+        conninfo=database_conninfo(connections["default"].settings_dict),
+        min_size=1,
+        max_size=8,
+        open=False,
+        check=ConnectionPool.check_connection,
+        timeout=settings.DATABASE_POOL_TIMEOUT_S,
+        reconnect_timeout=settings.DATABASE_POOL_RECONNECT_TIMEOUT_S,
+    )
+    pool.open(wait=False)  # like mem0: do not block start-up on a database still coming up
+    return pool
+
+
 def _build_memory() -> Any:
     _prepare_environment()
     from mem0 import Memory
@@ -116,13 +135,11 @@ def _build_memory() -> Any:
         vector_store={
             "provider": "pgvector",
             "config": {
-                "connection_string": database_conninfo(connections["default"].settings_dict),
+                "connection_pool": _vector_pool(),
                 "collection_name": settings.MEMORY_COLLECTION,
                 "embedding_model_dims": settings.EMBEDDING_DIMS,
                 "hnsw": settings.MEMORY_HNSW,
                 "diskann": False,
-                "minconn": 1,
-                "maxconn": 8,
             },
         },
         embedder=_embedder_config(),

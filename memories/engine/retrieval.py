@@ -1,9 +1,23 @@
 """Hybrid retrieval over one user's memories: exact vector search plus BM25 over a
-Postgres full-text index, fused by weighted reciprocal rank.
+Postgres full-text index, fused by score (default) or by weighted reciprocal rank.
 
 Vector search finds paraphrases; BM25 finds the exact tokens embeddings blur (names,
 error codes, identifiers). Both run in Postgres on the engine's table; only the query
 embedding comes from the engine.
+
+Score fusion (SEARCH_FUSION=score) adds two similarities in [0, 1]-ish ranges:
+
+    score = cosine(query, memory) + SEARCH_COVERAGE_WEIGHT * coverage
+
+where coverage is the IDF-weighted share of the query's terms the memory contains
+(sum of the matched terms' IDF / sum of every query term's IDF, terms absent from the
+user's memories included). It is query-adaptive without a per-query switch: a query
+made of an identifier or names the memory contains has coverage 1 and the exact match
+wins; a paraphrase shares few of its terms with any memory (the terms it does not share
+carry the most IDF), so coverage stays small everywhere and meaning decides; a memory
+that shares one common word with the query gets little. Rank fusion, by contrast, gives
+BM25's first hit a fixed bonus however weak its match, which is how a memory sharing a
+word but not the meaning used to beat the paraphrase it should have lost to.
 """
 
 from __future__ import annotations
@@ -25,6 +39,9 @@ BM25_B = 0.75
 MAX_QUERY_TERMS = 32
 
 
+Filters = dict[str, Any] | None
+
+
 def _table() -> sql.Identifier:
     return sql.Identifier(settings.MEMORY_COLLECTION)
 
@@ -38,35 +55,75 @@ def _owned_clause(filters: dict[str, Any] | None) -> tuple[sql.Composable, list[
     return clause, params
 
 
-def vector_ranking(
-    scope: MemoryScope, vector: list[float], *, limit: int, filters: dict[str, Any] | None = None
-) -> list[str]:
-    owned, params = _owned_clause(filters)
+def _distance_operator() -> sql.SQL:
     # Our MiniLM vectors are unit length, so inner product ranks like cosine, for less work.
-    operator = sql.SQL("<#>" if settings.EMBEDDER == "local" else "<=>")
-    query = sql.SQL("SELECT id FROM {} WHERE {} ORDER BY vector {} %s::vector LIMIT %s").format(
-        _table(), owned, operator
+    return sql.SQL("<#>" if settings.EMBEDDER == "local" else "<=>")
+
+
+def _similarity(column: str = "vector") -> sql.Composable:
+    """Cosine similarity from the distance operator: -(inner product) or 1 - cosine distance."""
+    prefix = "-" if settings.EMBEDDER == "local" else "1 - "
+    return sql.SQL(prefix + "({} {} %s::vector)").format(sql.SQL(column), _distance_operator())
+
+
+def _vector_literal(vector: list[float]) -> str:
+    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
+
+
+def _similarity_of(distance: float, *, negate: bool) -> float:
+    # <#> gives the negated inner product; <=> the cosine distance.
+    return -distance if negate else 1 - distance
+
+
+def vector_scores(
+    scope: MemoryScope, vector: list[float], *, limit: int, filters: Filters = None
+) -> list[tuple[str, float]]:
+    """The user's `limit` nearest memories with their cosine similarity, nearest first."""
+    owned, params = _owned_clause(filters)
+    operator = _distance_operator()
+    # Ordering by the output column computes each distance once.
+    query = sql.SQL("SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} ORDER BY distance LIMIT %s").format(
+        operator, _table(), owned
     )
-    literal = "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
+    negate = settings.EMBEDDER == "local"
     with connection.cursor() as cursor:
-        cursor.execute(query.as_string(cursor.connection), [scope.engine_user_id, *params, literal, limit])
-        return [str(row[0]) for row in cursor.fetchall()]
+        cursor.execute(
+            query.as_string(cursor.connection), [_vector_literal(vector), scope.engine_user_id, *params, limit]
+        )
+        return [(str(row[0]), _similarity_of(float(row[1]), negate=negate)) for row in cursor.fetchall()]
 
 
-def _bm25_statement(terms: int) -> str:
+def vector_ranking(scope: MemoryScope, vector: list[float], *, limit: int, filters: Filters = None) -> list[str]:
+    return [memory_id for memory_id, _ in vector_scores(scope, vector, limit=limit, filters=filters)]
+
+
+def _bm25_statement(terms: int, *, with_similarity: bool = False) -> str:
     """BM25 in one pass over the user's rows: each row is matched against each query
     term once; corpus size, mean length and document frequencies come from the same
-    rows. Memories are short, so a term's frequency in one is taken as 1."""
+    rows. Memories are short, so a term's frequency in one is taken as 1. Each result
+    also carries its coverage (IDF-weighted share of the query terms it contains) and,
+    when a query vector is given, its cosine similarity (for score fusion)."""
     # Only placeholders and constants are interpolated; values travel as parameters.
     matches = ", ".join(f"(fts @@ %s::tsquery)::int AS m{i}" for i in range(terms))
     dfs = ", ".join(f"sum(m{i}) AS df{i}" for i in range(terms))
-    idf = " + ".join(f"ln(1 + (s.n - s.df{i} + 0.5) / (s.df{i} + 0.5)) * m{i}" for i in range(terms))
+    idfs = ", ".join(f"ln(1 + (s0.n - s0.df{i} + 0.5) / (s0.df{i} + 0.5)) AS idf{i}" for i in range(terms))
+    matched_idf = " + ".join(f"s.idf{i} * m{i}" for i in range(terms))
+    total_idf = " + ".join(f"s.idf{i}" for i in range(terms))
     any_match = " + ".join(f"m{i}" for i in range(terms))
+    final = (
+        "SELECT top.id, top.score, top.coverage, {similarity} FROM top JOIN {table} AS t ON t.id = top.id"
+        if with_similarity
+        else "SELECT id, score, coverage, NULL::float FROM top"
+    )
     return (
         f"WITH owned AS MATERIALIZED (SELECT id, length(fts) AS dl, {matches} FROM {{table}} WHERE {{owned}}),"  # noqa: S608
-        f" s AS MATERIALIZED (SELECT count(*)::float AS n, greatest(avg(dl), 1)::float AS avgdl, {dfs} FROM owned)"
-        f" SELECT id, ({idf}) * {BM25_K1 + 1} / (1 + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * dl / s.avgdl)) AS score"
-        f" FROM owned, s WHERE {any_match} > 0 ORDER BY score DESC, id LIMIT %s"
+        f" s0 AS MATERIALIZED (SELECT count(*)::float AS n, greatest(avg(dl), 1)::float AS avgdl, {dfs} FROM owned),"
+        f" s AS MATERIALIZED (SELECT n, avgdl, {idfs} FROM s0),"
+        f" top AS (SELECT id,"
+        f" ({matched_idf}) * {BM25_K1 + 1} / (1 + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * dl / s.avgdl)) AS score,"
+        f" ({matched_idf}) / nullif({total_idf}, 0) AS coverage"
+        f" FROM owned, s WHERE {any_match} > 0 ORDER BY score DESC, id LIMIT %s)"
+        f" {final} ORDER BY 2 DESC, 1"
     )
 
 
@@ -74,17 +131,38 @@ def _tsquery(lexeme: str) -> str:
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-def lexical_ranking(scope: MemoryScope, query: str, *, limit: int, filters: dict[str, Any] | None = None) -> list[str]:
+def lexical_scores(
+    scope: MemoryScope,
+    query: str,
+    *,
+    limit: int,
+    filters: Filters = None,
+    vector: list[float] | None = None,
+) -> list[tuple[str, float, float, float | None]]:
+    """The user's `limit` best BM25 matches, best first, as (id, bm25, coverage,
+    cosine similarity to `vector` or None)."""
     owned, owned_params = _owned_clause(filters)
     with connection.cursor() as cursor:
         cursor.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [query])
         lexemes = (cursor.fetchone()[0] or [])[:MAX_QUERY_TERMS]
         if not lexemes:
             return []
-        statement = sql.SQL(_bm25_statement(len(lexemes))).format(table=_table(), owned=owned)
+        extra = {"similarity": _similarity("t.vector")} if vector is not None else {}
+        statement = sql.SQL(_bm25_statement(len(lexemes), with_similarity=vector is not None)).format(
+            table=_table(), owned=owned, **extra
+        )
         params = [*(_tsquery(lexeme) for lexeme in lexemes), scope.engine_user_id, *owned_params, limit]
+        if vector is not None:
+            params.append(_vector_literal(vector))
         cursor.execute(statement.as_string(cursor.connection), params)
-        return [str(row[0]) for row in cursor.fetchall()]
+        return [
+            (str(row[0]), float(row[1]), float(row[2] or 0.0), None if row[3] is None else float(row[3]))
+            for row in cursor.fetchall()
+        ]
+
+
+def lexical_ranking(scope: MemoryScope, query: str, *, limit: int, filters: Filters = None) -> list[str]:
+    return [row[0] for row in lexical_scores(scope, query, limit=limit, filters=filters)]
 
 
 def fuse(rankings: list[tuple[list[str], float]], *, k: int) -> list[tuple[str, float]]:
@@ -110,21 +188,44 @@ def _load(ids: list[str]) -> dict[str, EngineMemory]:
     return loaded
 
 
-def hybrid_search(
-    scope: MemoryScope, *, query: str, limit: int, filters: dict[str, Any] | None = None
-) -> list[EngineMemory]:
+def fuse_scores(
+    vector: list[tuple[str, float]],
+    lexical: list[tuple[str, float, float, float | None]],
+    *,
+    coverage_weight: float,
+) -> list[tuple[str, float]]:
+    """Score fusion: cosine similarity + coverage_weight x coverage, best first. A memory
+    only the vector side found has coverage 0 (it contains none of the query's terms
+    among the lexical candidates); one only the lexical side found brings its own cosine."""
+    scores = dict(vector)
+    for memory_id, _bm25, coverage, similarity in lexical:
+        base = scores.get(memory_id, similarity if similarity is not None else 0.0)
+        scores[memory_id] = base + coverage_weight * coverage
+    return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
+
+
+def hybrid_search(scope: MemoryScope, *, query: str, limit: int, filters: Filters = None) -> list[EngineMemory]:
     """The best `limit` memories for `query`, each with its fused score."""
     candidates = max(limit, settings.SEARCH_CANDIDATES)
-    rankings = []
-    if settings.SEARCH_VECTOR_WEIGHT > 0:
-        vector = engine_embed_query(query)
-        rankings.append(
-            (vector_ranking(scope, vector, limit=candidates, filters=filters), settings.SEARCH_VECTOR_WEIGHT)
-        )
-    if settings.SEARCH_LEXICAL_WEIGHT > 0:
-        rankings.append(
-            (lexical_ranking(scope, query, limit=candidates, filters=filters), settings.SEARCH_LEXICAL_WEIGHT)
-        )
-    fused = fuse(rankings, k=settings.SEARCH_RRF_K)[:limit]
+    use_vector = settings.SEARCH_VECTOR_WEIGHT > 0
+    use_lexical = settings.SEARCH_LEXICAL_WEIGHT > 0
+    vector = engine_embed_query(query) if use_vector else None
+    if settings.SEARCH_FUSION == "score":
+        fused = fuse_scores(
+            vector_scores(scope, vector, limit=candidates, filters=filters) if vector is not None else [],
+            lexical_scores(scope, query, limit=candidates, filters=filters, vector=vector) if use_lexical else [],
+            coverage_weight=settings.SEARCH_COVERAGE_WEIGHT,
+        )[:limit]
+    else:
+        rankings = []
+        if vector is not None:
+            rankings.append(
+                (vector_ranking(scope, vector, limit=candidates, filters=filters), settings.SEARCH_VECTOR_WEIGHT)
+            )
+        if use_lexical:
+            rankings.append(
+                (lexical_ranking(scope, query, limit=candidates, filters=filters), settings.SEARCH_LEXICAL_WEIGHT)
+            )
+        fused = fuse(rankings, k=settings.SEARCH_RRF_K)[:limit]
     loaded = _load([memory_id for memory_id, _ in fused])
     return [replace(loaded[memory_id], score=score) for memory_id, score in fused if memory_id in loaded]
