@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from audit.models import AuditEvent, AuditExportBatch, MemoryHistory
+from audit.models import AuditEvent, AuditExportBatch, AuthFailureWindow, MemoryHistory
 from core.choices import Channel, Operation
 
 _UUID = re.compile(r"^[0-9a-fA-F-]{32,36}$")
@@ -145,6 +145,17 @@ class MemoryHistoryAdmin(ReadOnlyAdmin):
     @admin.display(description="new")
     def new_short(self, obj):
         return (obj.new_memory or "")[:80]
+
+
+@admin.register(AuthFailureWindow)
+class AuthFailureWindowAdmin(ReadOnlyAdmin):
+    """401s per client address per minute (the first of each window is also an audit row)."""
+
+    list_display = ("window_start", "ip", "count", "first_channel", "last_seen_at")
+    search_fields = ("=ip",)
+    ordering = ("-window_start", "-count")
+    list_filter = (("window_start", admin.DateFieldListFilter),)
+    readonly_fields = [f.name for f in AuthFailureWindow._meta.fields]
 
 
 @admin.register(AuditExportBatch)

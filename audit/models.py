@@ -15,6 +15,7 @@ class MemoryHistory(models.Model):
         UPDATE = "UPDATE"
         DELETE = "DELETE"
         NONE = "NONE"
+        RESTORE = "RESTORE"  # out of the trash (issue 11); a DELETE row marks moving in
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     memory_id = models.CharField(max_length=64, db_index=True)
@@ -107,3 +108,22 @@ class AuditExportBatch(models.Model):
 
     def __str__(self) -> str:
         return f"{self.first_id}-{self.last_id} ({self.row_count} rows)"
+
+
+class AuthFailureWindow(models.Model):
+    """Unauthenticated requests (401s) from one client address in one minute, counted
+    atomically (INSERT ... ON CONFLICT DO UPDATE): brute force shows up here and in one
+    sampled audit row per window, without a row per attempt."""
+
+    ip = models.CharField(max_length=45, blank=True)  # "" when the address is unknown
+    window_start = models.DateTimeField()
+    count = models.PositiveIntegerField(default=0)
+    first_channel = models.CharField(max_length=16, blank=True)
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["ip", "window_start"], name="auth_failure_window_unique")]
+        indexes = [models.Index(fields=["window_start"], name="auth_failure_window_start")]
+
+    def __str__(self) -> str:
+        return f"{self.ip or '?'} {self.window_start:%Y-%m-%d %H:%M} = {self.count}"

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
 
-from audit.models import AuditEvent
+from audit.models import AuditEvent, AuthFailureWindow
 from core.calls import call_context_from_request
 from core.choices import Channel, Operation
 from core.errors import ServiceError
@@ -25,6 +28,8 @@ TURN_EVENTS: dict[str, str] = {
     Operation.LIST_MEMORY: AuditEvent.TurnEvent.RECALL,
     Operation.DELETE_MEMORY: AuditEvent.TurnEvent.FORGET,
     Operation.CLEAR_ALL_MEMORY: AuditEvent.TurnEvent.FORGET,
+    Operation.RESTORE_MEMORY: AuditEvent.TurnEvent.WRITE,
+    Operation.PURGE_MEMORY: AuditEvent.TurnEvent.FORGET,
 }
 MAX_MEMORY_IDS = 10_000
 
@@ -109,3 +114,41 @@ def audit_staff_action(
     call = call_context_from_request(request, channel=Channel.ADMIN, staff=True)
     scope = MemoryScope(tenant=DEFAULT_TENANT, user_pk=subject_user_id) if subject_user_id is not None else None
     return audit_record(scope, call=call, operation=operation, memory_ids=memory_ids, detail=detail)
+
+
+AUTH_FAILURE_WINDOW_S = 60
+_AUTH_FAILURE_UPSERT = f"""
+INSERT INTO {AuthFailureWindow._meta.db_table} (ip, window_start, count, first_channel, last_seen_at)
+VALUES (%s, %s, 1, %s, %s)
+ON CONFLICT (ip, window_start)
+DO UPDATE SET count = {AuthFailureWindow._meta.db_table}.count + 1, last_seen_at = EXCLUDED.last_seen_at
+RETURNING count
+"""  # noqa: S608 - table name from our own model
+
+
+def auth_failure_record(*, call: CallContext, credential_presented: bool) -> int:
+    """Count one unauthenticated request (a 401) per client address and minute; the
+    first of each window also leaves one audit row (outcome denied, operation
+    `authenticate`). Returns the window's count so far: the hook for a metric."""
+    now = timezone.now()
+    window_start = now.replace(second=0, microsecond=0)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_AUTH_FAILURE_UPSERT, [(call.ip or "")[:45], window_start, call.channel, now])
+            count = int(cursor.fetchone()[0])
+        if count == 1:
+            audit_record(
+                None,
+                call=call,
+                operation=Operation.AUTHENTICATE,
+                outcome=AuditEvent.Outcome.DENIED,
+                error_code="unauthenticated",
+                detail={"credential_presented": credential_presented, "sampled": "first failure per ip per minute"},
+            )
+    return count
+
+
+def auth_failure_windows_prune(*, older_than_days: int = 30) -> int:
+    cutoff = timezone.now() - timedelta(days=older_than_days)
+    deleted, _ = AuthFailureWindow.objects.filter(window_start__lt=cutoff).delete()
+    return deleted

@@ -16,3 +16,10 @@ def purge_audit() -> int:
     if not settings.AUDIT_RETENTION_DAYS:
         return 0
     return audit_retention_purge(older_than_days=settings.AUDIT_RETENTION_DAYS)
+
+
+@shared_task(name="audit.auth_failures_prune", ignore_result=True)
+def prune_auth_failures() -> int:
+    from audit.services import auth_failure_windows_prune
+
+    return auth_failure_windows_prune()

@@ -1,4 +1,5 @@
-"""search_memory at 10k memories for one user, with 100k rows in the table across users.
+"""search_memory at 10k memories for one user, with 100k rows in the table across users,
+unfiltered and with a memory_type + tag filter (issue 11: within 10% p95 of unfiltered).
 
     bench/run search [--users 10] [--per-user 10000] [--queries 200]
 
@@ -23,6 +24,22 @@ from bench.engine_bench import synthetic_fact, synthetic_query
 CHUNK = 1000
 
 
+TYPES = ("user", "feedback", "project", "reference")
+TAGS = ("work", "home", "travel", "health", "family", "money", "food", "music")
+FILTER = {"memory_type": "project", "tags": ["work"]}
+
+
+def bench_attrs(i: int) -> dict:
+    """Deterministic fields: a quarter of the rows per type, 1-3 of 8 tags each, so the
+    benchmark filter (project + work) keeps about 1 row in 10."""
+    rng = random.Random(i)
+    return {
+        "memory_type": TYPES[i % len(TYPES)],
+        "tags": sorted(rng.sample(TAGS, rng.randint(1, 3))),
+        "importance": 0.5,
+    }
+
+
 def fill(users: int, per_user: int) -> list:
     from django.conf import settings
     from django.contrib.auth import get_user_model
@@ -37,7 +54,10 @@ def fill(users: int, per_user: int) -> list:
         scopes.append(MemoryScope.for_user(user, client_app="bench"))
     table = settings.MEMORY_COLLECTION
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT count(*) FROM {table} WHERE payload->>'user_id' = %s", [scopes[0].engine_user_id])  # noqa: S608
+        cursor.execute(
+            f"SELECT count(*) FROM {table} WHERE payload->>'user_id' = %s AND payload ? 'attrs'",  # noqa: S608
+            [scopes[0].engine_user_id],
+        )
         if cursor.fetchone()[0] == per_user:
             return scopes
         cursor.execute(
@@ -59,6 +79,7 @@ def fill(users: int, per_user: int) -> list:
                     "data": texts[i], "hash": hashlib.md5(texts[i].encode()).hexdigest(),  # noqa: S324
                     "created_at": now, "updated_at": now, "user_id": scope.engine_user_id,
                     "text_lemmatized": texts[i], "role": "user", "pinned": False, "source": "bench",
+                    "attrs": bench_attrs(i),
                 }  # fmt: skip
                 rows.append((literals[i], json.dumps(payload)))
             with connection.cursor() as cursor:
@@ -88,25 +109,32 @@ def run(users: int, per_user: int, queries: int) -> dict:
     scope = scopes[0]
     for _ in range(10):  # warm caches
         memory_search(scope, query=synthetic_query(rng), top_k=10, call=CallContext(channel="internal"))
+    # Unfiltered and filtered searches alternate, so both see the same cache state.
+    plain, filtered = [], []
+    for n in range(queries):
+        query = synthetic_query(rng)
+        runs = [(plain, None), (filtered, FILTER)]
+        for samples, field_filters in runs if n % 2 == 0 else reversed(runs):
+            samples.append(
+                timed(
+                    lambda q=query, f=field_filters: memory_search(
+                        scope, query=q, top_k=10, field_filters=f, call=CallContext(channel="internal")
+                    )
+                )
+            )
     results = {
         "rows_in_table": total,
         "memories_for_user": per_user,
-        "search_memory": percentiles(
-            [
-                timed(
-                    lambda q=synthetic_query(rng): memory_search(
-                        scope, query=q, top_k=10, call=CallContext(channel="internal")
-                    )
-                )
-                for _ in range(queries)
-            ]
-        ),
+        "search_memory": percentiles(plain),
+        "search_memory_type_and_tag": percentiles(filtered),
         "hybrid_search_only": percentiles(
             [timed(lambda q=synthetic_query(rng): hybrid_search(scope, query=q, limit=30)) for _ in range(queries)]
         ),
     }
+    base_p95, filtered_p95 = results["search_memory"]["p95_ms"], results["search_memory_type_and_tag"]["p95_ms"]
+    results["filtered_p95_vs_unfiltered"] = round(filtered_p95 / base_p95, 3) if base_p95 else None
     for name, figures in results.items():
-        print(f"{name:<20} {figures}")
+        print(f"{name:<28} {figures}")
     return results
 
 

@@ -6,12 +6,22 @@ from __future__ import annotations
 from typing import Any
 
 from core.choices import Channel
+from core.request_ids import request_id_claim
 from core.scope import CallContext
 
 USER_AGENT_MAX_CHARS = 300
-# Reserved for the turn lifecycle: agents will send these headers (not read yet).
+# An agent's turn: the header groups the call's audit rows as turn events.
 TURN_ID_HEADER = "X-Turn-Id"
+TURN_ID_MAX_CHARS = 128
+# Reserved for the turn lifecycle (not read yet).
 REQUEST_ID_HEADER = "X-Request-Id"
+
+
+def _turn_id_of(request: Any) -> str:
+    """The X-Turn-Id header of a Django or Starlette request ('' when absent)."""
+    headers = getattr(request, "headers", None) or {}
+    value = headers.get(TURN_ID_HEADER) or ""
+    return value.strip()[:TURN_ID_MAX_CHARS] if isinstance(value, str) else ""
 
 
 def _client_of(request: Any) -> tuple[str | None, str]:
@@ -29,6 +39,15 @@ def call_context_from_request(request: Any, *, channel: Channel, staff: bool = F
     as the actor (admin actions)."""
     ip, user_agent = (None, "") if request is None else _client_of(request)
     extra: dict[str, Any] = {}
+    turn_id = "" if request is None else _turn_id_of(request)
+    if turn_id:
+        extra["turn_id"] = turn_id
     if staff:
         extra = {"staff_user_id": request.user.pk, "staff_username": request.user.get_username()}
-    return CallContext(channel=channel, ip=ip, user_agent=user_agent[:USER_AGENT_MAX_CHARS], **extra)
+    return CallContext(
+        channel=channel,
+        request_id=request_id_claim(),  # the id the request's log lines and X-Request-Id carry
+        ip=ip,
+        user_agent=user_agent[:USER_AGENT_MAX_CHARS],
+        **extra,
+    )

@@ -22,10 +22,17 @@ class Operation(models.TextChoices):
     IMPORT_MEMORIES = "import_memories"
     # A person opening one memory in the web UI: audited, not billed.
     GET_MEMORY = "get_memory"
+    # The trash (issue 11): a person restores or deletes forever; the purge job too.
+    RESTORE_MEMORY = "restore_memory"
+    PURGE_MEMORY = "purge_memory"
+    # Background jobs: trash past retention and expired memories deleted for good.
+    PURGE_DUE = "purge_due"
     # Staff actions in the admin.
     ADMIN_VIEW_MEMORY = "admin_view_memory"
     ADMIN_REVOKE_API_KEY = "admin_revoke_api_key"
     ADMIN_RETRY_USAGE_EVENTS = "admin_retry_usage_events"
+    # A request without a valid credential (sampled: the first per ip per minute).
+    AUTHENTICATE = "authenticate"
 
 
 MEMORY_TOOL_OPERATIONS: tuple[Operation, ...] = (
@@ -45,3 +52,12 @@ class Channel(models.TextChoices):
     UI = "ui"
     ADMIN = "admin"
     INTERNAL = "internal"
+
+
+class MemoryType(models.TextChoices):
+    """Seed 001's memory types. Stored as plain strings in the engine row."""
+
+    USER = "user"
+    FEEDBACK = "feedback"
+    PROJECT = "project"
+    REFERENCE = "reference"

@@ -17,6 +17,7 @@ class ErrorCode(models.TextChoices):
     BACKEND_UNAVAILABLE = "backend_unavailable"
     CONFLICT = "conflict"
     UNAUTHENTICATED = "unauthenticated"
+    FORBIDDEN = "forbidden"
 
 
 HTTP_STATUS = {
@@ -29,11 +30,14 @@ HTTP_STATUS = {
     ErrorCode.BACKEND_UNAVAILABLE: 503,
     ErrorCode.CONFLICT: 409,
     ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.FORBIDDEN: 403,
 }
 
 
 class ServiceError(Exception):
     """A failure the caller can act on. `message` is for humans and never holds secrets."""
+
+    log_safe_message = True  # core/log_safety.py prints it in tracebacks
 
     def __init__(
         self,

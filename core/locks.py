@@ -31,3 +31,28 @@ def advisory_lock(key: str, *, timeout_s: float | None = None) -> Iterator[None]
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
+
+
+def advisory_xact_lock(*keys: str, timeout_s: float | None = None) -> None:
+    """Take transaction-level advisory locks on `keys` (released at commit or rollback);
+    `conflict` if one stays busy. Call inside `transaction.atomic()`: the locks then
+    cover exactly the writes they protect, and a crashed process cannot leak them."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("advisory_xact_lock needs a transaction")
+    timeout_ms = int((timeout_s if timeout_s is not None else settings.MEMORY_LOCK_TIMEOUT_S) * 1000)
+    try:
+        # No savepoint: a timeout fails the whole call, and the caller's atomic rolls back.
+        with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)", [f"{timeout_ms}ms"]
+            )
+            previous = cursor.fetchone()[0]
+            for key in sorted(set(keys)):  # one order everywhere: no deadlocks between callers
+                cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
+            # Only the advisory wait is bounded; the rest of the transaction waits as usual.
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+    except OperationalError as exc:
+        # Only lock_timeout (55P03) means busy; a lost connection is backend_unavailable (503).
+        if getattr(exc.__cause__, "sqlstate", None) != "55P03":
+            raise
+        raise ServiceError(ErrorCode.CONFLICT, "Another change to this memory is in progress; retry.") from None

@@ -22,6 +22,12 @@ class MemoryScope:
         return f"{self.tenant}:{self.user_pk}"
 
     @classmethod
+    def from_engine_user_id(cls, engine_user_id: str) -> MemoryScope | None:
+        """The scope a partition key belongs to (background jobs); None if malformed."""
+        tenant, _, pk = engine_user_id.rpartition(":")
+        return cls(tenant=tenant, user_pk=int(pk)) if tenant and pk.isdigit() else None
+
+    @classmethod
     def for_user(cls, user: Any, *, client_app: str | None = None) -> MemoryScope:
         if user is None or not user.is_authenticated or user.pk is None:
             raise PermissionError("a MemoryScope needs an authenticated user")

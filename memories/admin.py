@@ -23,10 +23,25 @@ def _user_pk(engine_user_id: str) -> int | None:
 class MemoryAdmin(ReadOnlyAdmin):
     """The engine's table, read-only. Opening a memory (its content) is audited."""
 
-    list_display = ("id", "owner", "text_short", "pinned", "source", "created", "updated")
+    list_display = (
+        "id",
+        "owner",
+        "text_short",
+        "memory_type",
+        "tags",
+        "pinned",
+        "source",
+        "state",
+        "created",
+        "updated",
+    )
     search_fields = ("id",)
     search_help_text = "Words of the memory text, a memory id, or user:<id>."
-    fields = ("id", "owner", "text", "pinned", "source", "client_app", "metadata", "created", "updated", "history")
+    fields = (
+        "id", "owner", "text", "memory_type", "tags", "importance", "agent_id", "session_id", "expires_at",
+        "why_stored", "recalls", "state", "pinned", "source", "client_app", "metadata", "created", "updated",
+        "history",
+    )  # fmt: skip
     readonly_fields = fields
     paginator = EstimatedCountPaginator
     show_full_result_count = False
@@ -70,6 +85,38 @@ class MemoryAdmin(ReadOnlyAdmin):
 
     def source(self, obj):
         return _memory(obj).metadata.get("source")
+
+    @admin.display(description="type")
+    def memory_type(self, obj):
+        return _memory(obj).attrs.memory_type
+
+    def tags(self, obj):
+        return ", ".join(_memory(obj).attrs.tags)
+
+    def importance(self, obj):
+        return _memory(obj).attrs.importance
+
+    def agent_id(self, obj):
+        return _memory(obj).attrs.agent_id
+
+    def session_id(self, obj):
+        return _memory(obj).attrs.session_id
+
+    def expires_at(self, obj):
+        return _memory(obj).attrs.expires_at
+
+    def why_stored(self, obj):
+        return _memory(obj).attrs.why_stored
+
+    @admin.display(description="recalled")
+    def recalls(self, obj):
+        memory = _memory(obj)
+        return f"{memory.access_count} times, last {memory.last_recalled_at or 'never'}"
+
+    @admin.display(description="state")
+    def state(self, obj):
+        trash = _memory(obj).trash
+        return f"in trash since {trash.at} ({trash.operation})" if trash else "live"
 
     def client_app(self, obj):
         return _memory(obj).metadata.get("client_app")

@@ -2,6 +2,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class EngineMessage(models.Model):
@@ -86,6 +87,21 @@ class RateWindow(models.Model):
         return f"{self.user_id} {self.operation} {self.window_start:%H:%M} = {self.count}"
 
 
+class RateEvent(models.Model):
+    """One call under a long ("per hour" or longer) limit: the log an exact sliding
+    window counts, so "5 per hour" holds in any 60-minute span, not per clock hour."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="rate_events")
+    operation = models.CharField(max_length=32)
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "operation", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} {self.operation} {self.at:%H:%M:%S}"
+
+
 class ExternalIdentity(models.Model):
     """An OIDC subject (`iss` + `sub`) mapped to a local user, created on first sight."""
 
@@ -114,3 +130,44 @@ class EngineMemoryRow(models.Model):
 
     def __str__(self) -> str:
         return str(self.id)
+
+
+class JobWatermark(models.Model):
+    """How far a background job has read an append-only stream (e.g. the recall
+    counters fold audit rows up to `position`), so each row is counted exactly once."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    position = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} @ {self.position}"
+
+
+class IngestIntent(models.Model):
+    """An `ingest` call in flight. mem0 commits its rows on its own connection, so the
+    call is recorded (committed) before the engine call and closed, with its hashes,
+    audit row and usage event, in one transaction after it. One left open by a crash is
+    completed or undone by `services.ingest_intents_reconcile`."""
+
+    class State(models.TextChoices):
+        OPEN = "open"
+        DONE = "done"
+        UNDONE = "undone"
+
+    request_id = models.CharField(max_length=64, unique=True)
+    engine_user_id = models.CharField(max_length=255)
+    # What completing the call later needs: its scope and call context (no content).
+    scope = models.JSONField()
+    call = models.JSONField()
+    detail = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.OPEN)
+    results = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"ingest {self.request_id} {self.state}"

@@ -1,13 +1,17 @@
 """File formats for taking memories out and bringing them in: pure functions, no database.
 
 - memsite JSONL (lossless): a header line `{"format": "memsite.memories", "version": 1,
-  "count": N, ...}`, then one memory per line with every field and its history versions.
-  The header's count makes a file cut at a line boundary detectable as truncated.
+  "count": N, ...}`, then one memory per line with every field (text, pinned, metadata,
+  source, client app, times, memory_type, tags, importance, agent_id, session_id,
+  expires_at, why_stored, recall counters) and its history versions. The header's count
+  makes a file cut at a line boundary detectable as truncated. Live memories only: the
+  trash is not exported (it is on its way out; restore first to take a memory along).
 - Markdown (export only): for people to read.
 - mem0: `get_all` output or its export JSON, `{"results": [{"id", "memory", "metadata",
   "created_at", "updated_at", ...}]}` (a bare list is accepted too).
 - OpenMemory: the zip its `/api/v1/backup/export` writes (`memories.json` with `memories`
-  and `apps`; `memories.jsonl.gz` is a derived copy and not needed).
+  and `apps`, `categories`, `memory_categories`; `memories.jsonl.gz` is a derived copy and
+  not needed). Categories become tags; archived memories come in, deleted ones do not.
 
 `import_items_parse` validates the WHOLE file before anything is written and raises one
 ServiceError naming the first bad record (never its content)."""
@@ -23,12 +27,13 @@ from typing import Any
 
 from core.errors import ErrorCode, ServiceError
 from memories import schemas
+from memories.engine import engine_timestamp
 
 FORMAT_NAME = "memsite.memories"
 FORMAT_VERSION = 1
 IMPORT_SOURCES = ("memsite", "mem0", "openmemory")
 EXPORT_FORMATS = ("jsonl", "markdown")
-HISTORY_EVENTS = frozenset({"ADD", "UPDATE", "DELETE", "NONE"})
+HISTORY_EVENTS = frozenset({"ADD", "UPDATE", "DELETE", "NONE", "RESTORE"})
 HISTORY_MAX_VERSIONS = 1000
 LABEL_MAX_CHARS = 100
 # OpenMemory memories in these states are gone for their user; they are not brought in.
@@ -45,6 +50,11 @@ class ImportItem:
     created_at: str | None
     updated_at: str | None
     versions: list[dict[str, Any]] = field(default_factory=list)
+    # memory_type, tags, importance, agent_id, session_id, why_stored (validated like
+    # remember's) and expires_at (engine text; may be past: the service skips those).
+    fields: dict[str, Any] = field(default_factory=dict)
+    access_count: int = 0
+    last_recalled_at: str | None = None
 
 
 def _invalid(message: str) -> ServiceError:
@@ -52,7 +62,8 @@ def _invalid(message: str) -> ServiceError:
 
 
 def _timestamp(value: Any, *, where: str) -> str | None:
-    """ISO-8601 in UTC (naive times are taken as UTC), so stored times compare as text."""
+    """ISO-8601 in UTC (naive times are taken as UTC) in the engine's one text form, so
+    stored times compare as text."""
     if value is None or value == "":
         return None
     if not isinstance(value, str) or len(value) > 64:
@@ -63,7 +74,7 @@ def _timestamp(value: Any, *, where: str) -> str | None:
         raise _invalid(f"{where}: timestamp is not ISO-8601") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return when.astimezone(UTC).isoformat()
+    return engine_timestamp(when)
 
 
 def _label(value: Any, *, where: str) -> str | None:
@@ -74,14 +85,30 @@ def _label(value: Any, *, where: str) -> str | None:
     return value
 
 
-def _checked(text: Any, pinned: Any, metadata: Any, *, where: str) -> tuple[str, bool, dict[str, Any]]:
-    """The same limits as `remember` (text size, metadata keys and sizes)."""
-    arguments = {"memory": text, "pinned": pinned, "metadata": metadata or None}
+FIELD_KEYS = ("memory_type", "tags", "importance", "agent_id", "session_id", "why_stored")
+
+
+def _checked(
+    text: Any, pinned: Any, metadata: Any, *, where: str, fields: dict[str, Any] | None = None
+) -> tuple[str, bool, dict[str, Any], dict[str, Any]]:
+    """The same limits as `remember` (text size, metadata keys and sizes, field values).
+    Returns text, pinned, metadata and the fields given (None values left out)."""
+    given = {k: v for k, v in (fields or {}).items() if k in FIELD_KEYS and v is not None}
+    arguments = {"memory": text, "pinned": pinned, "metadata": metadata or None, **given}
     try:
         valid = schemas.validate_input(schemas.RememberInput, arguments)
     except ServiceError as exc:
         raise ServiceError(exc.code, f"{where}: {exc.message}") from None
-    return valid.memory.strip(), valid.pinned, dict(valid.metadata or {})
+    checked = {k: getattr(valid, k) for k in given}
+    return valid.memory.strip(), valid.pinned, dict(valid.metadata or {}), checked
+
+
+def _count(value: Any, *, where: str) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
+        raise _invalid(f"{where}: access_count must be a non-negative integer")
+    return value
 
 
 def _versions(raw: Any, *, where: str) -> list[dict[str, Any]]:
@@ -137,7 +164,12 @@ def _parse_memsite(data: bytes) -> list[ImportItem]:
         if not isinstance(record, dict):
             raise _invalid(f"{where}: expected a JSON object")
         pinned_raw = record.get("pinned", False)
-        text, pinned, metadata = _checked(record.get("text"), pinned_raw, record.get("metadata"), where=where)
+        text, pinned, metadata, fields = _checked(
+            record.get("text"), pinned_raw, record.get("metadata"), where=where, fields=record
+        )
+        expires_at = _timestamp(record.get("expires_at"), where=f"{where} expires_at")
+        if expires_at:
+            fields["expires_at"] = expires_at
         items.append(
             ImportItem(
                 text=text,
@@ -148,6 +180,9 @@ def _parse_memsite(data: bytes) -> list[ImportItem]:
                 created_at=_timestamp(record.get("created_at"), where=where),
                 updated_at=_timestamp(record.get("updated_at"), where=where),
                 versions=_versions(record.get("history"), where=where),
+                fields=fields,
+                access_count=_count(record.get("access_count"), where=where),
+                last_recalled_at=_timestamp(record.get("last_recalled_at"), where=f"{where} last_recalled_at"),
             )
         )
     return items
@@ -173,7 +208,7 @@ def _parse_mem0(data: bytes) -> list[ImportItem]:
         metadata = record.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise _invalid(f"{where}: metadata must be an object")
-        text, pinned, metadata = _checked(record.get("memory"), False, metadata, where=where)
+        text, pinned, metadata, _ = _checked(record.get("memory"), False, metadata, where=where)
         items.append(
             ImportItem(
                 text=text,
@@ -213,6 +248,12 @@ def _parse_openmemory(data: bytes, *, max_bytes: int) -> list[ImportItem]:
     if not isinstance(document, dict) or not isinstance(document.get("memories"), list):
         raise _invalid('OpenMemory memories.json needs a "memories" list')
     apps = {a.get("id"): a.get("name") for a in document.get("apps") or [] if isinstance(a, dict)}
+    category_names = {c.get("id"): c.get("name") for c in document.get("categories") or [] if isinstance(c, dict)}
+    categories: dict[Any, list[str]] = {}
+    for link in document.get("memory_categories") or []:
+        name = category_names.get(link.get("category_id")) if isinstance(link, dict) else None
+        if isinstance(name, str) and name.strip():
+            categories.setdefault(link.get("memory_id"), []).append(name.strip())
     items = []
     for n, record in enumerate(document["memories"]):
         where = f"memories[{n}]"
@@ -223,7 +264,10 @@ def _parse_openmemory(data: bytes, *, max_bytes: int) -> list[ImportItem]:
         metadata = record.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise _invalid(f"{where}: metadata must be an object")
-        text, pinned, metadata = _checked(record.get("content"), False, metadata, where=where)
+        tags = categories.get(record.get("id")) or None
+        text, pinned, metadata, fields = _checked(
+            record.get("content"), False, metadata, where=where, fields={"tags": tags}
+        )
         app = apps.get(record.get("app_id"))
         items.append(
             ImportItem(
@@ -234,6 +278,7 @@ def _parse_openmemory(data: bytes, *, max_bytes: int) -> list[ImportItem]:
                 client_app=_label(app, where=f"{where} app") if isinstance(app, str) else None,
                 created_at=_timestamp(record.get("created_at"), where=where),
                 updated_at=_timestamp(record.get("updated_at"), where=where),
+                fields=fields,
             )
         )
     return items
@@ -267,6 +312,15 @@ class ExportRecord:
     client_app: str | None
     created_at: str | None
     updated_at: str | None
+    memory_type: str
+    tags: list[str]
+    importance: float
+    agent_id: str | None
+    session_id: str | None
+    expires_at: str | None
+    why_stored: str | None
+    last_recalled_at: str | None
+    access_count: int
     history: list[dict[str, Any]]
 
 
@@ -296,6 +350,12 @@ def export_markdown(records: list[ExportRecord], *, exported_at: str, username: 
                 facts.append(f"updated {r.updated_at}")
             if r.client_app:
                 facts.append(f"via {r.client_app}")
+            if r.memory_type != "user":
+                facts.append(f"type {r.memory_type}")
+            if r.tags:
+                facts.append("tags " + ", ".join(r.tags))
+            if r.expires_at:
+                facts.append(f"expires {r.expires_at}")
             if len(r.history) > 1:
                 facts.append(f"{len(r.history)} versions")
             facts += [f"{k}: {v}" for k, v in sorted(r.metadata.items())]

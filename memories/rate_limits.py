@@ -1,4 +1,12 @@
-"""Per-user, per-operation fixed windows, counted atomically in Postgres."""
+"""Per-user, per-operation rate limits, counted atomically in Postgres across processes.
+
+- Limits over a window shorter than `SLIDING_WINDOW_FROM_S` (per second, per minute) use
+  a cheap fixed window: one counter row per window (INSERT ... ON CONFLICT DO UPDATE).
+  Up to twice the limit can pass around a window edge, which is fine at that scale.
+- Longer ones ("5 per hour") use an exact sliding window: a log of the calls per
+  (user, operation), counted over the last `window` seconds under a transaction-level
+  advisory lock on the key, so the limit holds in ANY span of that length.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +15,14 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from core.errors import ErrorCode, ServiceError
+from core.metrics import rate_limit_rejection_record
 from core.scope import MemoryScope
-from memories.models import RateWindow
+from memories.models import RateEvent, RateWindow
+
+SLIDING_WINDOW_FROM_S = 3600
 
 _UPSERT = f"""
 INSERT INTO {RateWindow._meta.db_table} (user_id, operation, window_seconds, window_start, count)
@@ -22,25 +33,59 @@ RETURNING count
 """  # noqa: S608 - table name from our own model
 
 
+def clock() -> float:
+    """Seconds since the epoch (tests move it to cross window edges)."""
+    return time.time()
+
+
+def _limited(operation: str, limit: int, window: int, retry_after: float) -> ServiceError:
+    seconds = max(1, math.ceil(retry_after))
+    rate_limit_rejection_record(operation=operation)
+    return ServiceError(
+        ErrorCode.RATE_LIMITED,
+        f"Too many {operation} calls: at most {limit} per {window} s. Retry in {seconds} s.",
+        retry_after_s=seconds,
+    )
+
+
 def rate_limit_consume(scope: MemoryScope, *, operation: str) -> None:
     """Count one call; raise `rate_limited` (with retry_after_s) past the limit."""
     limit, window = settings.RATE_LIMITS.get(operation, (0, 60))
     if limit == 0:
         return
-    now = time.time()
+    if window >= SLIDING_WINDOW_FROM_S:
+        _sliding_consume(scope, operation=operation, limit=limit, window=window)
+        return
+    now = clock()
     start = math.floor(now / window) * window
     with connection.cursor() as cursor:
         cursor.execute(_UPSERT, [scope.user_pk, operation, window, datetime.fromtimestamp(start, UTC)])
         count = cursor.fetchone()[0]
     if count > limit:
-        retry_after = max(1, math.ceil(start + window - now))
-        raise ServiceError(
-            ErrorCode.RATE_LIMITED,
-            f"Too many {operation} calls: at most {limit} per {window} s. Retry in {retry_after} s.",
-            retry_after_s=retry_after,
-        )
+        raise _limited(operation, limit, window, start + window - now)
+
+
+def _sliding_consume(scope: MemoryScope, *, operation: str, limit: int, window: int) -> None:
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            # Serialises count-then-insert per key across processes; released at commit.
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"rate:{scope.user_pk}:{operation}"]
+            )
+        now = clock()
+        at = datetime.fromtimestamp(now, UTC)
+        since = at - timedelta(seconds=window)
+        log = RateEvent.objects.filter(user_id=scope.user_pk, operation=operation)
+        log.filter(at__lte=since).delete()  # aged out: keeps each key's log at most `limit` rows
+        recent = list(log.filter(at__gt=since).order_by("at").values_list("at", flat=True)[:limit])
+        if len(recent) >= limit:
+            # A slot frees up when the oldest call in the window ages out of it.
+            raise _limited(operation, limit, window, (recent[0] - since).total_seconds())
+        RateEvent.objects.create(user_id=scope.user_pk, operation=operation, at=at)
 
 
 def rate_windows_prune(*, older_than: timedelta = timedelta(days=2)) -> int:
-    deleted, _ = RateWindow.objects.filter(window_start__lt=datetime.now(UTC) - older_than).delete()
-    return deleted
+    cutoff = datetime.now(UTC) - older_than
+    deleted, _ = RateWindow.objects.filter(window_start__lt=cutoff).delete()
+    events, _ = RateEvent.objects.filter(at__lt=cutoff).delete()
+    return deleted + events

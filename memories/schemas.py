@@ -8,9 +8,12 @@ ServiceError with code `invalid_argument` or `payload_too_large`.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -26,6 +29,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from core.errors import ErrorCode, ServiceError
+from core.inputs import InputError, json_value_check
+from memories.cursors import CURSOR_MAX_CHARS, CursorError, cursor_decode
 from memories.engine import ENGINE_RESERVED_METADATA_KEYS
 
 MEMORY_MAX_CHARS = 8000
@@ -40,11 +45,21 @@ METADATA_MAX_BYTES = 8192
 FILTERS_MAX_KEYS = 10
 INGEST_MAX_MESSAGES = 50
 INGEST_MAX_TOTAL_CHARS = 40000
-CURSOR_MAX_CHARS = 512
+TAGS_MAX = 20
+TAG_MAX_CHARS = 64
+SCOPE_ID_MAX_CHARS = 128
+SOURCE_MAX_CHARS = 64
+WHY_STORED_MAX_CHARS = 500
+TTL_DAYS_MAX = 3650
 
 # Keys the engine or the service owns; clients may not set or filter on them.
 RESERVED_KEYS = ENGINE_RESERVED_METADATA_KEYS | {"tenant", "client_app", "source", "pinned"}
-_KEY_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+# A letter, then letters, digits, '_', '.', '-', never two '_' in a row (Django's lookup
+# separator). The same pattern is published in the tools' input schemas and OpenAPI.
+KEY_PATTERN = r"^[A-Za-z](?:_?[A-Za-z0-9.-])*_?$"
+_KEY_PATTERN = re.compile(KEY_PATTERN)
+# Filters may also select on what the service records (read-only for clients).
+FILTER_SYSTEM_KEYS = frozenset({"pinned", "client_app", "source"})
 
 Scalar = StrictStr | StrictBool | int | float | None
 TopK = Annotated[int, Field(ge=1, le=TOP_K_MAX, strict=True)]
@@ -59,7 +74,7 @@ def _check_keys(values: dict[str, Any], *, what: str, max_keys: int, allow: froz
     if len(values) > max_keys:
         raise _too_large(f"{what} may have at most {max_keys} keys")
     for key in values:
-        if len(key) > METADATA_KEY_MAX_CHARS or not _KEY_PATTERN.match(key) or "__" in key:
+        if len(key) > METADATA_KEY_MAX_CHARS or not _KEY_PATTERN.fullmatch(key):
             raise ValueError(f"{what} key {key[:80]!r} must be 1-64 letters, digits, '_', '.', '-' (no '__')")
         if key in RESERVED_KEYS and key not in allow:
             raise ValueError(f"{what} key {key!r} is reserved")
@@ -69,11 +84,52 @@ class StrictInput(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def _key_names(*, reserved: frozenset[str]) -> dict[str, Any]:
+    return {"pattern": KEY_PATTERN, "maxLength": METADATA_KEY_MAX_CHARS, "not": {"enum": sorted(reserved)}}
+
+
+_METADATA_VALUE_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "maxLength": METADATA_VALUE_MAX_CHARS},
+        {"type": "boolean"},
+        {"type": "integer"},
+        {"type": "number"},
+        {"type": "null"},
+    ]
+}
+
+
+# The JSON schemas of metadata and filters objects, as the validators below enforce them
+# (published in each tool's inputSchema and in /v1/schema/).
+METADATA_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "maxProperties": METADATA_MAX_KEYS,
+    "propertyNames": _key_names(reserved=frozenset(RESERVED_KEYS)),
+    "additionalProperties": _METADATA_VALUE_SCHEMA,
+}
+FILTERS_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "maxProperties": FILTERS_MAX_KEYS,
+    "propertyNames": _key_names(reserved=frozenset(RESERVED_KEYS - FILTER_SYSTEM_KEYS)),
+    "additionalProperties": _METADATA_VALUE_SCHEMA,
+}
+
+
+def _object_branch(schema: dict[str, Any], replacement: dict[str, Any]) -> None:
+    """Replace the object branch of an optional dict field's generated schema."""
+    for branch in schema.get("anyOf", []):
+        if branch.get("type") == "object":
+            branch.clear()
+            branch.update(copy.deepcopy(replacement))
+
+
 class MetadataMixin(StrictInput):
     metadata: dict[str, Scalar] | None = Field(
         default=None,
         description=f"Your own key/value labels (at most {METADATA_MAX_KEYS} keys; strings up to "
-        f"{METADATA_VALUE_MAX_CHARS} characters).",
+        f"{METADATA_VALUE_MAX_CHARS} characters; at most {METADATA_MAX_BYTES} bytes as JSON). Keys: a letter, "
+        "then letters, digits, '_', '.', '-' (never '__'), up to 64 characters, not a reserved name.",
+        json_schema_extra=lambda schema: _object_branch(schema, METADATA_OBJECT_SCHEMA),
     )
 
     @field_validator("metadata")
@@ -92,7 +148,10 @@ class MetadataMixin(StrictInput):
 
 class FiltersMixin(StrictInput):
     filters: dict[str, Scalar] | None = Field(
-        default=None, description="Exact-match filters on your metadata keys, or on `pinned` (true/false)."
+        default=None,
+        description=f"Exact-match filters (at most {FILTERS_MAX_KEYS}) on your metadata keys (same key rules as "
+        "metadata), or on `pinned` (true/false), `client_app` or `source`.",
+        json_schema_extra=lambda schema: _object_branch(schema, FILTERS_OBJECT_SCHEMA),
     )
 
     @field_validator("filters")
@@ -100,10 +159,97 @@ class FiltersMixin(StrictInput):
     def _filters_ok(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is None:
             return None
-        _check_keys(value, what="filters", max_keys=FILTERS_MAX_KEYS, allow=frozenset({"pinned"}))
+        _check_keys(value, what="filters", max_keys=FILTERS_MAX_KEYS, allow=FILTER_SYSTEM_KEYS)
         if "pinned" in value and not isinstance(value["pinned"], bool):
             raise ValueError("filters.pinned must be true or false")
+        for key in ("client_app", "source"):
+            if key in value and not isinstance(value[key], str):
+                raise ValueError(f"filters.{key} must be a string")
+        for key, item in value.items():
+            if isinstance(item, str) and len(item) > METADATA_VALUE_MAX_CHARS:
+                raise _too_large(f"filters value for {key!r} exceeds {METADATA_VALUE_MAX_CHARS} characters")
         return value
+
+
+MemoryTypeName = Literal["user", "feedback", "project", "reference"]
+Tag = Annotated[StrictStr, Field(min_length=1, max_length=TAG_MAX_CHARS, pattern=r"^[^\x00-\x1f]+$")]
+Tags = Annotated[list[Tag], Field(max_length=TAGS_MAX, description=f"Short labels (at most {TAGS_MAX}).")]
+ScopeId = Annotated[StrictStr, Field(min_length=1, max_length=SCOPE_ID_MAX_CHARS, pattern=r"^[A-Za-z0-9_.:@-]+$")]
+Importance = Annotated[float, Field(ge=0, le=1, description="0 to 1 (default 0.5).")]
+TtlDays = Annotated[int, Field(ge=1, le=TTL_DAYS_MAX, strict=True)]
+Instant = Annotated[StrictStr, Field(max_length=40, description="ISO 8601, e.g. 2026-12-31T00:00:00Z.")]
+
+# The typed fields (issue 11): what `remember` may set and `update_memory` may change.
+FIELD_NAMES = ("memory_type", "tags", "importance", "agent_id", "session_id", "expires_at", "source", "why_stored")
+
+
+def parse_instant(value: str, *, what: str) -> datetime:
+    """An ISO 8601 date or date-time; naive ones are taken as UTC."""
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+    except ValueError:
+        raise ValueError(f"{what} must be an ISO 8601 date-time, e.g. 2026-12-31T00:00:00Z") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+class FieldsMixin(StrictInput):
+    memory_type: MemoryTypeName | None = Field(
+        default=None, description="user (default), feedback, project, reference."
+    )
+    tags: Tags | None = None
+    importance: Importance | None = None
+    agent_id: ScopeId | None = Field(default=None, description="Narrower scope: the agent this memory belongs to.")
+    session_id: ScopeId | None = Field(default=None, description="Narrower scope: the session it belongs to.")
+    expires_at: Instant | None = Field(default=None, description="When the memory expires (in the future).")
+    ttl_days: TtlDays | None = Field(default=None, description="Or: expire this many days from now.")
+    source: Annotated[StrictStr, Field(min_length=1, max_length=SOURCE_MAX_CHARS)] | None = Field(
+        default=None, description="Where the memory came from (default: the operation, e.g. remember)."
+    )
+    why_stored: Annotated[StrictStr, Field(max_length=WHY_STORED_MAX_CHARS)] | None = Field(
+        default=None, description="Why the agent kept it."
+    )
+
+    @field_validator("tags")
+    @classmethod
+    def _tags_unique(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else list(dict.fromkeys(t.strip() for t in value if t.strip()))
+
+    @field_validator("expires_at")
+    @classmethod
+    def _expires_in_future(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if parse_instant(value, what="expires_at") <= datetime.now(UTC):
+            raise ValueError("expires_at must be in the future")
+        return value
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> FieldsMixin:
+        if self.expires_at is not None and self.ttl_days is not None:
+            raise ValueError("give expires_at or ttl_days, not both")
+        return self
+
+    def field_changes(self) -> dict[str, Any]:
+        """The fields the caller gave (an explicit null clears a nullable field)."""
+        given = {name: getattr(self, name) for name in FIELD_NAMES if name in self.model_fields_set}
+        if self.ttl_days is not None:
+            given["ttl_days"] = self.ttl_days
+        return given
+
+
+class FieldFiltersMixin(StrictInput):
+    memory_type: MemoryTypeName | None = Field(default=None, description="Only memories of this type.")
+    tags: Tags | None = Field(default=None, description="Only memories with all of these tags.")
+    agent_id: ScopeId | None = Field(default=None, description="Only this agent's memories.")
+    session_id: ScopeId | None = Field(default=None, description="Only this session's memories.")
+
+    def field_filters(self) -> dict[str, Any]:
+        return {
+            "memory_type": self.memory_type,
+            "tags": self.tags,
+            "agent_id": self.agent_id,
+            "session_id": self.session_id,
+        }
 
 
 def _non_blank(value: str) -> str:
@@ -113,10 +259,13 @@ def _non_blank(value: str) -> str:
 
 
 MemoryText = Annotated[StrictStr, Field(min_length=1, max_length=MEMORY_MAX_CHARS)]
-MemoryId = Annotated[StrictStr, Field(min_length=1, max_length=64, description="The memory's id (a UUID).")]
+# No max_length: an over-long id is simply not a UUID (400), not a payload too large (413).
+MemoryId = Annotated[
+    StrictStr, Field(description="The memory's id (a UUID).", json_schema_extra={"format": "uuid", "maxLength": 36})
+]
 
 
-class RememberInput(MetadataMixin):
+class RememberInput(FieldsMixin, MetadataMixin):
     memory: MemoryText = Field(description="One curated fact about the user, stored verbatim.")
     pinned: StrictBool = Field(default=False, description="Pinned memories never lose rank with age.")
 
@@ -128,7 +277,7 @@ class Message(StrictInput):
     content: Annotated[StrictStr, Field(min_length=1, max_length=MEMORY_MAX_CHARS)]
 
 
-class IngestInput(MetadataMixin):
+class IngestInput(FieldsMixin, MetadataMixin):
     messages: list[Message] = Field(
         min_length=1, max_length=INGEST_MAX_MESSAGES, description="The conversation turn(s) to extract facts from."
     )
@@ -143,7 +292,7 @@ class IngestInput(MetadataMixin):
         return value
 
 
-class SearchInput(FiltersMixin):
+class SearchInput(FieldFiltersMixin, FiltersMixin):
     query: Annotated[StrictStr, Field(min_length=1, max_length=QUERY_MAX_CHARS)]
     top_k: TopK = 10
 
@@ -152,12 +301,14 @@ class SearchInput(FiltersMixin):
 
 def _uuid_text(value: str) -> str:
     try:
+        if len(value) > 45:  # the longest form uuid.UUID reads: urn:uuid:<36>
+            raise ValueError
         return str(uuid.UUID(value))
     except ValueError:
         raise ValueError("memory_id must be a UUID") from None
 
 
-class UpdateInput(MetadataMixin):
+class UpdateInput(FieldsMixin, MetadataMixin):
     memory_id: MemoryId
     memory: MemoryText | None = Field(default=None, description="New text (re-embedded).")
     pinned: StrictBool | None = None
@@ -171,22 +322,80 @@ class UpdateInput(MetadataMixin):
 
     @model_validator(mode="after")
     def _something_to_change(self) -> UpdateInput:
-        if self.memory is None and self.pinned is None and self.metadata is None:
-            raise ValueError("give at least one of memory, pinned, metadata")
+        if self.memory is None and self.pinned is None and self.metadata is None and not self.field_changes():
+            raise ValueError("give at least one of memory, pinned, metadata or a field")
         return self
 
 
+class TimeRange(StrictInput):
+    start: Instant | None = None
+    end: Instant | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TimeRange:
+        start = parse_instant(self.start, what="time_range.start") if self.start else None
+        end = parse_instant(self.end, what="time_range.end") if self.end else None
+        if start is None and end is None:
+            raise ValueError("time_range needs start and/or end")
+        if start and end and start >= end:
+            raise ValueError("time_range.start must be before time_range.end")
+        return self
+
+
+class UpdateBody(MetadataMixin):
+    """update_memory's REST body (PATCH /v1/memories/{memory_id}: the id is in the URL)."""
+
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1})
+
+    memory: MemoryText | None = Field(default=None, description="New text (re-embedded).")
+    pinned: StrictBool | None = None
+
+
 class DeleteInput(StrictInput):
-    memory_id: MemoryId
+    """One memory by id, or (bulk forget) every memory matching tags, a creation time
+    range and/or a type: then `confirm: true` is required and `dry_run` only counts."""
 
-    _uuid = field_validator("memory_id")(_uuid_text)
+    memory_id: MemoryId | None = None
+    tags: Tags | None = Field(default=None, description="Bulk: memories with all of these tags.")
+    time_range: TimeRange | None = Field(default=None, description="Bulk: created in [start, end), ISO 8601.")
+    memory_type: MemoryTypeName | None = Field(default=None, description="Bulk: memories of this type.")
+    confirm: StrictBool = Field(default=False, description="Bulk: must be true.")
+    dry_run: StrictBool = Field(default=False, description="Bulk: only count what would be deleted.")
+
+    @field_validator("memory_id")
+    @classmethod
+    def _uuid(cls, value: str | None) -> str | None:
+        return None if value is None else _uuid_text(value)
+
+    @property
+    def bulk(self) -> bool:
+        return self.memory_id is None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> DeleteInput:
+        selectors = self.tags or self.time_range is not None or self.memory_type is not None
+        if self.memory_id is not None and selectors:
+            raise ValueError("give memory_id, or tags/time_range/memory_type, not both")
+        if self.memory_id is None and not selectors:
+            raise ValueError("give memory_id, or at least one of tags, time_range, memory_type")
+        return self
 
 
-class ListInput(FiltersMixin):
+class ListInput(FieldFiltersMixin, FiltersMixin):
     cursor: Annotated[StrictStr, Field(max_length=CURSOR_MAX_CHARS)] | None = Field(
-        default=None, description="`next_cursor` from the previous page."
+        default=None, description="`next_cursor` from the previous page (opaque)."
     )
     page_size: PageSize = PAGE_SIZE_DEFAULT
+
+    @field_validator("cursor")
+    @classmethod
+    def _cursor_ours(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                cursor_decode(value)
+            except CursorError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
 
 class ClearAllInput(StrictInput):
@@ -204,6 +413,16 @@ class DatedListInput(ListInput):
 
     created_from: Annotated[StrictStr, Field(max_length=40)] | None = None
     created_before: Annotated[StrictStr, Field(max_length=40)] | None = None
+
+    @field_validator("created_from", "created_before")
+    @classmethod
+    def _iso_time(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                datetime.fromisoformat(value)
+            except ValueError:
+                raise ValueError("must be an ISO-8601 date or time, e.g. 2026-01-31") from None
+        return value
 
 
 class ExportInput(StrictInput):
@@ -227,6 +446,15 @@ class MemoryOut(BaseModel):
     client_app: str | None
     created_at: str | None
     updated_at: str | None
+    memory_type: str = "user"
+    tags: list[str] = Field(default_factory=list)
+    importance: float = 0.5
+    agent_id: str | None = None
+    session_id: str | None = None
+    expires_at: str | None = None
+    why_stored: str | None = None
+    last_recalled_at: str | None = Field(default=None, description="Last time a search returned it (batched).")
+    access_count: int = Field(default=0, description="How often searches returned it (batched).")
     score: float | None = Field(default=None, description="Relevance (search results only).")
 
 
@@ -254,8 +482,10 @@ class MemoryOutput(BaseModel):
 
 
 class DeleteOutput(BaseModel):
-    id: str
-    deleted: bool
+    id: str | None = Field(default=None, description="Single delete: the memory's id.")
+    deleted: bool | None = Field(default=None, description="Single delete: true (moved to the trash).")
+    deleted_count: int | None = Field(default=None, description="Bulk forget: how many (would be) deleted.")
+    dry_run: bool | None = Field(default=None, description="Bulk forget: true when nothing was changed.")
 
 
 class ListOutput(BaseModel):
@@ -267,6 +497,19 @@ class ClearAllOutput(BaseModel):
     deleted: int = Field(description="How many memories were deleted.")
 
 
+class ErrorInfo(BaseModel):
+    code: ErrorCode = Field(description="Stable machine-readable code.")
+    message: str = Field(description="For humans; never holds memory content or secrets.")
+    retry_after_s: int | None = Field(default=None, description="Seconds to wait (rate_limited, backend_unavailable).")
+    details: Any = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error of the REST API (and the structured content of an MCP error result)."""
+
+    error: ErrorInfo
+
+
 class ExportOutput(BaseModel):
     content: str
     format: str
@@ -276,6 +519,7 @@ class ExportOutput(BaseModel):
 class ImportOutput(BaseModel):
     imported: int = Field(description="Memories added.")
     duplicates: int = Field(description="Memories skipped because you already had the same text.")
+    expired: int = Field(default=0, description="Memories skipped because their expiry has passed.")
     ids: list[str]
 
 
@@ -287,9 +531,27 @@ def _describe(error: Any) -> str:
     return f"{where}: {message}"
 
 
+@dataclass(frozen=True)
+class RejectedArguments:
+    """Arguments an interface could not even decode (a malformed body or query string).
+    Passed to the dispatcher like arguments, so the failure is answered and audited there
+    like any other bad argument."""
+
+    error: ServiceError
+
+
 def validate_input[T: BaseModel](model: type[T], arguments: Any) -> T:
+    """The edge check of every surface: a coded error for anything the engine or the
+    database could not take (NUL, lone surrogates, non-finite numbers, deep nesting)."""
+    if isinstance(arguments, RejectedArguments):
+        raise arguments.error
     if not isinstance(arguments, dict):
         raise ServiceError(ErrorCode.INVALID_ARGUMENT, "arguments must be a JSON object")
+    try:
+        json_value_check(arguments)
+    except InputError as exc:
+        code = ErrorCode.PAYLOAD_TOO_LARGE if exc.too_large else ErrorCode.INVALID_ARGUMENT
+        raise ServiceError(code, exc.message) from None
     try:
         return model.model_validate(arguments)
     except ValidationError as exc:
@@ -297,3 +559,102 @@ def validate_input[T: BaseModel](model: type[T], arguments: Any) -> T:
         too_large = any(e["type"] in ("payload_too_large", "string_too_long", "too_long") for e in errors)
         code = ErrorCode.PAYLOAD_TOO_LARGE if too_large else ErrorCode.INVALID_ARGUMENT
         raise ServiceError(code, "; ".join(_describe(e) for e in errors[:5])) from None
+
+
+class RestoreInput(StrictInput):
+    """The trash: one memory by id, or everything one call deleted (its request id)."""
+
+    memory_id: MemoryId | None = None
+    request_id: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+
+    @field_validator("memory_id")
+    @classmethod
+    def _uuid(cls, value: str | None) -> str | None:
+        return None if value is None else _uuid_text(value)
+
+    @model_validator(mode="after")
+    def _one(self) -> RestoreInput:
+        if (self.memory_id is None) == (self.request_id is None):
+            raise ValueError("give memory_id or request_id")
+        return self
+
+
+class PurgeInput(StrictInput):
+    """Delete forever: one memory in the trash, or (`all: true`) the whole trash."""
+
+    memory_id: MemoryId | None = None
+    all: StrictBool = False
+
+    @field_validator("memory_id")
+    @classmethod
+    def _uuid(cls, value: str | None) -> str | None:
+        return None if value is None else _uuid_text(value)
+
+    @model_validator(mode="after")
+    def _one(self) -> PurgeInput:
+        if (self.memory_id is None) == (not self.all):
+            raise ValueError("give memory_id or all: true")
+        return self
+
+
+class RestoreOutput(BaseModel):
+    restored: list[str]
+
+
+class TrashListOutput(BaseModel):
+    memories: list[MemoryOut] = Field(description="The trash, most recently deleted first.")
+
+
+class ForgetOutput(BaseModel):
+    deleted_count: int = Field(description="How many memories went to the trash (or would, with dry_run).")
+    dry_run: bool
+
+
+class SeedScope(BaseModel):
+    tenant_id: str
+    user_id: str
+    agent_id: str | None
+    session_id: str | None
+
+
+class SeedMemory(BaseModel):
+    """A memory in seed 001's shape (plus tags, importance and access_count)."""
+
+    id: str
+    content: str
+    memory_type: str
+    scope: SeedScope
+    pinned: bool
+    expires_at: str | None
+    source: str | None
+    last_recalled_at: str | None
+    why_stored: str | None
+    created_at: str | None
+    updated_at: str | None
+    tags: list[str]
+    importance: float
+    access_count: int
+    score: float | None = None
+
+
+class SeedStoreOutput(BaseModel):
+    memory: SeedMemory | None = Field(default=None, description="The stored memory (content).")
+    duplicate: bool | None = Field(default=None, description="True when the text was already stored.")
+    memories: list[dict[str, Any]] | None = Field(default=None, description="Extraction results (messages).")
+
+
+class SeedMemoryOutput(BaseModel):
+    memory: SeedMemory
+
+
+class SeedListOutput(BaseModel):
+    memories: list[SeedMemory]
+    next_cursor: str | None
+
+
+class SeedSearchOutput(BaseModel):
+    memories: list[SeedMemory]
+
+
+class PurgeOutput(BaseModel):
+    purged: int

@@ -15,7 +15,7 @@ from django.db.models.functions import TruncDate
 
 from audit.models import MemoryHistory
 from billing.models import UsageEvent
-from core.errors import backend_unavailable, not_found
+from core.errors import ServiceError, backend_unavailable, not_found
 from core.scope import MemoryScope
 from memories.engine import (
     EngineError,
@@ -24,6 +24,7 @@ from memories.engine import (
     engine_get,
     engine_memory_count,
     engine_memory_ids,
+    engine_trashed,
 )
 
 # Metadata keys the service writes; everything else in metadata is the client's own.
@@ -40,6 +41,15 @@ class MemoryView:
     client_app: str | None
     created_at: str | None
     updated_at: str | None
+    memory_type: str
+    tags: list[str]
+    importance: float
+    agent_id: str | None
+    session_id: str | None
+    expires_at: str | None
+    why_stored: str | None
+    last_recalled_at: str | None
+    access_count: int
     score: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -52,7 +62,17 @@ class MemoryView:
 def memory_view(item: EngineMemory, *, score: float | None = None) -> MemoryView:
     metadata = dict(item.metadata)
     system = {key: metadata.pop(key, None) for key in SYSTEM_KEYS}
+    attrs = item.attrs
     return MemoryView(
+        memory_type=attrs.memory_type,
+        tags=list(attrs.tags),
+        importance=attrs.importance,
+        agent_id=attrs.agent_id,
+        session_id=attrs.session_id,
+        expires_at=attrs.expires_at,
+        why_stored=attrs.why_stored,
+        last_recalled_at=item.last_recalled_at,
+        access_count=item.access_count,
         id=item.id,
         memory=item.text,
         pinned=bool(system["pinned"]),
@@ -66,19 +86,53 @@ def memory_view(item: EngineMemory, *, score: float | None = None) -> MemoryView
 
 
 def memory_get_owned(scope: MemoryScope, *, memory_id: str) -> EngineMemory:
-    """The memory if it is the scope's; `not_found` for missing and foreign ids alike."""
+    """The memory if it is the scope's and live; `not_found` for missing and foreign ids
+    alike, and for the scope's own memories in the trash or expired (invisible at once)."""
     try:
         item = engine_get(memory_id)
     except EngineError as exc:
         raise backend_unavailable() from exc
     if item is None or item.user_id != scope.engine_user_id:
         raise not_found(denied=item is not None)
+    if item.trash is not None or item.expired(datetime.now(UTC)):
+        raise not_found()
     return item
+
+
+@dataclass(frozen=True)
+class TrashedView:
+    memory: MemoryView
+    trashed_at: str
+    request_id: str
+    operation: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.memory.as_dict(),
+            "trashed_at": self.trashed_at,
+            "request_id": self.request_id,
+            "operation": self.operation,
+        }
+
+
+def memory_trash_list(scope: MemoryScope, *, limit: int = 500) -> list[TrashedView]:
+    """The scope's trash, most recently deleted first."""
+    return [
+        TrashedView(memory=memory_view(item), trashed_at=item.trash.at, request_id=item.trash.request_id,
+                    operation=item.trash.operation)
+        for item in engine_trashed(scope, limit=limit)
+        if item.trash is not None
+    ]  # fmt: skip
 
 
 def memory_versions(scope: MemoryScope, *, memory_id: str) -> list[dict[str, Any]]:
     """Every version of one of the scope's memories, oldest first, with who made it."""
-    memory_get_owned(scope, memory_id=memory_id)
+    try:
+        memory_get_owned(scope, memory_id=memory_id)
+    except ServiceError:
+        # The history of a memory in the trash stays readable (it is restorable).
+        if not engine_trashed(scope, memory_ids=[memory_id]):
+            raise
     return list(
         MemoryHistory.objects.filter(memory_id=memory_id)  # type: ignore[arg-type]
         .order_by("recorded_at", "id")

@@ -4,44 +4,56 @@ operations take a MemoryScope first."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import json
 import secrets
 import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from audit.services import audit_record, audit_snapshot, audit_text
-from core.choices import Operation
+from audit.services import audit_failure, audit_record, audit_snapshot, audit_text
+from core.choices import Channel, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
-from core.locks import advisory_lock
+from core.locks import advisory_xact_lock
 from core.scope import CallContext, MemoryScope
 from memories.call_record import call_succeeded
+from memories.cursors import CursorError, cursor_decode, cursor_encode
 from memories.engine import (
+    EmbeddedText,
     EngineError,
+    EngineMemory,
     LlmUnavailable,
-    engine_add_text,
-    engine_delete,
-    engine_get,
-    engine_import_text,
+    MemoryAttrs,
+    attrs_containment,
+    engine_delete_row,
+    engine_delete_user_rows,
+    engine_embed_text,
     engine_ingest,
+    engine_insert_imported,
+    engine_insert_text,
+    engine_lock_owned,
     engine_memories_page,
-    engine_purge_user,
-    engine_update,
+    engine_memory_ids,
+    engine_purge_due,
+    engine_purge_messages,
+    engine_recalls_fold,
+    engine_restore,
+    engine_rows_from_request,
+    engine_timestamp,
+    engine_trash,
+    engine_trashed,
+    engine_update_row,
     history_attribution,
     hybrid_search,
     llm_configured,
 )
-from memories.models import ApiKey, ContentHash
+from memories.models import ApiKey, ContentHash, IngestIntent, JobWatermark
 from memories.portability import (
     EXPORT_FORMATS,
     ExportRecord,
@@ -51,14 +63,8 @@ from memories.portability import (
     import_items_parse,
 )
 from memories.rate_limits import rate_limit_consume
-from memories.selectors import (
-    MemoryView,
-    decayed_score,
-    memory_get_owned,
-    memory_histories,
-    memory_ids_owned,
-    memory_view,
-)
+from memories.schemas import parse_instant
+from memories.selectors import MemoryView, decayed_score, memory_get_owned, memory_histories, memory_view
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 KEY_ID_BYTES = 6  # 12 hex chars: the public, unique lookup part
@@ -115,6 +121,39 @@ def _system_metadata(scope: MemoryScope, *, source: str, pinned: bool, metadata:
     return {**(metadata or {}), "pinned": pinned, "source": source, "client_app": scope.client_app}
 
 
+def _attrs(fields: dict[str, Any] | None, *, base: MemoryAttrs | None = None) -> MemoryAttrs:
+    """The memory's fields after applying `fields` (validated by schemas.FieldsMixin) to
+    `base` (the defaults for a new memory). `ttl_days` becomes `expires_at`."""
+    attrs = base or MemoryAttrs()
+    changes: dict[str, Any] = {}
+    for name, value in (fields or {}).items():
+        if name in ("source", "ttl_days"):
+            continue
+        if name == "tags":
+            changes["tags"] = tuple(value or ())
+        elif name == "expires_at":
+            changes["expires_at"] = None if value is None else engine_timestamp(parse_instant(value, what=name))
+        elif name == "memory_type":
+            changes["memory_type"] = value or MemoryAttrs.memory_type
+        elif name == "importance":
+            changes["importance"] = MemoryAttrs.importance if value is None else float(value)
+        else:
+            changes[name] = value
+    ttl_days = (fields or {}).get("ttl_days")
+    if ttl_days:
+        changes["expires_at"] = engine_timestamp(datetime.now(UTC) + timedelta(days=ttl_days))
+    return replace(attrs, **changes)
+
+
+def _live(item: EngineMemory | None, scope: MemoryScope) -> bool:
+    return (
+        item is not None
+        and item.user_id == scope.engine_user_id
+        and item.trash is None
+        and not item.expired(datetime.now(UTC))
+    )
+
+
 def _llm_unavailable() -> ServiceError:
     return ServiceError(ErrorCode.LLM_UNAVAILABLE, "ingest needs an LLM and none is configured; use remember instead.")
 
@@ -129,6 +168,13 @@ def _engine_errors() -> Iterator[None]:
         raise backend_unavailable() from exc
 
 
+def _audit_attrs(attrs: MemoryAttrs) -> dict[str, Any]:
+    data = attrs.as_payload()
+    if data.get("why_stored") is not None:
+        data["why_stored"] = audit_text(data["why_stored"])
+    return {"fields": data}
+
+
 @dataclass(frozen=True)
 class RememberResult:
     id: str
@@ -138,43 +184,84 @@ class RememberResult:
         return {"id": self.id, "duplicate": self.duplicate}
 
 
+def _text_lock_key(scope: MemoryScope, digest: str) -> str:
+    # Every path that sets a memory's text takes this lock: one dedupe rule, no races.
+    return f"text:{scope.engine_user_id}:{digest}"
+
+
+def _hash_owner(scope: MemoryScope, *, digest: str) -> str | None:
+    """The live memory holding this text's hash, row-locked; a hash whose memory went
+    away behind its back is removed. Inside the transaction, under the text lock."""
+    known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).first()
+    if known is None:
+        return None
+    if _live(engine_lock_owned(scope, memory_id=str(known.memory_id)), scope):
+        return str(known.memory_id)
+    known.delete()
+    return None
+
+
+def _duplicate_text(existing_id: str) -> ServiceError:
+    return ServiceError(
+        ErrorCode.CONFLICT,
+        "Another of your memories already has this text; nothing was changed.",
+        details={"existing_id": existing_id},
+    )
+
+
 def memory_remember(
     scope: MemoryScope,
     *,
     memory: str,
     pinned: bool = False,
     metadata: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
     call: CallContext,
 ) -> RememberResult:
-    """Store one curated fact verbatim (no LLM). The same text twice is stored once."""
+    """Store one curated fact verbatim (no LLM) with its fields. The same text twice is
+    stored once (the first memory's fields are kept).
+
+    The memory row, its history row, its dedupe hash, the usage event and the audit row
+    commit in one transaction (the embedding is computed before it): after a crash
+    either all exist or none, and a retry finds the hash."""
+    attrs = _attrs(fields)
+    source = (fields or {}).get("source") or "remember"
     rate_limit_consume(scope, operation=Operation.REMEMBER)
+    text = memory.strip()
     digest = content_sha256(memory)
-    with advisory_lock(f"remember:{scope.engine_user_id}:{digest}"), _engine_errors():
-        known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).first()
-        if known is not None:
-            existing = engine_get(str(known.memory_id))
-            if existing is not None and existing.user_id == scope.engine_user_id:
-                with transaction.atomic():
-                    call_succeeded(
+    # A known text needs no embedding; otherwise embed before the transaction.
+    known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).exists()
+    embedded = None
+    for _attempt in range(2):
+        if embedded is None and not known:
+            with _engine_errors():
+                embedded = engine_embed_text(text)
+        with _engine_errors(), transaction.atomic():
+            advisory_xact_lock(_text_lock_key(scope, digest))
+            existing_id = _hash_owner(scope, digest=digest)
+            if existing_id is not None:
+                call_succeeded(
+                    scope,
+                    call=call,
+                    operation=Operation.REMEMBER,
+                    memory_ids=[existing_id],
+                    detail={"duplicate": True},
+                )
+                return RememberResult(id=existing_id, duplicate=True)
+            if embedded is not None:
+                with _attributed(call):
+                    memory_id = engine_insert_text(
                         scope,
-                        call=call,
-                        operation=Operation.REMEMBER,
-                        memory_ids=[existing.id],
-                        detail={"duplicate": True},
+                        embedded=embedded,
+                        metadata=_system_metadata(scope, source=source, pinned=pinned, metadata=metadata),
+                        attrs=attrs,
                     )
-                return RememberResult(id=existing.id, duplicate=True)
-            known.delete()  # the memory went away behind the hash's back
-        with _attributed(call):
-            memory_id = engine_add_text(
-                scope,
-                text=memory.strip(),
-                metadata=_system_metadata(scope, source="remember", pinned=pinned, metadata=metadata),
-            )
-        with transaction.atomic():
-            ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
-            after = audit_snapshot(memory=memory.strip(), pinned=pinned, metadata=metadata or {})
-            call_succeeded(scope, call=call, operation=Operation.REMEMBER, memory_ids=[memory_id], after=after)
-    return RememberResult(id=memory_id, duplicate=False)
+                ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
+                after = {**audit_snapshot(memory=text, pinned=pinned, metadata=metadata or {}), **_audit_attrs(attrs)}
+                call_succeeded(scope, call=call, operation=Operation.REMEMBER, memory_ids=[memory_id], after=after)
+                return RememberResult(id=memory_id, duplicate=False)
+        known = False  # the hash went away between the check and the lock: embed and store
+    raise backend_unavailable()
 
 
 def memory_ingest(
@@ -182,30 +269,132 @@ def memory_ingest(
     *,
     messages: list[dict[str, str]],
     metadata: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
     call: CallContext,
 ) -> list[dict[str, Any]]:
-    """mem0's extraction pipeline over a conversation turn (one LLM call)."""
+    """mem0's extraction pipeline over a conversation turn (one LLM call).
+
+    mem0 writes its rows on its own, so the call is bracketed by a durable intent:
+    committed before the engine call, completed (hashes, audit row, usage event) in one
+    transaction after it. A crash in between leaves the intent open, and
+    `ingest_intents_reconcile` completes it later from the rows tagged with the request id."""
     if not llm_configured():
         raise _llm_unavailable()
     rate_limit_consume(scope, operation=Operation.INGEST)
-    with _engine_errors(), _attributed(call):
-        added = engine_ingest(
-            scope,
-            messages=messages,
-            metadata=_system_metadata(scope, source="ingest", pinned=False, metadata=metadata),
-        )
-    results = [{"id": str(a.get("id")), "memory": a.get("memory"), "event": a.get("event")} for a in added]
-    with transaction.atomic():
+    intent = IngestIntent.objects.create(
+        request_id=call.request_id,
+        engine_user_id=scope.engine_user_id,
+        scope=_scope_record(scope),
+        call=_call_record(call),
+        detail={"messages": len(messages)},
+    )
+    try:
+        with _engine_errors(), _attributed(call):
+            added = engine_ingest(
+                scope,
+                messages=messages,
+                metadata=_system_metadata(
+                    scope, source=(fields or {}).get("source") or "ingest", pinned=False, metadata=metadata
+                ),
+                attrs=_attrs(fields),
+                request_id=call.request_id,
+            )
+    except ServiceError:
+        # Nothing stored: the call failed (failures_audited writes its row), close it.
+        # Rows stored before a late failure stay for the reconciler to complete.
+        if not engine_rows_from_request(request_id=call.request_id):
+            IngestIntent.objects.filter(pk=intent.pk).update(state=IngestIntent.State.UNDONE, closed_at=timezone.now())
+        raise
+    added_ids = [str(a.get("id")) for a in added if a.get("event") == "ADD"]
+    return _ingest_complete(scope, intent=intent, call=call, added_ids=added_ids)
+
+
+def _ingest_complete(
+    scope: MemoryScope, *, intent: IngestIntent, call: CallContext, added_ids: list[str]
+) -> list[dict[str, Any]]:
+    """One transaction: the dedupe rule over what mem0 added (a fact whose text another
+    memory already has is removed again, and answered with that memory's id and event
+    NONE), hashes for the new ones, the audit row, the usage event, the intent closed."""
+    results: list[dict[str, Any]] = []
+    with _engine_errors(), transaction.atomic():
+        current = IngestIntent.objects.select_for_update().get(pk=intent.pk)
+        if current.state != IngestIntent.State.OPEN:
+            return list(current.results)
+        added = [m for m in (engine_lock_owned(scope, memory_id=i) for i in added_ids) if m is not None]
+        advisory_xact_lock(*(_text_lock_key(scope, content_sha256(m.text)) for m in added))
+        for item in added:
+            digest = content_sha256(item.text)
+            existing_id = _hash_owner(scope, digest=digest)
+            if existing_id is not None and existing_id != item.id:
+                with _attributed(call):
+                    engine_delete_row(item.id)
+                results.append({"id": existing_id, "memory": item.text, "event": "NONE"})
+                continue
+            if existing_id is None:
+                ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=item.id)
+            results.append({"id": item.id, "memory": item.text, "event": "ADD"})
         after = [{**r, "memory": audit_text(r["memory"])} for r in results]
         call_succeeded(
             scope,
             call=call,
             operation=Operation.INGEST,
-            memory_ids=[str(r["id"]) for r in results],
+            memory_ids=[r["id"] for r in results],
             after=after,
-            detail={"messages": len(messages)},
+            detail=dict(current.detail),
         )
+        current.state = IngestIntent.State.DONE
+        current.results = results
+        current.closed_at = timezone.now()
+        current.save(update_fields=["state", "results", "closed_at"])
     return results
+
+
+def _scope_record(scope: MemoryScope) -> dict[str, Any]:
+    return {"tenant": scope.tenant, "user_pk": scope.user_pk, "client_app": scope.client_app}
+
+
+def _call_record(call: CallContext) -> dict[str, Any]:
+    return {
+        "channel": call.channel,
+        "ip": call.ip,
+        "user_agent": call.user_agent,
+        "actor_username": call.actor_username,
+        "actor_auth": call.actor_auth,
+        "turn_id": call.turn_id,
+    }
+
+
+def ingest_intents_reconcile(*, older_than_s: float | None = None) -> dict[str, int]:
+    """Close the ingest intents a crash left open (older than the lease, so calls still
+    running are left alone): rows tagged with the request id exist -> complete the call
+    (hashes, audit row, usage event, as if it had returned); none -> close it as undone
+    with a failure audit row (no usage event: nothing was stored)."""
+    lease = settings.INGEST_INTENT_LEASE_S if older_than_s is None else older_than_s
+    cutoff = timezone.now() - timedelta(seconds=lease)
+    counts = {"completed": 0, "undone": 0}
+    for intent in IngestIntent.objects.filter(state=IngestIntent.State.OPEN, created_at__lt=cutoff).order_by("pk"):
+        scope = MemoryScope(**intent.scope)
+        call = CallContext(request_id=intent.request_id, **intent.call)
+        rows = engine_rows_from_request(request_id=intent.request_id)
+        if rows:
+            _ingest_complete(scope, intent=intent, call=call, added_ids=[r.id for r in rows])
+            counts["completed"] += 1
+            continue
+        with transaction.atomic():
+            current = IngestIntent.objects.select_for_update().get(pk=intent.pk)
+            if current.state != IngestIntent.State.OPEN:
+                continue
+            audit_failure(
+                scope,
+                call=call,
+                operation=Operation.INGEST,
+                error=ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "interrupted before anything was stored"),
+            )
+            current.state = IngestIntent.State.UNDONE
+            current.closed_at = timezone.now()
+            current.save(update_fields=["state", "closed_at"])
+        counts["undone"] += 1
+    return counts
 
 
 def memory_update(
@@ -215,38 +404,62 @@ def memory_update(
     memory: str | None = None,
     pinned: bool | None = None,
     metadata: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
     call: CallContext,
 ) -> MemoryView:
-    """Change text, pin state or metadata of one of the scope's memories. Metadata is
-    merged, never wiped. Serialised per memory with concurrent updates and deletes."""
+    """Change text, pin state, metadata or fields of one of the scope's memories.
+    Metadata is merged, never wiped. Serialised per memory with concurrent updates and
+    deletes.
+
+    New text that another of the user's memories already has answers `conflict` (with
+    its id) and changes nothing. The row, its history, the hash, the usage event and
+    the audit row commit together."""
     rate_limit_consume(scope, operation=Operation.UPDATE_MEMORY)
     changes = dict(metadata or {})
     if pinned is not None:
         changes["pinned"] = pinned
-    with advisory_lock(f"memory:{memory_id}"):
-        current = memory_get_owned(scope, memory_id=memory_id)
-        with _engine_errors(), _attributed(call):
-            engine_update(memory_id, text=memory.strip() if memory is not None else None, metadata=changes or None)
-            updated = engine_get(memory_id)
-        if updated is None:
+    source = (fields or {}).get("source")
+    if source:
+        changes["source"] = source
+    memory_get_owned(scope, memory_id=memory_id)  # not_found before any embedding work
+    text = memory.strip() if memory is not None else None
+    digest = content_sha256(memory) if memory is not None else None
+    embedded = None
+    if text is not None:
+        with _engine_errors():
+            embedded = engine_embed_text(text)
+    with _engine_errors(), transaction.atomic():
+        keys = [f"memory:{memory_id}"] + ([_text_lock_key(scope, digest)] if digest else [])
+        advisory_xact_lock(*keys)
+        current = engine_lock_owned(scope, memory_id=memory_id)
+        if current is None or not _live(current, scope):
             raise not_found()
-        with transaction.atomic():
-            if memory is not None:
-                _rehash(scope, memory_id=memory_id, text=memory)
-            call_succeeded(
-                scope,
-                call=call,
-                operation=Operation.UPDATE_MEMORY,
-                memory_ids=[memory_id],
-                before=_snapshot(current),
-                after=_snapshot(updated),
-            )
+        attrs = _attrs(fields, base=current.attrs) if fields else None
+        if digest is not None:
+            existing_id = _hash_owner(scope, digest=digest)
+            if existing_id is not None and existing_id != memory_id:
+                raise _duplicate_text(existing_id)
+        with _attributed(call):
+            updated = engine_update_row(memory_id, embedded=embedded, metadata=changes or None, attrs=attrs)
+        if digest is not None:
+            _rehash(scope, memory_id=memory_id, digest=digest)
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.UPDATE_MEMORY,
+            memory_ids=[memory_id],
+            before=_snapshot(current),
+            after=_snapshot(updated),
+        )
     return memory_view(updated)
 
 
 def _snapshot(item) -> dict[str, Any]:
     view = memory_view(item)
-    return audit_snapshot(memory=view.memory, pinned=view.pinned, metadata=view.metadata)
+    return {
+        **audit_snapshot(memory=view.memory, pinned=view.pinned, metadata=view.metadata),
+        **_audit_attrs(item.attrs),
+    }
 
 
 @contextmanager
@@ -255,60 +468,290 @@ def _attributed(call: CallContext) -> Iterator[None]:
         yield
 
 
-def _rehash(scope: MemoryScope, *, memory_id: str, text: str) -> None:
-    ContentHash.objects.filter(memory_id=memory_id).delete()
-    ContentHash.objects.bulk_create(
-        [ContentHash(engine_user_id=scope.engine_user_id, sha256=content_sha256(text), memory_id=memory_id)],
-        ignore_conflicts=True,
+def _rehash(scope: MemoryScope, *, memory_id: str, digest: str) -> None:
+    ContentHash.objects.filter(memory_id=memory_id).exclude(sha256=digest).delete()
+    ContentHash.objects.get_or_create(
+        engine_user_id=scope.engine_user_id, sha256=digest, defaults={"memory_id": memory_id}
     )
 
 
-def memory_delete(scope: MemoryScope, *, memory_id: str, call: CallContext) -> None:
-    rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
-    with advisory_lock(f"memory:{memory_id}"):
-        current = memory_get_owned(scope, memory_id=memory_id)
-        with _engine_errors(), _attributed(call):
-            engine_delete(memory_id)
-        with transaction.atomic():
-            ContentHash.objects.filter(memory_id=memory_id).delete()
-            call_succeeded(
-                scope, call=call, operation=Operation.DELETE_MEMORY, memory_ids=[memory_id], before=_snapshot(current)
+def _trash_enabled() -> bool:
+    return settings.TRASH_RETENTION_DAYS > 0
+
+
+def _trash_or_delete(
+    scope: MemoryScope, *, memory_ids: list[str] | None, call: CallContext, operation: str
+) -> list[str]:
+    """Inside the caller's transaction: move the memories (all of the scope's when None)
+    to the trash, or delete them for good when the trash is off. Returns the ids."""
+    with _attributed(call):
+        if _trash_enabled():
+            return engine_trash(
+                scope, memory_ids=memory_ids, at=datetime.now(UTC), request_id=call.request_id, operation=operation
             )
+        if memory_ids is None:
+            return engine_delete_user_rows(scope)
+        return [memory_id for memory_id in memory_ids if engine_delete_row(memory_id)]
+
+
+def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, call: CallContext) -> None:
+    """Move one memory to the trash (restorable for TRASH_RETENTION_DAYS; 0 deletes it at
+    once). `forget` records a user-initiated forget (seed 001's /forget). The row change,
+    its history, the hash, the usage event and the audit row commit in one transaction."""
+    rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
+    memory_get_owned(scope, memory_id=memory_id)
+    detail = {"forget": True} if forget else {}
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"memory:{memory_id}")
+        current = engine_lock_owned(scope, memory_id=memory_id)
+        if current is None or not _live(current, scope):
+            raise not_found()
+        if not _trash_or_delete(scope, memory_ids=[memory_id], call=call, operation=Operation.DELETE_MEMORY):
+            raise not_found()
+        # In the trash a memory is not counted for dedupe: the same text again is new.
+        ContentHash.objects.filter(memory_id=memory_id).delete()
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.DELETE_MEMORY,
+            memory_ids=[memory_id],
+            before=_snapshot(current),
+            detail={**detail, "trashed": _trash_enabled()},
+        )
 
 
 def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) -> int:
-    """Delete every memory of the scope's user, their dedupe hashes and mem0's raw
-    messages (so a later ingest cannot bring cleared facts back). Returns the count."""
+    """Move every memory of the scope's user to the trash (or delete them when the trash
+    is off), drop their dedupe hashes and purge mem0's raw messages (so a later ingest
+    cannot bring cleared facts back), in one transaction with the usage event and audit
+    row. Returns the count."""
     if confirm is not True:
         raise ServiceError(
             ErrorCode.CONFIRMATION_REQUIRED, "clear_all_memory deletes all your memories; call it with confirm: true."
         )
     rate_limit_consume(scope, operation=Operation.CLEAR_ALL_MEMORY)
-    with advisory_lock(f"clear_all:{scope.engine_user_id}"):
-        memory_ids = memory_ids_owned(scope)
-        with _engine_errors(), _attributed(call):
-            engine_purge_user(scope)
-        with transaction.atomic():
-            ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
-            call_succeeded(
-                scope,
-                call=call,
-                operation=Operation.CLEAR_ALL_MEMORY,
-                memory_ids=memory_ids,
-                detail={"deleted": len(memory_ids)},
-            )
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        memory_ids = _trash_or_delete(scope, memory_ids=None, call=call, operation=Operation.CLEAR_ALL_MEMORY)
+        engine_purge_messages(scope)
+        ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.CLEAR_ALL_MEMORY,
+            memory_ids=memory_ids,
+            detail={"deleted": len(memory_ids), "trashed": _trash_enabled()},
+        )
     return len(memory_ids)
 
 
+@dataclass(frozen=True)
+class ForgetResult:
+    deleted_count: int
+    dry_run: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"deleted_count": self.deleted_count, "dry_run": self.dry_run}
+
+
+def memory_forget_bulk(
+    scope: MemoryScope,
+    *,
+    tags: list[str] | None = None,
+    time_range: tuple[str | None, str | None] | None = None,
+    memory_type: str | None = None,
+    confirm: bool = False,
+    dry_run: bool = False,
+    call: CallContext,
+) -> ForgetResult:
+    """Bulk forget (seed 003): the scope's live memories with all of `tags`, created in
+    `time_range` [start, end) and/or of `memory_type` go to the trash. `confirm: true`
+    is required unless `dry_run`, which only counts."""
+    if not dry_run and confirm is not True:
+        raise ServiceError(
+            ErrorCode.CONFIRMATION_REQUIRED,
+            "bulk delete needs confirm: true (use dry_run: true to count what would be deleted).",
+        )
+    if not tags and time_range is None and memory_type is None:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "give at least one of tags, time_range, memory_type")
+    rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
+    start, end = time_range or (None, None)
+    containment = attrs_containment(memory_type=memory_type, tags=tags)
+    created_from = engine_timestamp(parse_instant(start, what="start")) if start else None
+    created_before = engine_timestamp(parse_instant(end, what="end")) if end else None
+    criteria = {"tags": tags or [], "time_range": {"start": start, "end": end}, "memory_type": memory_type}
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        memory_ids = engine_memory_ids(
+            scope, containment=containment, created_from=created_from, created_before=created_before
+        )
+        if dry_run:
+            call_succeeded(
+                scope,
+                call=call,
+                operation=Operation.DELETE_MEMORY,
+                detail={"bulk": criteria, "dry_run": True, "count": len(memory_ids)},
+            )
+            return ForgetResult(deleted_count=len(memory_ids), dry_run=True)
+        if memory_ids:
+            memory_ids = _trash_or_delete(scope, memory_ids=memory_ids, call=call, operation=Operation.DELETE_MEMORY)
+        ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=memory_ids).delete()
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.DELETE_MEMORY,
+            memory_ids=memory_ids,
+            detail={"bulk": criteria, "dry_run": False, "count": len(memory_ids), "trashed": _trash_enabled()},
+        )
+    return ForgetResult(deleted_count=len(memory_ids), dry_run=False)
+
+
+# --- the trash: restore, delete forever, the purge job ------------------------------------
+def memory_restore(
+    scope: MemoryScope, *, memory_id: str | None = None, request_id: str | None = None, call: CallContext
+) -> list[str]:
+    """Take memories out of the trash with the same ids and history: one by id, or all
+    that one call deleted (its request id). A restored memory gets its dedupe hash back
+    unless the same text was remembered again meanwhile (then the newer memory keeps
+    it and the restored one lives on beside it)."""
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        with _attributed(call):
+            restored = engine_restore(
+                scope, memory_ids=[memory_id] if memory_id else None, request_id=None if memory_id else request_id
+            )
+        if not restored:
+            raise not_found()
+        ContentHash.objects.bulk_create(
+            [
+                ContentHash(engine_user_id=scope.engine_user_id, sha256=content_sha256(item.text), memory_id=item.id)
+                for item in restored
+            ],
+            ignore_conflicts=True,
+        )
+        ids = [item.id for item in restored]
+        audit_record(
+            scope,
+            call=call,
+            operation=Operation.RESTORE_MEMORY,
+            memory_ids=ids,
+            detail={"restored": len(ids), "request_id": request_id or ""},
+        )
+    return ids
+
+
+def memory_purge(scope: MemoryScope, *, memory_id: str | None = None, call: CallContext) -> int:
+    """Delete for good: one memory in the scope's trash, or (no id) the whole trash."""
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        trashed = engine_trashed(scope, memory_ids=[memory_id] if memory_id else None, limit=1_000_000)
+        if memory_id and not trashed:
+            raise not_found()
+        ids = [item.id for item in trashed]
+        with _attributed(call):
+            for item_id in ids:
+                engine_delete_row(item_id)
+        audit_record(scope, call=call, operation=Operation.PURGE_MEMORY, memory_ids=ids, detail={"purged": len(ids)})
+    return len(ids)
+
+
+def memory_purge_due(*, now: datetime | None = None, batch: int = 500) -> int:
+    """The periodic purge: trash older than TRASH_RETENTION_DAYS and expired memories are
+    deleted for good, with one audit row per user and batch. Returns how many."""
+    now = now or datetime.now(UTC)
+    trashed_before = now - timedelta(days=settings.TRASH_RETENTION_DAYS)
+    call = CallContext(channel=Channel.INTERNAL, actor_username="system:purge")
+    total = 0
+    while True:
+        # One transaction per batch: the rows are selected FOR UPDATE, so a restore racing
+        # the purge either wins (the row is skipped) or waits and finds nothing.
+        with _engine_errors(), transaction.atomic(), _attributed(call):
+            due = engine_purge_due(trashed_before=trashed_before, expired_at=now, limit=batch)
+            if not due:
+                return total
+            by_owner: dict[str, list[str]] = {}
+            for memory_id, owner in due:
+                by_owner.setdefault(owner, []).append(memory_id)
+            for owner, ids in by_owner.items():
+                for memory_id in ids:
+                    engine_delete_row(memory_id)
+                ContentHash.objects.filter(memory_id__in=ids).delete()
+                audit_record(
+                    MemoryScope.from_engine_user_id(owner),
+                    call=call,
+                    operation=Operation.PURGE_DUE,
+                    memory_ids=ids,
+                    detail={"purged": len(ids)},
+                )
+        total += len(due)
+
+
+RECALLS_WATERMARK = "recalls"
+
+
+def memory_recalls_fold(*, batch: int = 5000, settle_seconds: int | None = None) -> int:
+    """last_recalled_at / access_count without a write on search's path: every search
+    already leaves an audit row listing the ids it returned; this job adds the rows past
+    a watermark to the counters, in one transaction with the watermark (lossless, each
+    row counted once). Rows younger than RECALLS_SETTLE_SECONDS wait for the next run,
+    so a search transaction still committing is not skipped."""
+    from audit.models import AuditEvent
+
+    settle = settings.RECALLS_SETTLE_SECONDS if settle_seconds is None else settle_seconds
+    folded = 0
+    while True:
+        with transaction.atomic():
+            mark, _ = JobWatermark.objects.select_for_update().get_or_create(name=RECALLS_WATERMARK)
+            rows = list(
+                AuditEvent.objects.filter(
+                    id__gt=mark.position,
+                    operation=Operation.SEARCH_MEMORY,
+                    occurred_at__lt=datetime.now(UTC) - timedelta(seconds=settle),
+                )
+                .order_by("id")
+                .values_list("id", "occurred_at", "memory_ids", "outcome")[:batch]
+            )
+            if not rows:
+                return folded
+            recalls: dict[str, tuple[int, str]] = {}
+            for _, occurred_at, memory_ids, outcome in rows:
+                if outcome != AuditEvent.Outcome.OK:
+                    continue
+                stamp = engine_timestamp(occurred_at)
+                for memory_id in memory_ids or []:
+                    count, last = recalls.get(memory_id, (0, stamp))
+                    recalls[memory_id] = (count + 1, max(last, stamp))
+            engine_recalls_fold(recalls)
+            mark.position = rows[-1][0]
+            mark.save(update_fields=["position", "updated_at"])
+            folded += len(rows)
+
+
 # --- billed and audited reads ---------------------------------------------------------------
+def _containment(filters: dict[str, Any] | None, field_filters: dict[str, Any] | None) -> dict[str, Any]:
+    return {**(filters or {}), **attrs_containment(**(field_filters or {}))}
+
+
 def memory_search(
-    scope: MemoryScope, *, query: str, top_k: int, filters: dict[str, Any] | None = None, call: CallContext
+    scope: MemoryScope,
+    *,
+    query: str,
+    top_k: int,
+    filters: dict[str, Any] | None = None,
+    field_filters: dict[str, Any] | None = None,
+    call: CallContext,
 ) -> list[MemoryView]:
-    """The best `top_k` memories for `query`: hybrid retrieval (engine), then age decay."""
+    """The best `top_k` live memories for `query` (narrowed by metadata filters and
+    field filters: memory_type, tags, agent_id, session_id): hybrid retrieval, then age
+    decay. Recall counters are not touched here (memory_recalls_fold)."""
     rate_limit_consume(scope, operation=Operation.SEARCH_MEMORY)
+    field_filters = {k: v for k, v in (field_filters or {}).items() if v is not None}
     try:
         candidates = hybrid_search(
-            scope, query=query, limit=min(100, top_k * settings.SEARCH_CANDIDATE_FACTOR), filters=filters
+            scope,
+            query=query,
+            limit=min(100, top_k * settings.SEARCH_CANDIDATE_FACTOR),
+            filters=_containment(filters, field_filters) or None,
         )
     except EngineError as exc:
         raise backend_unavailable() from exc
@@ -321,25 +764,21 @@ def memory_search(
             call=call,
             operation=Operation.SEARCH_MEMORY,
             memory_ids=[r.id for r in results],
-            detail={"query": audit_text(query), "top_k": top_k, "filters": filters or {}, "results": len(results)},
+            detail={
+                "query": audit_text(query),
+                "top_k": top_k,
+                "filters": {**(filters or {}), **field_filters},
+                "results": len(results),
+            },
         )
     return results
 
 
-def _encode_cursor(created_at: str, memory_id: str) -> str:
-    raw = json.dumps([created_at, memory_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
 def _decode_cursor(cursor: str) -> tuple[str, str]:
     try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        created_at, memory_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        if not isinstance(created_at, str) or not isinstance(memory_id, str):
-            raise ValueError
-        return created_at, memory_id
-    except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
-        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "cursor is not one this server issued") from None
+        return cursor_decode(cursor)
+    except CursorError as exc:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -356,12 +795,14 @@ def memory_list(
     filters: dict[str, Any] | None = None,
     created_from: str | None = None,
     created_before: str | None = None,
+    field_filters: dict[str, Any] | None = None,
     call: CallContext,
 ) -> MemoryPage:
     """One page in creation order (oldest first, id breaking ties): each memory
     appears exactly once across pages, even while new ones are added."""
     rate_limit_consume(scope, operation=Operation.LIST_MEMORY)
     after = _decode_cursor(cursor) if cursor else None
+    field_filters = {k: v for k, v in (field_filters or {}).items() if v is not None}
     page = engine_memories_page(
         scope,
         after=after,
@@ -369,19 +810,25 @@ def memory_list(
         filters=filters,
         created_from=created_from,
         created_before=created_before,
+        containment=attrs_containment(**field_filters) or None,
     )
     views = [memory_view(item) for item in page[:page_size]]
     next_cursor = None
     if len(page) > page_size:
         last = page[page_size - 1]
-        next_cursor = _encode_cursor(last.created_at or "", last.id)
+        next_cursor = cursor_encode(last.created_at or "", last.id)
     with transaction.atomic():
         call_succeeded(
             scope,
             call=call,
             operation=Operation.LIST_MEMORY,
             memory_ids=[v.id for v in views],
-            detail={"page_size": page_size, "paged": bool(cursor), "filters": filters or {}, "results": len(views)},
+            detail={
+                "page_size": page_size,
+                "paged": bool(cursor),
+                "filters": {**(filters or {}), **field_filters},
+                "results": len(views),
+            },
         )
     return MemoryPage(memories=views, next_cursor=next_cursor)
 
@@ -394,7 +841,7 @@ def memory_get(scope: MemoryScope, *, memory_id: str, call: CallContext) -> Memo
     return view
 
 
-# --- export and import --------------------------------------------------------------------
+# --- export and import (issue 17) -----------------------------------------------------------
 EXPORT_PAGE_SIZE = 500
 Progress = Callable[[int, int], None]
 
@@ -412,8 +859,8 @@ class MemoryExport:
 def memory_export(
     scope: MemoryScope, *, file_format: str, call: CallContext, progress: Progress | None = None
 ) -> MemoryExport:
-    """All of the scope's memories with their history: lossless JSONL, or Markdown to read.
-    One billed, audited call."""
+    """All of the scope's live memories with every field and their history: lossless
+    JSONL, or Markdown to read. The trash is not exported. One billed, audited call."""
     if file_format not in EXPORT_FORMATS:
         raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"format must be one of {', '.join(EXPORT_FORMATS)}")
     rate_limit_consume(scope, operation=Operation.EXPORT_MEMORIES)
@@ -441,6 +888,15 @@ def memory_export(
             client_app=v.client_app,
             created_at=v.created_at,
             updated_at=v.updated_at,
+            memory_type=v.memory_type,
+            tags=v.tags,
+            importance=v.importance,
+            agent_id=v.agent_id,
+            session_id=v.session_id,
+            expires_at=v.expires_at,
+            why_stored=v.why_stored,
+            last_recalled_at=v.last_recalled_at,
+            access_count=v.access_count,
             history=histories.get(v.id, []),
         )
         for v in views
@@ -465,10 +921,11 @@ def memory_export(
 class ImportResult:
     imported: int
     duplicates: int
+    expired: int
     ids: list[str]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"imported": self.imported, "duplicates": self.duplicates, "ids": self.ids}
+        return {"imported": self.imported, "duplicates": self.duplicates, "expired": self.expired, "ids": self.ids}
 
 
 def memory_import_file(
@@ -482,6 +939,23 @@ def memory_import_file(
     return memory_import(scope, items=items, source=source, call=call, progress=progress)
 
 
+class _HashGone(Exception):
+    """A text known before the transaction lost its memory meanwhile: embed it, retry."""
+
+
+def _import_attrs(item: ImportItem) -> MemoryAttrs:
+    fields = item.fields
+    return MemoryAttrs(
+        memory_type=fields.get("memory_type") or MemoryAttrs.memory_type,
+        tags=tuple(fields.get("tags") or ()),
+        importance=MemoryAttrs.importance if fields.get("importance") is None else float(fields["importance"]),
+        agent_id=fields.get("agent_id"),
+        session_id=fields.get("session_id"),
+        expires_at=fields.get("expires_at"),
+        why_stored=fields.get("why_stored"),
+    )
+
+
 def memory_import(
     scope: MemoryScope,
     *,
@@ -490,54 +964,104 @@ def memory_import(
     call: CallContext,
     progress: Progress | None = None,
 ) -> ImportResult:
-    """Write validated items into the scope's memories, keeping their times and history.
-    Idempotent: a text the user already has (the same dedupe hash as `remember`) is
-    skipped, so importing a file twice adds nothing. Each memory's hash commits right
-    after the engine stored it: if the engine fails midway, importing the same file
-    again completes the import without duplicates."""
+    """Write validated items into the scope's memories with every field, keeping their
+    times, recall counters and history versions.
+
+    All or nothing: the texts are embedded first (outside any transaction; progress is
+    reported there), then every memory, history row and dedupe hash, the audit row and
+    the usage event commit in ONE transaction. Idempotent: a text the user already has
+    (the dedupe rule of `remember`), or one appearing twice in the file, is skipped, so
+    importing a file twice adds nothing. Memories whose expiry has passed are skipped."""
     if len(items) > settings.IMPORT_MAX_MEMORIES:
         raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"at most {settings.IMPORT_MAX_MEMORIES} memories per import")
     rate_limit_consume(scope, operation=Operation.IMPORT_MEMORIES)
-    created: list[str] = []
-    duplicates = 0
-    with _engine_errors(), _attributed(call):
-        for n, item in enumerate(items, start=1):
-            digest = content_sha256(item.text)
-            with advisory_lock(f"remember:{scope.engine_user_id}:{digest}"):
-                known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).first()
-                if known is not None and _still_owned(scope, str(known.memory_id)):
-                    duplicates += 1
-                else:
-                    if known is not None:
-                        known.delete()  # the memory went away behind the hash's back
-                    memory_id = engine_import_text(
-                        scope,
-                        text=item.text,
-                        metadata={
-                            **item.metadata,
-                            "pinned": item.pinned,
-                            "source": item.source,
-                            "client_app": item.client_app or scope.client_app,
-                        },
-                        created_at=item.created_at,
-                        updated_at=item.updated_at,
-                        versions=item.versions,
-                    )
-                    ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
-                    created.append(memory_id)
-            if progress:
-                progress(n, len(items))
-    with transaction.atomic():
-        call_succeeded(
-            scope,
-            call=call,
-            operation=Operation.IMPORT_MEMORIES,
-            memory_ids=created,
-            detail={"source": source, "memories": len(items), "imported": len(created), "duplicates": duplicates},
+    now = engine_timestamp(datetime.now(UTC))
+    expired = 0
+    wanted: dict[str, ImportItem] = {}
+    for item in items:
+        if item.fields.get("expires_at") and item.fields["expires_at"] <= now:
+            expired += 1
+        else:
+            wanted.setdefault(content_sha256(item.text), item)  # the first of equal texts wins
+    known = set(
+        ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256__in=list(wanted)).values_list(
+            "sha256", flat=True
         )
-    return ImportResult(imported=len(created), duplicates=duplicates, ids=created)
+    )
+    embedded: dict[str, EmbeddedText] = {}
+    for _attempt in range(2):
+        todo = [digest for digest in wanted if digest not in known and digest not in embedded]
+        with _engine_errors():
+            for n, digest in enumerate(todo, start=1):
+                embedded[digest] = engine_embed_text(wanted[digest].text)
+                if progress:
+                    progress(n, len(todo))
+        try:
+            created = _import_write(
+                scope,
+                wanted=wanted,
+                embedded=embedded,
+                call=call,
+                counts={"source": source, "memories": len(items), "expired": expired},
+            )
+        except _HashGone:
+            known = set()
+            continue
+        duplicates = len(items) - expired - len(created)
+        return ImportResult(imported=len(created), duplicates=duplicates, expired=expired, ids=created)
+    raise backend_unavailable()
 
 
-def _still_owned(scope: MemoryScope, memory_id: str) -> bool:
-    existing = engine_get(memory_id)
-    return existing is not None and existing.user_id == scope.engine_user_id
+def _import_write(
+    scope: MemoryScope,
+    *,
+    wanted: dict[str, ImportItem],
+    embedded: dict[str, EmbeddedText],
+    call: CallContext,
+    counts: dict[str, Any],
+) -> list[str]:
+    created: list[str] = []
+    try:
+        with _engine_errors(), transaction.atomic(), _attributed(call):
+            # One lock per user (not per text: thousands of advisory locks would overflow
+            # the lock table); a racing `remember` of the same text meets the hash's
+            # unique constraint and the whole import answers `conflict` (retry).
+            advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+            for digest, item in wanted.items():
+                if _hash_owner(scope, digest=digest) is not None:
+                    continue
+                if digest not in embedded:
+                    raise _HashGone()
+                memory_id = engine_insert_imported(
+                    scope,
+                    embedded=embedded[digest],
+                    metadata={
+                        **item.metadata,
+                        "pinned": item.pinned,
+                        "source": item.source,
+                        "client_app": item.client_app or scope.client_app,
+                    },
+                    attrs=_import_attrs(item),
+                    created_at=item.created_at,
+                    updated_at=item.updated_at,
+                    recall=(item.access_count, item.last_recalled_at),
+                    versions=item.versions,
+                )
+                ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
+                created.append(memory_id)
+            call_succeeded(
+                scope,
+                call=call,
+                operation=Operation.IMPORT_MEMORIES,
+                memory_ids=created,
+                detail={
+                    **counts,
+                    "imported": len(created),
+                    "duplicates": counts["memories"] - counts["expired"] - len(created),
+                },
+            )
+    except IntegrityError:
+        raise ServiceError(
+            ErrorCode.CONFLICT, "The same text was stored meanwhile; nothing was imported. Retry the import."
+        ) from None
+    return created

@@ -19,3 +19,7 @@ class MemsiteConfig(AppConfig):
 
     def ready(self) -> None:
         steady_pool_reconnects()
+        # uvicorn configured its own handlers before importing us: filter them too.
+        from core.log_safety import install_content_filter
+
+        install_content_filter()

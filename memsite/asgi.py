@@ -13,12 +13,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
 django_app = get_asgi_application()
 
 from memories.interfaces.mcp.registry import TOOLSETS  # noqa: E402 - needs Django set up
+from memsite.observability import RequestIdASGIMiddleware  # noqa: E402
 from memsite.unavailable import BackendUnavailableMiddleware  # noqa: E402
 
 
 def build_application():
     """A fresh ASGI app (tests build one per event loop: an MCP app's lifespan runs once)."""
     mcp_apps = {toolset.path: toolset.build_app() for toolset in TOOLSETS}
+    # The request id is bound around bearer auth, so its log lines and 401s carry one too.
+    routes = {path: RequestIdASGIMiddleware(authed) for path, (_, authed) in mcp_apps.items()}
 
     async def lifespan(receive, send) -> None:
         message = await receive()  # lifespan.startup
@@ -39,9 +42,9 @@ def build_application():
             await lifespan(receive, send)
             return
         if scope["type"] == "http":
-            mounted = mcp_apps.get(scope["path"].rstrip("/"))
+            mounted = routes.get(scope["path"].rstrip("/"))
             if mounted is not None:
-                await mounted[1](scope, receive, send)
+                await mounted(scope, receive, send)
                 return
         await django_app(scope, receive, send)
 

@@ -469,6 +469,13 @@ class EmbeddedPostgres:
                 # as safe and takes a fraction of that (Linux, PostgreSQL >= 14).
                 "-c",
                 "recovery_init_sync_method=syncfs",
+                # No DETAIL/CONTEXT lines and no failing statement in the server log: they
+                # quote the data it carried (memory text in `CONTEXT: JSON data ...`, and
+                # Django binds parameters client-side, so STATEMENT holds the values).
+                "-c",
+                "log_error_verbosity=terse",
+                "-c",
+                "log_min_error_statement=panic",
                 *(arg for name, value in self.server_settings.items() for arg in ("-c", f"{name}={value}")),
             ],
             stdin=subprocess.DEVNULL,

@@ -126,6 +126,23 @@ def _children(settings) -> list[Child]:
     ]  # fmt: skip
 
 
+def _metrics_dir_prepare(settings) -> None:
+    """Web, worker and beat write their metric samples under one directory that
+    /metrics sums (prometheus-client multi-process mode); a new run starts from zero."""
+    from memsite.observability import MULTIPROC_ENV, multiproc_dir_prepare
+
+    path = Path(os.environ.get(MULTIPROC_ENV) or settings.DATA_DIR / "metrics")
+    os.environ[MULTIPROC_ENV] = str(multiproc_dir_prepare(path))
+    logger.info("metrics samples under %s", path)
+
+
+def _metrics_process_dead(child: Child) -> None:
+    from memsite.observability import multiproc_process_dead
+
+    if child.process is not None:
+        multiproc_process_dead(child.process.pid)
+
+
 def _archive_settings(data_dir: Path) -> dict[str, str]:
     from memsite.backup import server_settings
 
@@ -178,6 +195,7 @@ class Launcher:
             if self.stopping:
                 return 0
             _migrate()
+            _metrics_dir_prepare(self.settings)
             self.children = _children(self.settings)
             for child in self.children:
                 child.start()
@@ -214,6 +232,7 @@ class Launcher:
                 if code is None:
                     continue
                 if child.name not in due:
+                    _metrics_process_dead(child)
                     delay = child.restart_delay()
                     logger.warning("%s exited with %s; restarting in %.1fs", child.name, code, delay)
                     due[child.name] = now + delay
@@ -313,8 +332,18 @@ def _wait_until_answering(data_dir: Path, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+def _configure_logging() -> None:
+    """The children's format (LOG_FORMAT), so one stream reads (or parses) alike."""
+    import logging.config
+
+    try:
+        logging.config.dictConfig(_settings().LOGGING)
+    except Exception:  # settings do not load: Launcher() reports why, in the plain format
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s")
+
+
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s")
+    _configure_logging()
     try:
         return Launcher().run()
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:

@@ -11,6 +11,7 @@ import dj_database_url
 from celery.schedules import crontab
 
 from core.choices import MEMORY_TOOL_OPERATIONS, Operation
+from core.logs import logging_config
 from memsite.dbconf import sqlalchemy_url
 from memsite.embedded_pg import django_database_settings
 from memsite.env import (
@@ -63,11 +64,14 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: binds the request id every log line, audit row and X-Request-Id carries.
+    "memsite.observability.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "memsite.middleware.AdminInputMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -192,6 +196,9 @@ SEARCH_LEXICAL_WEIGHT = env_float("SEARCH_LEXICAL_WEIGHT", 2.0, minimum=0.0)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
 SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 100, minimum=1)
 MEMORY_LOCK_TIMEOUT_S = env_float("MEMORY_LOCK_TIMEOUT_S", 10.0, minimum=0.1)
+# An ingest intent still open after this long belongs to a call that crashed (its LLM
+# call is long over): the reconciler completes or undoes it.
+INGEST_INTENT_LEASE_S = env_float("INGEST_INTENT_LEASE_S", 600.0, minimum=0.0)
 
 # Per user and operation: "N/second|minute|hour|day"; 0 disables a limit.
 MEMORY_OPERATIONS = tuple(op.value for op in MEMORY_TOOL_OPERATIONS)
@@ -210,6 +217,12 @@ _RATE_DEFAULTS = {
 IMPORT_MAX_BYTES = env_int("IMPORT_MAX_BYTES", 20 * 1024 * 1024)
 IMPORT_MAX_MEMORIES = env_int("IMPORT_MAX_MEMORIES", 20_000)
 RATE_LIMITS = {op.value: env_rate(f"RATE_LIMIT_{op.value.upper()}", default) for op, default in _RATE_DEFAULTS.items()}
+
+# Deleted memories wait this many days in the user's trash (restorable); 0 deletes at once.
+TRASH_RETENTION_DAYS = env_int("TRASH_RETENTION_DAYS", 30, minimum=0)
+# The recall counters fold search audit rows older than this (so no row still being
+# committed is skipped by the watermark).
+RECALLS_SETTLE_SECONDS = env_int("RECALLS_SETTLE_SECONDS", 60, minimum=0)
 
 # --- Authentication -------------------------------------------------------------------
 # Agents send `Authorization: Bearer <token>`: a per-user API key (msk_...) or, when
@@ -246,7 +259,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["memories.interfaces.rest.auth.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["memories.interfaces.rest.parsers.SafeJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "memories.interfaces.rest.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
@@ -352,6 +365,10 @@ CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {"task": "memsite.worker_heartbeat", "schedule": 60.0},
     "broker-cleanup": {"task": "memsite.broker_cleanup", "schedule": 600.0},
     "rate-windows-prune": {"task": "memories.rate_windows_prune", "schedule": 3600.0},
+    "memories-purge-due": {"task": "memories.purge_due", "schedule": 3600.0},
+    "memories-recalls-fold": {"task": "memories.recalls_fold", "schedule": 60.0},
+    "ingest-intents-reconcile": {"task": "memories.ingest_intents_reconcile", "schedule": 60.0},
+    "auth-failures-prune": {"task": "audit.auth_failures_prune", "schedule": 3600.0},
     "usage-delivery-sweep": {"task": "billing.deliver_usage_events", "schedule": 60.0},
     "audit-export-nightly": {"task": "audit.export", "schedule": crontab(hour=2, minute=17)},
     "audit-retention-daily": {"task": "audit.retention_purge", "schedule": crontab(hour=4, minute=41)},
@@ -361,20 +378,21 @@ CELERY_BEAT_SCHEDULE = {
 BROKER_MESSAGE_RETENTION_S = env_int("BROKER_MESSAGE_RETENTION_S", 3600, minimum=0)
 
 # --- Logging ----------------------------------------------------------------------
+# One request id on every line of a call (core/logs.py): text as in seed 004
+# (`[time] [level] [rid=...] [logger] message`) or one JSON object per line.
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "filters": {"redact_db_errors": {"()": "memsite.logfilters.RedactDatabaseErrors"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_db_errors"]}},
-    "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {
-        # mem0 and httpx log request bodies and keys at INFO/DEBUG.
-        "mem0": {"level": "WARNING"},
-        # Without spaCy mem0 falls back to plain text for BM25 and says so on every call.
-        "mem0.utils.spacy_models": {"level": "ERROR"},
-        "httpx": {"level": "WARNING"},
-        "httpcore": {"level": "WARNING"},
-    },
-}
+LOG_FORMAT = env_choice("LOG_FORMAT", "text", ("text", "json"))
+LOGGING = logging_config(log_format=LOG_FORMAT, level=LOG_LEVEL)
+# Database error text can quote stored data (memsite/logfilters.py): withheld on every handler.
+LOGGING["filters"]["redact_db_errors"] = {"()": "memsite.logfilters.RedactDatabaseErrors"}
+for _handler in LOGGING["handlers"].values():
+    _handler["filters"].insert(1, "redact_db_errors")  # after content_safe
+# Celery workers and beat use this LOGGING too (memsite/celery.py), not their own.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- Metrics ------------------------------------------------------------------------
+# /metrics: with METRICS_TOKEN set, scrapers send `Authorization: Bearer <token>`;
+# unset, only loopback clients may scrape (behind a proxy on the same host, set it).
+# Samples of every process are summed through PROMETHEUS_MULTIPROC_DIR (the launcher
+# sets it to DATA_DIR/metrics and empties it at start).
+METRICS_TOKEN = env_str("METRICS_TOKEN")

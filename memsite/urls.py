@@ -1,7 +1,9 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from memories.interfaces.web.oidc_login import oidc_urlpatterns
 from memories.interfaces.wellknown import MEMORY_MCP_PATH, PROTECTED_RESOURCE_PATH, protected_resource_metadata
+from memsite.observability import metrics_view
 from memsite.views import healthz
 
 # A lost database answers 503 backend_unavailable + Retry-After, not 500 (memsite.unavailable).
@@ -9,11 +11,12 @@ handler500 = "memsite.unavailable.server_error"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path(PROTECTED_RESOURCE_PATH.lstrip("/"), protected_resource_metadata, name="oauth-protected-resource"),
     # RFC 9728 path-suffixed form for the MCP resource.
     path(PROTECTED_RESOURCE_PATH.lstrip("/") + MEMORY_MCP_PATH, protected_resource_metadata),
     path("v1/", include("memories.interfaces.rest.urls")),
     path("admin/", admin.site.urls),
-    path("oidc/", include("mozilla_django_oidc.urls")),
+    path("oidc/", include(oidc_urlpatterns())),
     path("", include("memories.interfaces.web.urls")),
 ]

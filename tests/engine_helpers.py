@@ -17,3 +17,12 @@ def engine_search(scope: MemoryScope, *, query: str, top_k: int) -> list[EngineM
 
 def engine_history(memory_id: str) -> list[dict[str, Any]]:
     return get_memory().db.get_history(memory_id)
+
+
+def memory_gone(memory_id: str) -> bool:
+    """Deleted as far as the user can tell: no row, or the row is in the trash (issue 11:
+    delete and clear_all move memories to the trash until the purge job)."""
+    from memories.engine import engine_get
+
+    item = engine_get(memory_id)
+    return item is None or item.trash is not None

@@ -9,10 +9,10 @@ import shutil
 import pytest
 
 from core.scope import MemoryScope
-from memories import engine
 from memories.engine.retrieval import hybrid_search
 from memories.services import memory_remember
 from tests.conftest import age_memory, internal_call
+from tests.engine_helpers import memory_gone
 from tests.environment import ROOT
 
 pytestmark = pytest.mark.slow
@@ -205,7 +205,7 @@ def test_browse_search_pin_edit_delete_and_keys(browser, memsite_server, alice, 
     page.shot("07-delete-confirmation")
     page.click_text("Delete memory")
     assert "Memory deleted." in page.text and "aisle seats" not in page.text
-    assert engine.engine_get(ids[facts[2]]) is None
+    assert memory_gone(ids[facts[2]])
 
     page.open("/usage/")
     assert "search_memory" in page.text
@@ -232,3 +232,67 @@ def test_bob_sees_404_for_alices_memory(browser, memsite_server, alice, bob):
         page.open(path)
         assert "Not Found" in browser.page_source or "404" in browser.title
         assert "Alice's secret" not in browser.page_source
+
+
+def _login(page: Page, username: str) -> None:
+    page.open("/accounts/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", f"{username}-password-1")
+    page.click("button[type=submit]")
+
+
+def test_agent_clears_all_then_the_user_restores_everything_in_the_ui(
+    browser, memsite_server, alice, alice_key, mcp_as
+):
+    from datetime import UTC, datetime, timedelta
+
+    from django.conf import settings
+
+    from audit.models import MemoryHistory
+    from memories.services import memory_purge_due
+
+    mcp = mcp_as(alice_key)
+    facts = ["Alice's bike is a green Brompton", "Alice's sister lives in Porto", "Alice is learning Greek"]
+    ids = [mcp.ok("remember", {"memory": fact, "tags": ["life"]})["id"] for fact in facts]
+    mcp.ok("update_memory", {"memory_id": ids[0], "memory": "Alice's bike is a red Brompton"})
+    history_before = {i: list(MemoryHistory.objects.filter(memory_id=i).values_list("id", flat=True)) for i in ids}
+    assert mcp.ok("clear_all_memory", {"confirm": True}) == {"deleted": 3}
+    assert mcp.ok("search_memory", {"query": "Brompton bike"})["results"] == []
+
+    page = Page(browser, memsite_server)
+    _login(page, "alice")
+    assert "No memories" in page.text
+    page.open("/trash/")
+    assert "3 deleted by clear_all_memory" in page.text and "red Brompton" in page.text
+    page.shot("11-trash")
+    page.click_text("Restore all 3")
+    assert "Restored 3 memories." in page.text and "The trash is empty." in page.text
+
+    found = mcp.ok("search_memory", {"query": "Brompton bike", "top_k": 3})["results"]
+    assert found[0]["id"] == ids[0] and found[0]["memory"] == "Alice's bike is a red Brompton"
+    assert sorted(m["id"] for m in mcp.ok("list_memory", {"tags": ["life"]})["memories"]) == sorted(ids)
+    for memory_id in ids:  # the same history, plus the trip through the trash
+        events = list(MemoryHistory.objects.filter(memory_id=memory_id).order_by("recorded_at", "id"))
+        assert [e.id for e in events][: len(history_before[memory_id])] == history_before[memory_id]
+        assert [e.event for e in events][-2:] == ["DELETE", "RESTORE"]
+    page.open(f"/memories/{ids[0]}/")
+    assert "restore" in page.text and "alice (ui)" in page.text
+
+    # Bulk forget from the list page (select by tag, see the count, then delete).
+    page.open("/memories/?tags=life")
+    page.click("#forget-matching")
+    assert "Delete 3 matching memories?" in page.text
+    page.click_text("Delete 3 memories")
+    assert "Moved 3 memories to the trash." in page.text
+    # Past the retention window the purge job deletes them for good.
+    later = datetime.now(UTC) + timedelta(days=settings.TRASH_RETENTION_DAYS + 1)
+    assert memory_purge_due(now=later) == 3
+    page.open("/trash/")
+    assert "The trash is empty." in page.text
+    assert all(memory_gone(i) and engine_row_missing(i) for i in ids)
+
+
+def engine_row_missing(memory_id: str) -> bool:
+    from memories.engine import engine_get
+
+    return engine_get(memory_id) is None

@@ -140,6 +140,12 @@ def test_start_stop_kill_restart(service):
     assert status == 200, body
     assert body["result"]["serverInfo"]["name"] == "memsite-memory"
 
+    # Metrics: the web process writes its samples under the data dir; /metrics sums them.
+    status, body = _get(f"http://127.0.0.1:{service.port}/metrics")
+    assert status == 200
+    assert b'memsite_unauthenticated_requests_total{channel="mcp"} 1.0' in body
+    assert list((service.data_dir / "metrics").glob("counter_*.db"))
+
     # A second launcher on the same data dir is refused while the first runs.
     second = subprocess.run(
         [sys.executable, "-m", "memsite.launcher"],
@@ -171,5 +177,7 @@ def test_start_stop_kill_restart(service):
 
     # Restart after the crash: no stale lock, data intact, the key still there.
     service.start()
+    # A new run counts from zero (the launcher empties the metrics directory).
+    assert b"memsite_unauthenticated_requests_total{" not in _get(f"http://127.0.0.1:{service.port}/metrics")[1]
     count = service.manage("shell", "-c", "from memories.models import ApiKey; print(ApiKey.objects.count())")
     assert count.strip().splitlines()[-1] == "1"

@@ -5,7 +5,7 @@ import urllib.request
 
 import pytest
 
-from memories import engine
+from tests.engine_helpers import memory_gone
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def test_smoke_flow(mcp_as, alice_key, mode):
 
     assert mcp.ok("delete_memory", {"memory_id": memory_id}) == {"id": memory_id, "deleted": True}
     assert mcp.ok("search_memory", {"query": "Where does Ana live?"})["results"] == []
-    assert engine.engine_get(memory_id) is None
+    assert memory_gone(memory_id)
 
 
 def test_results_carry_the_same_json_as_text(mcp_as, alice_key):

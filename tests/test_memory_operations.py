@@ -20,7 +20,7 @@ from memories.services import (
     memory_update,
 )
 from tests.conftest import age_memory, internal_call
-from tests.engine_helpers import engine_history
+from tests.engine_helpers import engine_history, memory_gone
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -123,7 +123,7 @@ def test_concurrent_delete_and_update_never_resurrects(alice_scope):
 
         assert delete_code is None
         assert update_code in (None, "not_found")
-        assert engine.engine_get(memory_id) is None
+        assert memory_gone(memory_id)
 
 
 def test_update_merges_metadata_and_pin(alice_scope):

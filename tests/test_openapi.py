@@ -10,8 +10,70 @@ def test_schema_lists_the_seven_operations_and_export_import(client):
     operation_ids = {op["operationId"] for path in schema["paths"].values() for op in path.values()}
     assert operation_ids == {
         "search_memory", "remember", "ingest", "update_memory", "delete_memory", "list_memory", "clear_all_memory",
+        # issue 11: bulk forget, the trash, seed 001's /v1/memory
+        "forget_memories", "list_trash", "restore_memory", "purge_memory",
+        "v1_memory_store", "v1_memory_list", "v1_memory_search", "v1_memory_update", "v1_memory_delete",
+        "v1_memory_forget",
         "export_memories", "import_memories",
     }  # fmt: skip
     assert schema["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
     remember = schema["paths"]["/v1/memories"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert remember["$ref"].endswith("/RememberInput")
+
+
+def _schema(client) -> dict:
+    return client.get("/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+
+
+def test_every_operation_documents_its_errors_and_typed_bodies(client):
+    schema = _schema(client)
+    error_ref = "#/components/schemas/ErrorResponse"
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            expected = {"400", "401", "409", "413", "429", "503"} | ({"404"} if "{memory_id}" in path else set())
+            assert expected <= set(responses), (path, method, sorted(responses))
+            for status, response in responses.items():
+                body = response["content"]["application/json"]["schema"]
+                if status.startswith(("4", "5")):
+                    assert body == {"$ref": error_ref}, (path, method, status)
+                else:  # typed, not a free-form object
+                    assert "$ref" in body, (path, method, status, body)
+    error = schema["components"]["schemas"]["ErrorInfo"]
+    assert set(error["required"]) == {"code", "message"}
+    codes = schema["components"]["schemas"]["ErrorCode"]["enum"]
+    assert {"invalid_argument", "payload_too_large", "not_found", "rate_limited", "backend_unavailable"} <= set(codes)
+
+
+def test_ids_filters_and_metadata_keys_are_described_as_the_validator_checks_them(client):
+    import re
+
+    from memories.schemas import KEY_PATTERN, METADATA_KEY_MAX_CHARS, METADATA_MAX_KEYS
+
+    schema = _schema(client)
+    item = schema["paths"]["/v1/memories/{memory_id}"]
+    for method in ("patch", "delete"):
+        (memory_id,) = [p for p in item[method]["parameters"] if p["name"] == "memory_id"]
+        assert memory_id["in"] == "path" and memory_id["schema"]["format"] == "uuid"
+    parameters = {p["name"]: p for p in schema["paths"]["/v1/memories"]["get"]["parameters"]}
+    filters = parameters["filters"]["schema"]
+    assert filters["type"] == "string" and filters["contentMediaType"] == "application/json"
+    assert filters["contentSchema"]["type"] == "object"
+    assert parameters["page_size"]["schema"] == {"type": "integer", "minimum": 1, "maximum": 200}
+    metadata = schema["components"]["schemas"]["RememberInput"]["properties"]["metadata"]
+    (as_object,) = [branch for branch in metadata["anyOf"] if branch.get("type") == "object"]
+    names = as_object["propertyNames"]
+    assert names["pattern"] == KEY_PATTERN and names["maxLength"] == METADATA_KEY_MAX_CHARS
+    assert "user_id" in names["not"]["enum"] and as_object["maxProperties"] == METADATA_MAX_KEYS
+    pattern = re.compile(KEY_PATTERN)
+    assert pattern.fullmatch("project.v2-x_y") and not pattern.fullmatch("a__b") and not pattern.fullmatch("_a")
+
+
+def test_schema_documents_the_seed_001_shape(client):
+    schema = _schema(client)
+    assert {"/v1/memory", "/v1/memory/search", "/v1/memory/{memory_id}", "/v1/memory/{memory_id}/forget"} <= set(
+        schema["paths"]
+    )
+    store = schema["paths"]["/v1/memory"]["post"]["requestBody"]["content"]["application/json"]
+    assert "scope" in schema["components"]["schemas"]["MemoryStore"]["properties"]
+    assert store["examples"]

@@ -56,7 +56,21 @@ def alice_memories(alice_scope):
         call=internal_call(),
     )
     age_memory(pinned.id, 40)
-    edited = memory_remember(alice_scope, memory="Alice lives in Lyon", metadata={"n": 3}, call=internal_call())
+    edited = memory_remember(
+        alice_scope,
+        memory="Alice lives in Lyon",
+        metadata={"n": 3},
+        fields={
+            "memory_type": "project",
+            "tags": ["home", "france"],
+            "importance": 0.9,
+            "agent_id": "planner",
+            "session_id": "s-1",
+            "ttl_days": 30,
+            "why_stored": "for travel plans",
+        },
+        call=internal_call(),
+    )
     memory_update(alice_scope, memory_id=edited.id, memory="Alice lives in Grenoble", call=internal_call())
     memory_remember(alice_scope, memory="Alice's notes:\nline two with ünïcode ✓", call=internal_call())
     return alice_scope
@@ -84,14 +98,21 @@ def test_export_then_import_into_a_fresh_user_gives_identical_memories(alice_mem
     assert json.loads(header)["count"] == 4 == len(lines)
     record = json.loads(lines[0])
     assert set(record) == {
-        "id", "text", "pinned", "metadata", "source", "client_app", "created_at", "updated_at", "history"
+        "id", "text", "pinned", "metadata", "source", "client_app", "created_at", "updated_at", "history",
+        "memory_type", "tags", "importance", "agent_id", "session_id", "expires_at", "why_stored",
+        "last_recalled_at", "access_count",
     }  # fmt: skip
 
     result = _import(bob_scope, exported)
     assert (result.imported, result.duplicates) == (4, 0)
     original = sorted((_comparable(m) for m in _memories(alice_memories)), key=lambda m: m["memory"])
     copied = sorted((_comparable(m) for m in _memories(bob_scope)), key=lambda m: m["memory"])
-    assert copied == original  # text, pinned, metadata, source, client_app, created_at, updated_at
+    assert copied == original  # text, pinned, metadata, source, client_app, times, every field, recalls
+    lyon = next(m for m in copied if m["memory"] == "Alice lives in Grenoble")
+    assert (lyon["memory_type"], lyon["tags"], lyon["agent_id"], lyon["why_stored"]) == (
+        "project", ["home", "france"], "planner", "for travel plans"
+    )  # fmt: skip
+    assert lyon["expires_at"] and lyon["importance"] == 0.9
     assert _history_counts(bob_scope) == _history_counts(alice_memories)
     assert _history_counts(bob_scope)["Alice lives in Grenoble"] == 2
     # ...and the copy exports to the same file, apart from ids and the export time.
@@ -188,8 +209,8 @@ def test_mem0_export_imports(bob_scope):
     assert set(by_text) == {"Prefers vegetarian food", "Works as a nurse in Leeds", "Has a cat called Miso"}
     nurse = by_text["Works as a nurse in Leeds"]
     # mem0 wrote US/Pacific times; they are kept, in UTC.
-    assert nurse["created_at"] == "2025-03-02T17:30:00+00:00"
-    assert nurse["updated_at"] == "2025-04-01T08:00:00+00:00"
+    assert nurse["created_at"] == "2025-03-02T17:30:00.000000+00:00"
+    assert nurse["updated_at"] == "2025-04-01T08:00:00.000000+00:00"
     assert nurse["metadata"] == {"category": "work"} and nurse["source"] == "mem0"
     assert _import(bob_scope, (FIXTURES / "mem0_export.json").read_bytes(), "mem0").imported == 0
 
@@ -271,8 +292,9 @@ def test_openmemory_zip_imports(bob_scope):
     marathons = by_text["Carol runs marathons"]
     assert marathons["client_app"] == "claude" and marathons["source"] == "openmemory"
     assert marathons["metadata"] == {"mood": "proud"}
-    assert marathons["created_at"] == "2025-02-01T10:00:00+00:00"
-    assert by_text["Carol is learning Japanese"]["updated_at"] == "2025-02-04T10:00:00+00:00"
+    assert marathons["created_at"] == "2025-02-01T10:00:00.000000+00:00"
+    assert marathons["tags"] == ["health"]  # OpenMemory's categories become tags
+    assert by_text["Carol is learning Japanese"]["updated_at"] == "2025-02-04T10:00:00.000000+00:00"
     assert _import(bob_scope, openmemory_zip(), "openmemory").imported == 0
 
 

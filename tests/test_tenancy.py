@@ -67,6 +67,19 @@ def test_rest_every_endpoint(api_client, bob_key, alice_memory):
     assert bob.post("/v1/memories", {"memory": ALICE_FACT}, format="json").json()["id"] != alice_memory
     response = bob.post("/v1/memories/search", {"query": "x", "user_id": "alice"}, format="json")
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_argument"
+    # issue 11: bulk forget, the trash and /v1/memory never reach alice's memory.
+    forget = {"tags": [], "memory_type": "user", "dry_run": True}
+    assert bob.post("/v1/memories/forget", forget, format="json").json() == {"deleted_count": 1, "dry_run": True}
+    for memory_id in (alice_memory, missing):
+        assert bob.post("/v1/trash/restore", {"memory_id": memory_id}, format="json").status_code == 404
+        assert bob.post("/v1/trash/purge", {"memory_id": memory_id}, format="json").status_code == 404
+        assert bob.put(f"/v1/memory/{memory_id}", {"content": "pwned"}, format="json").status_code == 404
+        assert bob.delete(f"/v1/memory/{memory_id}").status_code == 404
+        assert bob.post(f"/v1/memory/{memory_id}/forget").status_code == 404
+    search = bob.post("/v1/memory/search", {"query": ALICE_FACT}, format="json").json()["memories"]
+    assert [m["content"] for m in search] == [ALICE_FACT] and search[0]["id"] != alice_memory  # bob's own copy
+    claim = bob.post("/v1/memory/search", {"query": "x", "scope": {"user_id": "alice"}}, format="json")
+    assert claim.status_code == 403 and claim.json()["error"]["code"] == "forbidden"
 
     _alice_memory_untouched(alice_memory)
 
@@ -79,6 +92,17 @@ REST_CALLS = [
     ("post", "/v1/memories/clear", {"confirm": True}),
     ("patch", "/v1/memories/{id}", {"memory": "x"}),
     ("delete", "/v1/memories/{id}", None),
+    # issue 11
+    ("post", "/v1/memories/forget", {"tags": ["x"], "confirm": True}),
+    ("get", "/v1/trash", None),
+    ("post", "/v1/trash/restore", {"memory_id": "{id}"}),
+    ("post", "/v1/trash/purge", {"all": True}),
+    ("post", "/v1/memory", {"content": "x"}),
+    ("get", "/v1/memory", None),
+    ("post", "/v1/memory/search", {"query": "x"}),
+    ("put", "/v1/memory/{id}", {"content": "x"}),
+    ("delete", "/v1/memory/{id}", None),
+    ("post", "/v1/memory/{id}/forget", None),
 ]
 
 
@@ -86,6 +110,8 @@ REST_CALLS = [
 @pytest.mark.parametrize("token", [None, "msk_0123456789ab_wrong", "not-a-key", ""])
 def test_rest_needs_a_valid_token(api_client, alice_memory, method, path, body, token):
     client = api_client(token)
+    if body and body.get("memory_id") == "{id}":
+        body = {**body, "memory_id": alice_memory}
     response = getattr(client, method)(path.format(id=alice_memory), body, format="json")
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "unauthenticated"

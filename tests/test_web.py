@@ -9,6 +9,7 @@ from memories import engine
 from memories.models import ApiKey
 from memories.services import memory_remember
 from tests.conftest import internal_call
+from tests.engine_helpers import memory_gone
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -62,7 +63,7 @@ def test_pin_edit_delete_go_through_the_services(client, alice, alice_memory):
 
     assert client.get(f"/memories/{alice_memory}/delete/").status_code == 200  # confirmation page
     client.post(f"/memories/{alice_memory}/delete/")
-    assert engine.engine_get(alice_memory) is None
+    assert memory_gone(alice_memory)
     ui_ops = set(AuditEvent.objects.filter(channel="ui").values_list("operation", flat=True))
     assert {"update_memory", "delete_memory", "get_memory"} <= ui_ops
     assert set(UsageEvent.objects.filter(channel="ui").values_list("operation", flat=True)) >= {
@@ -83,7 +84,7 @@ def test_clear_all_needs_the_typed_phrase(client, alice, alice_memory):
     response = client.post("/memories/clear/", {"confirmation": "yes"}, follow=True)
     assert b"to confirm" in response.content and engine.engine_get(alice_memory) is not None
     client.post("/memories/clear/", {"confirmation": "Delete all my memories"})
-    assert engine.engine_get(alice_memory) is None
+    assert memory_gone(alice_memory)
 
 
 def test_api_keys_create_show_once_and_revoke(client, alice, bob):

@@ -4,6 +4,14 @@ The rest of the code imports from here (`from memories.engine import ...`), neve
 mem0 and never a payload key; import-linter holds that line (pyproject.toml)."""
 
 from memories.engine.history_store import history_attribution
+from memories.engine.lifecycle import (
+    engine_purge_due,
+    engine_recalls_fold,
+    engine_restore,
+    engine_set_attrs,
+    engine_trash,
+    engine_trashed,
+)
 from memories.engine.mem0_adapter import (
     EngineError,
     LlmUnavailable,
@@ -12,7 +20,6 @@ from memories.engine.mem0_adapter import (
     engine_delete,
     engine_embed_query,
     engine_get,
-    engine_import_text,
     engine_ingest,
     engine_ping,
     engine_purge_user,
@@ -21,8 +28,13 @@ from memories.engine.mem0_adapter import (
     llm_configured,
 )
 from memories.engine.payload import (
+    DEFAULT_IMPORTANCE,
+    DEFAULT_MEMORY_TYPE,
     ENGINE_RESERVED_METADATA_KEYS,
     EngineMemory,
+    MemoryAttrs,
+    TrashState,
+    attrs_containment,
     engine_client_apps,
     engine_memories_page,
     engine_memory_count,
@@ -32,11 +44,45 @@ from memories.engine.payload import (
     engine_rows_matching,
     engine_rows_newest_first,
     engine_rows_owned,
+    engine_timestamp,
 )
 from memories.engine.retrieval import hybrid_search
+from memories.engine.writes import (
+    EmbeddedText,
+    engine_delete_row,
+    engine_delete_user_rows,
+    engine_embed_text,
+    engine_insert_imported,
+    engine_insert_text,
+    engine_lock_owned,
+    engine_purge_messages,
+    engine_rows_from_request,
+    engine_update_row,
+)
 
 __all__ = [
+    "DEFAULT_IMPORTANCE",
+    "DEFAULT_MEMORY_TYPE",
+    "EmbeddedText",
+    "engine_delete_row",
+    "engine_delete_user_rows",
+    "engine_embed_text",
+    "engine_insert_imported",
+    "engine_insert_text",
+    "engine_lock_owned",
+    "engine_rows_from_request",
+    "engine_update_row",
     "ENGINE_RESERVED_METADATA_KEYS",
+    "MemoryAttrs",
+    "TrashState",
+    "attrs_containment",
+    "engine_purge_due",
+    "engine_recalls_fold",
+    "engine_restore",
+    "engine_set_attrs",
+    "engine_timestamp",
+    "engine_trash",
+    "engine_trashed",
     "EngineError",
     "EngineMemory",
     "LlmUnavailable",
@@ -46,7 +92,6 @@ __all__ = [
     "engine_delete",
     "engine_embed_query",
     "engine_get",
-    "engine_import_text",
     "engine_ingest",
     "engine_memories_page",
     "engine_memory_count",
@@ -54,6 +99,7 @@ __all__ = [
     "engine_memory_ids",
     "engine_memory_of",
     "engine_ping",
+    "engine_purge_messages",
     "engine_purge_user",
     "engine_rows_matching",
     "engine_rows_newest_first",

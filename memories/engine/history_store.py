@@ -21,8 +21,6 @@ KEEP_LAST_MESSAGES = 10
 
 # mem0 writes history rows without knowing who asked; the service says it here.
 _attribution: ContextVar[tuple[str, str]] = ContextVar("memsite_history_attribution", default=("", ""))
-# An imported memory brings its versions: they are written instead of the ADD row mem0 makes.
-_imported_versions: ContextVar[list[dict[str, Any]] | None] = ContextVar("memsite_imported_versions", default=None)
 
 
 @contextmanager
@@ -32,35 +30,6 @@ def history_attribution(*, request_id: str, changed_by: str) -> Iterator[None]:
         yield
     finally:
         _attribution.reset(token)
-
-
-@contextmanager
-def history_imported(versions: list[dict[str, Any]]) -> Iterator[None]:
-    """While set, the ADD that mem0 records for a new memory is replaced by `versions`
-    (each: event, old_memory, new_memory, created_at, updated_at, changed_by)."""
-    token = _imported_versions.set(list(versions) or None)
-    try:
-        yield
-    finally:
-        _imported_versions.reset(token)
-
-
-def _imported_rows(memory_id: str, versions: list[dict[str, Any]]) -> list[MemoryHistory]:
-    request_id, changed_by = _attribution.get()
-    return [
-        MemoryHistory(
-            request_id=request_id,
-            changed_by=(v.get("changed_by") or changed_by)[:300],
-            memory_id=memory_id,
-            old_memory=v.get("old_memory"),
-            new_memory=v.get("new_memory"),
-            event=v["event"],
-            created_at=v.get("created_at"),
-            updated_at=v.get("updated_at"),
-            is_deleted=False,
-        )
-        for v in versions
-    ]
 
 
 def _user_id_of(session_scope: str) -> str:
@@ -88,6 +57,35 @@ def _history_row(record: dict[str, Any]) -> MemoryHistory:
     )
 
 
+def history_rows_add(records: list[dict[str, Any]]) -> None:
+    """History rows for changes made with SQL rather than through mem0 (the trash), in
+    the caller's transaction, attributed like mem0's own."""
+    if records:
+        MemoryHistory.objects.bulk_create([_history_row(r) for r in records])
+
+
+def history_versions_add(memory_id: str, versions: list[dict[str, Any]]) -> None:
+    """An imported memory's versions as they were (event, texts, times, who changed it),
+    in the caller's transaction; the import's request id ties them to the import call."""
+    request_id, changed_by = _attribution.get()
+    MemoryHistory.objects.bulk_create(
+        [
+            MemoryHistory(
+                request_id=request_id,
+                changed_by=(v.get("changed_by") or changed_by)[:300],
+                memory_id=memory_id,
+                old_memory=v.get("old_memory"),
+                new_memory=v.get("new_memory"),
+                event=v["event"],
+                created_at=v.get("created_at"),
+                updated_at=v.get("updated_at"),
+                is_deleted=v["event"] == "DELETE",
+            )
+            for v in versions
+        ]
+    )
+
+
 class PostgresHistoryStore:
     def add_history(
         self,
@@ -102,10 +100,6 @@ class PostgresHistoryStore:
         actor_id: str | None = None,
         role: str | None = None,
     ) -> None:
-        versions = _imported_versions.get()
-        if versions is not None and event == "ADD":
-            MemoryHistory.objects.bulk_create(_imported_rows(memory_id, versions))
-            return
         _history_row(
             {
                 "memory_id": memory_id,

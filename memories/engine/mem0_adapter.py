@@ -14,14 +14,23 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from django.conf import settings
 from django.db import connections
 
+from core.metrics import embedder_timed, engine_timed
 from core.scope import MemoryScope
-from memories.engine.history_store import history_imported
-from memories.engine.payload import KEY_CREATED_AT, KEY_UPDATED_AT, EngineMemory, engine_memory_from_item
+from memories.engine.payload import (
+    KEY_ATTRS,
+    KEY_REQUEST_ID,
+    KEY_TRASH,
+    EngineMemory,
+    MemoryAttrs,
+    engine_memory_from_item,
+    engine_timestamp,
+)
 from memories.engine.vector_schema import vector_table_dims
 
 logger = logging.getLogger(__name__)
@@ -147,13 +156,45 @@ def _build_memory() -> Any:
         history_db_path=":memory:",
     )
     memory = Memory(config)
+    _hide_dead_rows(memory.vector_store)
     memory.db.close()
     memory.db = PostgresHistoryStore()
     if settings.EMBEDDER == "local":
         from memories.engine.embedder import MiniLMEmbedder
 
         memory.embedding_model = MiniLMEmbedder()
+    _embedder_instrument(memory.embedding_model)
     return memory
+
+
+def _live_payload(payload: Any) -> bool:
+    if not isinstance(payload, dict) or KEY_TRASH in payload:
+        return False
+    attrs = payload.get(KEY_ATTRS)
+    expires = attrs.get("expires_at") if isinstance(attrs, dict) else None
+    return not (isinstance(expires, str) and expires <= engine_timestamp(datetime.now(UTC)))
+
+
+def _hide_dead_rows(vector_store: Any) -> None:
+    """mem0's own searches (the existing memories an `ingest` extraction sees and may
+    update) must not see memories in the trash or expired ones, like ours."""
+    for name in ("search", "keyword_search"):
+        original = getattr(vector_store, name, None)
+        if original is None:
+            continue
+
+        def live_only(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+            results = _original(*args, **kwargs)
+            return [r for r in results or [] if _live_payload(getattr(r, "payload", None))]
+
+        setattr(vector_store, name, live_only)
+
+
+def _embedder_instrument(embedder: Any) -> None:
+    """Time every embedding (memsite_embed_duration_seconds), whichever embedder it is."""
+    embedder.embed = embedder_timed(embedder.embed, embedder=settings.EMBEDDER, kind="one")
+    if hasattr(embedder, "embed_batch"):
+        embedder.embed_batch = embedder_timed(embedder.embed_batch, embedder=settings.EMBEDDER, kind="batch")
 
 
 def get_memory() -> Any:
@@ -182,7 +223,8 @@ def engine_close() -> None:
 
 def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
-        return fn(*args, **kwargs)
+        with engine_timed(what):  # memsite_engine_duration_seconds{action=what}
+            return fn(*args, **kwargs)
     except EngineError:
         raise
     except Exception as exc:
@@ -192,7 +234,13 @@ def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 # --- operations -------------------------------------------------------------------
-def engine_add_text(scope: MemoryScope, *, text: str, metadata: dict[str, Any] | None = None) -> str:
+def _with_attrs(metadata: dict[str, Any] | None, attrs: MemoryAttrs | None) -> dict[str, Any]:
+    return {**(metadata or {}), KEY_ATTRS: (attrs or MemoryAttrs()).as_payload()}
+
+
+def engine_add_text(
+    scope: MemoryScope, *, text: str, metadata: dict[str, Any] | None = None, attrs: MemoryAttrs | None = None
+) -> str:
     """Store `text` verbatim (infer=False, no LLM). Returns the new memory id."""
     memory = get_memory()
     result = _call(
@@ -200,7 +248,7 @@ def engine_add_text(scope: MemoryScope, *, text: str, metadata: dict[str, Any] |
         memory.add,
         [{"role": "user", "content": text}],
         user_id=scope.engine_user_id,
-        metadata=metadata or {},
+        metadata=_with_attrs(metadata, attrs),
         infer=False,
     )
     rows = result.get("results") or []
@@ -209,39 +257,23 @@ def engine_add_text(scope: MemoryScope, *, text: str, metadata: dict[str, Any] |
     return str(rows[0]["id"])
 
 
-def engine_import_text(
+def engine_ingest(
     scope: MemoryScope,
     *,
-    text: str,
-    metadata: dict[str, Any] | None,
-    created_at: str | None,
-    updated_at: str | None,
-    versions: list[dict[str, Any]],
-) -> str:
-    """Store an imported memory verbatim, keeping its creation and update times and its
-    history versions (which replace the ADD row of this write). Returns the new id."""
-    stamped = dict(metadata or {})
-    if created_at:
-        stamped[KEY_CREATED_AT] = created_at  # mem0 keeps a given created_at
-    with history_imported(versions):
-        memory_id = engine_add_text(scope, text=text, metadata=stamped)
-    if updated_at and updated_at != created_at:
-        store = get_memory().vector_store
-        row = _call("get", store.get, memory_id)
-        if row is None:
-            raise EngineError("memory engine lost an imported row")
-        _call("update", store.update, memory_id, payload={**row.payload, KEY_UPDATED_AT: updated_at})
-    return memory_id
-
-
-def engine_ingest(
-    scope: MemoryScope, *, messages: list[dict[str, str]], metadata: dict[str, Any] | None = None
+    messages: list[dict[str, str]],
+    metadata: dict[str, Any] | None = None,
+    attrs: MemoryAttrs | None = None,
+    request_id: str | None = None,
 ) -> list[dict[str, Any]]:
-    """mem0's full pipeline (infer=True): one LLM extraction call, dedup, store."""
+    """mem0's full pipeline (infer=True): one LLM extraction call, dedup, store. mem0
+    commits on its own; rows carry `request_id` so a crashed call's rows can be found."""
     if not llm_configured():
         raise LlmUnavailable("no LLM is configured for ingest")
     memory = get_memory()
-    result = _call("ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=metadata or {}, infer=True)
+    tagged = {**(metadata or {}), **({KEY_REQUEST_ID: request_id} if request_id else {})}
+    result = _call(
+        "ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=_with_attrs(tagged, attrs), infer=True
+    )
     return list(result.get("results") or [])
 
 
@@ -257,9 +289,15 @@ def engine_get(memory_id: str) -> EngineMemory | None:
     return engine_memory_from_item(item) if item else None
 
 
-def engine_update(memory_id: str, *, text: str | None, metadata: dict[str, Any] | None) -> None:
+def engine_update(
+    memory_id: str, *, text: str | None, metadata: dict[str, Any] | None, attrs: MemoryAttrs | None = None
+) -> None:
+    """Change text (re-embedded), merge metadata, replace the fields (when given)."""
     memory = get_memory()
-    _call("update", memory.update, memory_id, text=text, metadata=metadata)
+    changes = dict(metadata or {})
+    if attrs is not None:
+        changes[KEY_ATTRS] = attrs.as_payload()
+    _call("update", memory.update, memory_id, text=text, metadata=changes or None)
 
 
 def engine_delete(memory_id: str) -> None:

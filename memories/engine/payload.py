@@ -7,7 +7,8 @@ they ask for "a user's rows", "rows created in a range", "client apps"."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import Q, QuerySet
@@ -21,15 +22,111 @@ KEY_USER_ID = "user_id"
 KEY_CREATED_AT = "created_at"
 KEY_UPDATED_AT = "updated_at"
 KEY_CLIENT_APP = "client_app"
-# Keys mem0 keeps in a row's payload for itself; the rest is the memory's metadata.
+# Our own typed fields (issue 11), one nested object so they never meet a client's
+# metadata key or a key mem0 interprets (it promotes `agent_id`, strips it on update).
+KEY_ATTRS = "attrs"
+# Trash state: present only while the memory is in the trash ({at, request_id, operation}).
+KEY_TRASH = "trash"
+# Recall counters, folded in from audit rows by a job ({count, at}); never on search's path.
+KEY_RECALL = "recall"
+OWN_PAYLOAD_KEYS = frozenset({KEY_ATTRS, KEY_TRASH, KEY_RECALL})
+# The request that made a row through mem0's own writes (ingest): how the reconciler
+# finds the rows of a call that crashed before it recorded them.
+KEY_REQUEST_ID = "memsite_request_id"
+# Keys the engine keeps in a row's payload for itself; the rest is the memory's metadata.
 ENGINE_PAYLOAD_KEYS = frozenset(
-    {KEY_TEXT, "hash", KEY_CREATED_AT, KEY_UPDATED_AT, KEY_USER_ID, "text_lemmatized", "role", "actor_id"}
+    {
+        KEY_TEXT,
+        "hash",
+        KEY_CREATED_AT,
+        KEY_UPDATED_AT,
+        KEY_USER_ID,
+        "text_lemmatized",
+        "role",
+        "actor_id",
+        KEY_REQUEST_ID,
+    }
 )
 
 # Metadata keys a client may not set or filter on: mem0 owns or interprets them.
-ENGINE_RESERVED_METADATA_KEYS = ENGINE_PAYLOAD_KEYS | {
+ENGINE_RESERVED_METADATA_KEYS = ENGINE_PAYLOAD_KEYS | OWN_PAYLOAD_KEYS | {
     "agent_id", "run_id", "id", "memory", "attributed_to", "expiration_date", "memory_type",
 }  # fmt: skip
+
+
+DEFAULT_MEMORY_TYPE = "user"
+DEFAULT_IMPORTANCE = 0.5
+
+
+def engine_timestamp(when: datetime) -> str:
+    """The one text form of an instant in the engine's rows (UTC, microseconds), so that
+    instants compare correctly as text in SQL, like mem0's own created_at."""
+    return when.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class MemoryAttrs:
+    """A memory's typed fields. Absent ones read as the defaults (migration 0006 also
+    writes the defaults into rows made before these fields existed)."""
+
+    memory_type: str = DEFAULT_MEMORY_TYPE
+    tags: tuple[str, ...] = ()
+    importance: float = DEFAULT_IMPORTANCE
+    agent_id: str | None = None
+    session_id: str | None = None
+    expires_at: str | None = None  # engine_timestamp text
+    why_stored: str | None = None
+
+    def as_payload(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"memory_type": self.memory_type, "tags": list(self.tags), "importance": self.importance}
+        for key in ("agent_id", "session_id", "expires_at", "why_stored"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        return data
+
+
+def attrs_from_payload(value: Any) -> MemoryAttrs:
+    if not isinstance(value, dict):
+        return MemoryAttrs()
+    tags = value.get("tags")
+    importance = value.get("importance")
+    return MemoryAttrs(
+        memory_type=str(value.get("memory_type") or DEFAULT_MEMORY_TYPE),
+        tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
+        importance=float(importance) if isinstance(importance, int | float) else DEFAULT_IMPORTANCE,
+        agent_id=value.get("agent_id"),
+        session_id=value.get("session_id"),
+        expires_at=value.get("expires_at"),
+        why_stored=value.get("why_stored"),
+    )
+
+
+def attrs_containment(
+    *,
+    memory_type: str | None = None,
+    tags: list[str] | tuple[str, ...] | None = None,
+    agent_id: str | None = None,
+    session_id: str | None = None,
+) -> dict[str, Any]:
+    """A `payload @> ...` object selecting rows with these field values (tags: all must
+    be present). Empty when nothing is asked for."""
+    wanted: dict[str, Any] = {}
+    if memory_type is not None:
+        wanted["memory_type"] = memory_type
+    if tags:
+        wanted["tags"] = list(tags)
+    if agent_id is not None:
+        wanted["agent_id"] = agent_id
+    if session_id is not None:
+        wanted["session_id"] = session_id
+    return {KEY_ATTRS: wanted} if wanted else {}
+
+
+@dataclass(frozen=True)
+class TrashState:
+    at: str
+    request_id: str
+    operation: str
 
 
 @dataclass(frozen=True)
@@ -41,6 +138,31 @@ class EngineMemory:
     created_at: str | None
     updated_at: str | None
     score: float | None = None
+    attrs: MemoryAttrs = field(default_factory=MemoryAttrs)
+    last_recalled_at: str | None = None
+    access_count: int = 0
+    trash: TrashState | None = None
+
+    def expired(self, now: datetime) -> bool:
+        return self.attrs.expires_at is not None and self.attrs.expires_at <= engine_timestamp(now)
+
+
+def _own_fields(payload: dict[str, Any]) -> dict[str, Any]:
+    raw_recall = payload.get(KEY_RECALL)
+    recall: dict[str, Any] = raw_recall if isinstance(raw_recall, dict) else {}
+    trash = payload.get(KEY_TRASH)
+    return {
+        "attrs": attrs_from_payload(payload.get(KEY_ATTRS)),
+        "last_recalled_at": recall.get("at"),
+        "access_count": int(recall.get("count") or 0),
+        "trash": TrashState(
+            at=str(trash.get("at", "")),
+            request_id=str(trash.get("request_id", "")),
+            operation=str(trash.get("operation", "")),
+        )
+        if isinstance(trash, dict)
+        else None,
+    }
 
 
 def engine_memory_from_row(memory_id: Any, payload: dict[str, Any], *, score: float | None = None) -> EngineMemory:
@@ -49,23 +171,26 @@ def engine_memory_from_row(memory_id: Any, payload: dict[str, Any], *, score: fl
         id=str(memory_id),
         text=payload.get(KEY_TEXT, ""),
         user_id=payload.get(KEY_USER_ID, ""),
-        metadata={k: v for k, v in payload.items() if k not in ENGINE_PAYLOAD_KEYS},
+        metadata={k: v for k, v in payload.items() if k not in ENGINE_PAYLOAD_KEYS and k not in OWN_PAYLOAD_KEYS},
         created_at=payload.get(KEY_CREATED_AT),
         updated_at=payload.get(KEY_UPDATED_AT),
         score=score,
+        **_own_fields(payload),
     )
 
 
 def engine_memory_from_item(item: dict[str, Any]) -> EngineMemory:
     """A memory as mem0's API returns it (`memory.get`)."""
+    extra = dict(item.get("metadata") or {})
     return EngineMemory(
         id=str(item["id"]),
         text=item.get("memory", ""),
         user_id=item.get(KEY_USER_ID, ""),
-        metadata=dict(item.get("metadata") or {}),
+        metadata={k: v for k, v in extra.items() if k not in OWN_PAYLOAD_KEYS},
         created_at=item.get(KEY_CREATED_AT),
         updated_at=item.get(KEY_UPDATED_AT),
         score=item.get("score"),
+        **_own_fields(extra),
     )
 
 
@@ -74,24 +199,39 @@ def engine_memory_of(row: EngineMemoryRow) -> EngineMemory:
 
 
 # --- queries over the engine's table ------------------------------------------------------
+def _rows_of(scope: MemoryScope) -> QuerySet[EngineMemoryRow]:
+    return EngineMemoryRow.objects.annotate(
+        owner=KT(f"payload__{KEY_USER_ID}"),
+        created=KT(f"payload__{KEY_CREATED_AT}"),
+        expires=KT(f"payload__{KEY_ATTRS}__expires_at"),
+    ).filter(owner=scope.engine_user_id)
+
+
 def engine_rows_owned(
     scope: MemoryScope,
     *,
     filters: dict[str, Any] | None = None,
     created_from: str | None = None,
     created_before: str | None = None,
+    containment: dict[str, Any] | None = None,
 ) -> QuerySet[EngineMemoryRow]:
-    """The scope's rows (annotated with `created`), optionally filtered on metadata and on
-    a creation-time range (ISO-8601 UTC text, which compares correctly as text)."""
-    rows = EngineMemoryRow.objects.annotate(
-        owner=KT(f"payload__{KEY_USER_ID}"), created=KT(f"payload__{KEY_CREATED_AT}")
-    ).filter(owner=scope.engine_user_id)
-    for key, value in (filters or {}).items():
-        rows = rows.filter(**{f"payload__{key}": value})
+    """The scope's live rows (not in the trash, not expired; annotated with `created`),
+    optionally filtered on metadata and on fields (`attrs_containment`), both by JSON
+    containment, and on a creation-time range (ISO-8601 UTC text, which compares
+    correctly as text)."""
+    now = engine_timestamp(datetime.now(UTC))
+    live = Q(expires__isnull=True) | Q(expires__gt=now)
+    rows = _rows_of(scope).exclude(payload__has_key=KEY_TRASH).filter(live)
+    if filters:
+        # JSON containment (payload @> filters), as hybrid search filters: a metadata key
+        # named `lt`, `in` or `isnull` is data, never an ORM lookup.
+        rows = rows.filter(payload__contains=filters)
+    if containment:
+        rows = rows.filter(payload__contains=containment)
     if created_from:
-        rows = rows.filter(created__gte=created_from)
+        rows = rows.filter(created__gte=created_from)  # type: ignore[misc]
     if created_before:
-        rows = rows.filter(created__lt=created_before)
+        rows = rows.filter(created__lt=created_before)  # type: ignore[misc]
     return rows
 
 
@@ -103,10 +243,13 @@ def engine_memories_page(
     filters: dict[str, Any] | None = None,
     created_from: str | None = None,
     created_before: str | None = None,
+    containment: dict[str, Any] | None = None,
 ) -> list[EngineMemory]:
     """Up to `limit` of the scope's memories in creation order (id breaking ties),
     starting after the (created_at, id) position `after`."""
-    rows = engine_rows_owned(scope, filters=filters, created_from=created_from, created_before=created_before)
+    rows = engine_rows_owned(
+        scope, filters=filters, created_from=created_from, created_before=created_before, containment=containment
+    )
     if after is not None:
         created_at, memory_id = after
         rows = rows.filter(Q(created__gt=created_at) | Q(created=created_at, id__gt=memory_id))
@@ -117,8 +260,16 @@ def engine_memory_count(scope: MemoryScope) -> int:
     return engine_rows_owned(scope).count()
 
 
-def engine_memory_ids(scope: MemoryScope) -> list[str]:
-    return [str(i) for i in engine_rows_owned(scope).values_list("id", flat=True)]
+def engine_memory_ids(
+    scope: MemoryScope,
+    *,
+    containment: dict[str, Any] | None = None,
+    created_from: str | None = None,
+    created_before: str | None = None,
+) -> list[str]:
+    """Ids of the scope's live memories, optionally narrowed (bulk forget)."""
+    rows = engine_rows_owned(scope, containment=containment, created_from=created_from, created_before=created_before)
+    return [str(i) for i in rows.values_list("id", flat=True)]
 
 
 def engine_client_apps(scope: MemoryScope) -> list[str]:

@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
 from psycopg import sql
 
+from core.metrics import engine_timed_function
 from core.scope import MemoryScope
 from memories.engine.mem0_adapter import engine_embed_query
-from memories.engine.payload import EngineMemory, engine_memory_from_row
+from memories.engine.payload import EngineMemory, engine_memory_from_row, engine_timestamp
 
 BM25_K1 = 1.2
 BM25_B = 0.75
@@ -47,8 +49,12 @@ def _table() -> sql.Identifier:
 
 
 def _owned_clause(filters: dict[str, Any] | None) -> tuple[sql.Composable, list[Any]]:
-    clause: sql.Composable = sql.SQL("payload->>'user_id' = %s")
-    params: list[Any] = []
+    """The user's live rows (not in the trash, not expired), optionally `payload @> filters`.
+    Trash and expiry are read from the stored columns (vector_schema), not the payload."""
+    clause: sql.Composable = sql.SQL(
+        "payload->>'user_id' = %s AND NOT trashed AND (expires_at IS NULL OR expires_at > %s)"
+    )
+    params: list[Any] = [engine_timestamp(datetime.now(UTC))]
     if filters:
         clause = sql.SQL("{} AND payload @> %s::jsonb").format(clause)
         params.append(json.dumps(filters))
@@ -204,6 +210,7 @@ def fuse_scores(
     return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
 
 
+@engine_timed_function("hybrid_search")  # memsite_engine_duration_seconds
 def hybrid_search(scope: MemoryScope, *, query: str, limit: int, filters: Filters = None) -> list[EngineMemory]:
     """The best `limit` memories for `query`, each with its fused score."""
     candidates = max(limit, settings.SEARCH_CANDIDATES)

@@ -58,6 +58,35 @@ def create_fulltext_column(schema_editor: Any) -> None:
     )
 
 
+def create_lifecycle_columns(schema_editor: Any) -> None:
+    """Trash and expiry as plain stored columns (issue 11): search checks them for every
+    row of the user it scans, and reading two columns costs far less than parsing each
+    row's jsonb payload (measured: the payload test doubled the vector scan at 10k)."""
+    table = sql.Identifier(settings.MEMORY_COLLECTION)
+    for column, expression in (
+        ("trashed", "(payload ? 'trash')"),
+        ("expires_at", "(payload->'attrs'->>'expires_at')"),
+    ):
+        schema_editor.execute(
+            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {} GENERATED ALWAYS AS {} STORED")
+            .format(
+                table,
+                sql.Identifier(column),
+                sql.SQL("boolean" if column == "trashed" else "text"),
+                sql.SQL(expression),  # constants of ours, no input
+            )
+            .as_string()
+        )
+
+
+def drop_lifecycle_columns(schema_editor: Any) -> None:
+    table = sql.Identifier(settings.MEMORY_COLLECTION)
+    for column in ("trashed", "expires_at"):
+        schema_editor.execute(
+            sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS {}").format(table, sql.Identifier(column)).as_string()
+        )
+
+
 def drop_fulltext_column(schema_editor: Any) -> None:
     table = sql.Identifier(settings.MEMORY_COLLECTION)
     schema_editor.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS fts").format(table).as_string())

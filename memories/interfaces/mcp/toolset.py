@@ -26,8 +26,10 @@ from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from audit.services import auth_failure_record
 from core.calls import call_context_from_request
 from core.choices import Channel
 from core.errors import ErrorCode, ServiceError
@@ -176,8 +178,10 @@ def _transport_security() -> TransportSecuritySettings:
 
 
 class BearerAuthMiddleware:
-    """401 (with RFC 9728 resource metadata) unless the bearer token is valid; otherwise
-    put the Principal into the ASGI scope for the tool handlers."""
+    """405 for anything but POST (the endpoint is stateless: no SSE stream to GET, no
+    session to DELETE, so nothing is held open); 401 (with RFC 9728 resource metadata)
+    unless the bearer token is valid; otherwise put the Principal into the ASGI scope for
+    the tool handlers."""
 
     def __init__(self, app: Any):
         self.app = app
@@ -186,9 +190,20 @@ class BearerAuthMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope.get("method") != "POST":
+            # The streamable HTTP transport lets a server without a stream answer GET with 405.
+            error = ServiceError(
+                ErrorCode.INVALID_ARGUMENT, "This MCP endpoint is stateless: use POST (no event stream, no session)."
+            )
+            await JSONResponse({"error": error.as_dict()}, status_code=405, headers={"Allow": "POST"})(
+                scope, receive, send
+            )
+            return
         headers = Headers(scope=scope)
         principal = await sync_to_async(_authenticate, thread_sensitive=False)(headers.get("authorization"))
         if principal is None:
+            call = call_context_from_request(Request(scope), channel=Channel.MCP)
+            await sync_to_async(_record_auth_failure, thread_sensitive=False)(call, bool(headers.get("authorization")))
             base = public_base_url(scope.get("scheme", "http"), headers.get("host", "localhost"))
             error = ServiceError(ErrorCode.UNAUTHENTICATED, "A valid bearer token is required.")
             response = JSONResponse(
@@ -203,6 +218,16 @@ class BearerAuthMiddleware:
             await response(scope, receive, send)
             return
         await self.app({**scope, PRINCIPAL_KEY: principal}, receive, send)
+
+
+def _record_auth_failure(call: CallContext, presented: bool) -> None:
+    close_old_connections()
+    try:
+        auth_failure_record(call=call, credential_presented=presented)
+    except Exception:  # counting must never turn a 401 into a 500
+        logger.warning("could not count an unauthenticated request", exc_info=True)
+    finally:
+        close_old_connections()
 
 
 def _authenticate(authorization: str | None) -> Principal | None:

@@ -1,10 +1,17 @@
 """Every REST error as `{"error": {"code", "message", ...}}`, with the MCP codes."""
 
+import logging
+
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from audit.services import auth_failure_record
+from core.calls import call_context_from_request
+from core.choices import Channel
 from core.errors import ErrorCode, ServiceError
+
+logger = logging.getLogger(__name__)
 
 _DRF_CODES = {
     status.HTTP_400_BAD_REQUEST: ErrorCode.INVALID_ARGUMENT,
@@ -35,8 +42,21 @@ def exception_handler(exc, context):
     code = _DRF_CODES.get(response.status_code, ErrorCode.INVALID_ARGUMENT)
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         message = "A valid bearer token is required."
+        _count_auth_failure(context.get("request"))
     else:
         detail = getattr(exc, "detail", None)
         message = detail if isinstance(detail, str) else "The request was not valid."
     response.data = {"error": {"code": code.value, "message": str(message)}}
     return response
+
+
+def _count_auth_failure(request) -> None:
+    if request is None:
+        return
+    try:
+        auth_failure_record(
+            call=call_context_from_request(request, channel=Channel.REST),
+            credential_presented=bool(request.META.get("HTTP_AUTHORIZATION")),
+        )
+    except Exception:  # counting must never turn a 401 into a 500
+        logger.warning("could not count an unauthenticated request", exc_info=True)

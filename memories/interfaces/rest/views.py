@@ -3,13 +3,14 @@ Thin views over `operation_execute`, the same entry point the MCP tools use."""
 
 from __future__ import annotations
 
-import json
+import re
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import exceptions, status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -17,9 +18,11 @@ from rest_framework.views import APIView
 from core.calls import call_context_from_request
 from core.choices import Channel
 from core.errors import ErrorCode, ServiceError
+from core.inputs import InputError, json_loads_safe
 from core.scope import CallContext
 from memories import schemas
 from memories.operations import operation_execute
+from memories.selectors import memory_trash_list
 
 EXPORT_CONTENT_TYPES = {"jsonl": "application/x-ndjson", "markdown": "text/markdown"}
 EXPORT_FILE_NAMES = {"jsonl": "memories.jsonl", "markdown": "memories.md"}
@@ -29,46 +32,124 @@ def _call(request) -> CallContext:
     return call_context_from_request(request, channel=Channel.REST)
 
 
-def _body(request) -> dict[str, Any]:
-    if not isinstance(request.data, dict):
-        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "the request body must be a JSON object")
-    return dict(request.data)
+def _rejected(code: ErrorCode, message: str) -> schemas.RejectedArguments:
+    return schemas.RejectedArguments(ServiceError(code, message))
 
 
-def _with_memory_id(request, memory_id: str) -> dict[str, Any]:
+def _body(request) -> dict[str, Any] | schemas.RejectedArguments:
+    """The JSON body as arguments; a body that cannot be decoded becomes RejectedArguments,
+    answered (and audited) by the dispatcher like any other bad argument."""
+    try:
+        data = request.data
+    except exceptions.APIException as exc:
+        code = ErrorCode.PAYLOAD_TOO_LARGE if exc.status_code == 413 else ErrorCode.INVALID_ARGUMENT
+        return _rejected(code, str(exc.detail))
+    if not isinstance(data, dict):
+        return _rejected(ErrorCode.INVALID_ARGUMENT, "the request body must be a JSON object")
+    return dict(data)
+
+
+def _with_memory_id(request, memory_id: str) -> dict[str, Any] | schemas.RejectedArguments:
     body = _body(request)
+    if isinstance(body, schemas.RejectedArguments):
+        return body
     if "memory_id" in body and body["memory_id"] != memory_id:
-        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "memory_id in the body differs from the URL")
+        return _rejected(ErrorCode.INVALID_ARGUMENT, "memory_id in the body differs from the URL")
     return {**body, "memory_id": memory_id}
 
 
-def _list_arguments(query) -> dict[str, Any]:
-    unknown = set(query) - {"cursor", "page_size", "filters"}
+FIELD_FILTER_PARAMS = ("memory_type", "agent_id", "session_id")
+
+
+def field_filter_arguments(query) -> dict[str, Any]:
+    """memory_type, agent_id, session_id and tags (repeated or comma-separated) from a
+    query string, as operation arguments."""
+    arguments: dict[str, Any] = {name: query[name] for name in FIELD_FILTER_PARAMS if query.get(name)}
+    tags = [t for raw in query.getlist("tags") for t in raw.split(",") if t.strip()]
+    if tags:
+        arguments["tags"] = tags
+    return arguments
+
+
+def _list_arguments(query) -> dict[str, Any] | schemas.RejectedArguments:
+    unknown = set(query) - {"cursor", "page_size", "filters", "tags", *FIELD_FILTER_PARAMS}
     if unknown:
-        raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0]!r}")
-    arguments: dict[str, Any] = {}
+        return _rejected(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0][:40]!r}")
+    arguments: dict[str, Any] = field_filter_arguments(query)
     if "cursor" in query:
         arguments["cursor"] = query["cursor"]
     if "page_size" in query:
         raw = query["page_size"]
-        arguments["page_size"] = int(raw) if raw.isdigit() and len(raw) < 10 else raw
+        # ASCII digits only: "²".isdigit() is true and int("²") fails.
+        arguments["page_size"] = int(raw) if _DIGITS.fullmatch(raw) else raw
     if "filters" in query:
         try:
-            arguments["filters"] = json.loads(query["filters"])
-        except ValueError:
-            raise ServiceError(ErrorCode.INVALID_ARGUMENT, "filters must be a JSON object") from None
+            filters = json_loads_safe(query["filters"], max_depth=2)
+        except InputError as exc:
+            return _rejected(ErrorCode.INVALID_ARGUMENT, f"filters must be a JSON object: {exc.message}")
+        if not isinstance(filters, dict):
+            return _rejected(ErrorCode.INVALID_ARGUMENT, "filters must be a JSON object")
+        arguments["filters"] = filters
     return arguments
+
+
+_DIGITS = re.compile(r"[0-9]{1,9}")
+
+
+def _errors(*codes: int) -> dict[int, OpenApiResponse]:
+    """The error responses an operation can give, all with the one error body."""
+    described = {
+        400: "Invalid argument (or confirmation required): `invalid_argument`, `confirmation_required`.",
+        401: "Missing or invalid bearer token: `unauthenticated`.",
+        403: "A `scope` naming someone else: `forbidden`.",
+        404: "No memory with that id (a foreign id answers the same): `not_found`.",
+        409: "Conflicting concurrent change: `conflict`.",
+        413: "An argument or the body is too large: `payload_too_large`.",
+        429: "Rate limited: `rate_limited`, with `retry_after_s` and a Retry-After header.",
+        503: "The engine (or the LLM, for ingest) is unavailable: `backend_unavailable`, `llm_unavailable`; "
+        "retry later.",
+    }
+    return {code: OpenApiResponse(response=schemas.ErrorResponse, description=described[code]) for code in codes}
+
+
+COMMON_ERRORS = (400, 401, 409, 413, 429, 503)
+MEMORY_ID_PARAMETER = OpenApiParameter(
+    "memory_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The memory's id (a UUID)."
+)
+FILTERS_SCHEMA = {
+    "type": "string",
+    "contentMediaType": "application/json",
+    "contentSchema": schemas.FILTERS_OBJECT_SCHEMA,
+    "maxLength": 4096,
+}
 
 
 class MemoryCollectionView(APIView):
     @extend_schema(
         operation_id="list_memory",
         parameters=[
-            OpenApiParameter("cursor", str, description="next_cursor of the previous page"),
-            OpenApiParameter("page_size", int, description=f"1-{schemas.PAGE_SIZE_MAX}"),
-            OpenApiParameter("filters", str, description='JSON object, e.g. {"pinned": true}'),
+            OpenApiParameter(
+                "cursor",
+                {"type": "string", "maxLength": schemas.CURSOR_MAX_CHARS, "pattern": "^[A-Za-z0-9_-]+$"},
+                description="`next_cursor` of the previous page (opaque).",
+            ),
+            OpenApiParameter(
+                "page_size",
+                {"type": "integer", "minimum": 1, "maximum": schemas.PAGE_SIZE_MAX},
+                description=f"1-{schemas.PAGE_SIZE_MAX}, default {schemas.PAGE_SIZE_DEFAULT}.",
+            ),
+            OpenApiParameter(
+                "filters",
+                FILTERS_SCHEMA,
+                description='A JSON object as a string: exact-match filters, e.g. {"pinned": true} or '
+                '{"project": "apollo"} (keys follow the metadata key rules).',
+            ),
+            OpenApiParameter("memory_type", str, enum=["user", "feedback", "project", "reference"]),
+            OpenApiParameter("tags", str, many=True, description="all must match (repeat or comma-separate)"),
+            OpenApiParameter("agent_id", str),
+            OpenApiParameter("session_id", str),
         ],
-        responses={200: dict},
+        responses={200: schemas.ListOutput, **_errors(*COMMON_ERRORS)},
     )
     def get(self, request):
         return Response(
@@ -77,26 +158,46 @@ class MemoryCollectionView(APIView):
             )
         )
 
-    @extend_schema(operation_id="remember", request=schemas.RememberInput, responses={201: dict, 200: dict})
+    @extend_schema(
+        operation_id="remember",
+        request=schemas.RememberInput,
+        responses={
+            201: OpenApiResponse(schemas.RememberOutput, description="Stored."),
+            200: OpenApiResponse(schemas.RememberOutput, description="Already remembered (duplicate: true)."),
+            **_errors(*COMMON_ERRORS),
+        },
+    )
     def post(self, request):
         data = operation_execute(request.auth, "remember", call=_call(request), arguments=_body(request))
         return Response(data, status=status.HTTP_200_OK if data["duplicate"] else status.HTTP_201_CREATED)
 
 
 class MemorySearchView(APIView):
-    @extend_schema(operation_id="search_memory", request=schemas.SearchInput, responses={200: dict})
+    @extend_schema(
+        operation_id="search_memory",
+        request=schemas.SearchInput,
+        responses={200: schemas.SearchOutput, **_errors(*COMMON_ERRORS)},
+    )
     def post(self, request):
         return Response(operation_execute(request.auth, "search_memory", call=_call(request), arguments=_body(request)))
 
 
 class MemoryIngestView(APIView):
-    @extend_schema(operation_id="ingest", request=schemas.IngestInput, responses={200: dict})
+    @extend_schema(
+        operation_id="ingest",
+        request=schemas.IngestInput,
+        responses={200: schemas.IngestOutput, **_errors(*COMMON_ERRORS)},
+    )
     def post(self, request):
         return Response(operation_execute(request.auth, "ingest", call=_call(request), arguments=_body(request)))
 
 
 class MemoryClearView(APIView):
-    @extend_schema(operation_id="clear_all_memory", request=schemas.ClearAllInput, responses={200: dict})
+    @extend_schema(
+        operation_id="clear_all_memory",
+        request=schemas.ClearAllInput,
+        responses={200: schemas.ClearAllOutput, **_errors(*COMMON_ERRORS)},
+    )
     def post(self, request):
         return Response(
             operation_execute(request.auth, "clear_all_memory", call=_call(request), arguments=_body(request))
@@ -104,7 +205,12 @@ class MemoryClearView(APIView):
 
 
 class MemoryItemView(APIView):
-    @extend_schema(operation_id="update_memory", request=schemas.UpdateInput, responses={200: dict})
+    @extend_schema(
+        operation_id="update_memory",
+        parameters=[MEMORY_ID_PARAMETER],
+        request=schemas.UpdateBody,
+        responses={200: schemas.MemoryOutput, **_errors(*COMMON_ERRORS, 404)},
+    )
     def patch(self, request, memory_id: str):
         return Response(
             operation_execute(
@@ -112,11 +218,59 @@ class MemoryItemView(APIView):
             )
         )
 
-    @extend_schema(operation_id="delete_memory", responses={200: dict})
+    @extend_schema(
+        operation_id="delete_memory",
+        parameters=[MEMORY_ID_PARAMETER],
+        responses={200: schemas.DeleteOutput, **_errors(*COMMON_ERRORS, 404)},
+    )
     def delete(self, request, memory_id: str):
         return Response(
             operation_execute(request.auth, "delete_memory", call=_call(request), arguments={"memory_id": memory_id})
         )
+
+
+class MemoryForgetView(APIView):
+    """Bulk forget (seed 003): by tags, time_range and/or memory_type; confirm or dry_run."""
+
+    @extend_schema(
+        operation_id="forget_memories",
+        request=schemas.DeleteInput,
+        responses={200: schemas.ForgetOutput, **_errors(*COMMON_ERRORS)},
+    )
+    def post(self, request):
+        body = _body(request)
+        if isinstance(body, dict) and "memory_id" in body:
+            body = _rejected(ErrorCode.INVALID_ARGUMENT, "use DELETE /v1/memories/{id} for one memory")
+        return Response(operation_execute(request.auth, "delete_memory", call=_call(request), arguments=body))
+
+
+class TrashView(APIView):
+    @extend_schema(operation_id="list_trash", responses={200: schemas.TrashListOutput, **_errors(*COMMON_ERRORS)})
+    def get(self, request):
+        trashed = memory_trash_list(request.auth.scope())
+        return Response({"memories": [item.as_dict() for item in trashed]})
+
+
+class TrashRestoreView(APIView):
+    @extend_schema(
+        operation_id="restore_memory",
+        request=schemas.RestoreInput,
+        responses={200: schemas.RestoreOutput, **_errors(*COMMON_ERRORS, 404)},
+    )
+    def post(self, request):
+        return Response(
+            operation_execute(request.auth, "restore_memory", call=_call(request), arguments=_body(request))
+        )
+
+
+class TrashPurgeView(APIView):
+    @extend_schema(
+        operation_id="purge_memory",
+        request=schemas.PurgeInput,
+        responses={200: schemas.PurgeOutput, **_errors(*COMMON_ERRORS, 404)},
+    )
+    def post(self, request):
+        return Response(operation_execute(request.auth, "purge_memory", call=_call(request), arguments=_body(request)))
 
 
 def export_response(result: dict[str, Any]) -> HttpResponse:
@@ -135,7 +289,7 @@ class MemoryExportView(APIView):
     @extend_schema(
         operation_id="export_memories",
         parameters=[OpenApiParameter("format", str, enum=["jsonl", "markdown"], description="default jsonl")],
-        responses={200: bytes},
+        responses={200: OpenApiResponse(OpenApiTypes.BINARY, description="The file."), **_errors(*COMMON_ERRORS)},
     )
     def get(self, request):
         unknown = set(request.query_params) - {"format"}
@@ -159,7 +313,7 @@ class MemoryImportView(APIView):
         request={
             "multipart/form-data": {"type": "object", "properties": {"file": {"type": "string", "format": "binary"}}}
         },
-        responses={200: schemas.ImportOutput},
+        responses={200: schemas.ImportOutput, **_errors(*COMMON_ERRORS)},
     )
     def post(self, request):
         arguments = {"data": upload_bytes(request), "source": request.query_params.get("from", "memsite")}

@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import urllib.parse
 import urllib.request
-from functools import lru_cache
+from functools import lru_cache, wraps
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.http import Http404
+from django.urls import URLPattern
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
@@ -96,3 +98,26 @@ def provider_logout_url(request) -> str:
         "post_logout_redirect_uri": request.build_absolute_uri("/accounts/login/"),
     }
     return f"{endpoint}?{urllib.parse.urlencode(params)}"
+
+
+def _only_when_enabled(view):
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if not settings.OIDC_WEB_LOGIN:
+            # Without a provider these views can only fail (ImproperlyConfigured, a 500).
+            raise Http404("OIDC login is not configured.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def oidc_urlpatterns() -> list[URLPattern]:
+    """mozilla-django-oidc's routes (/oidc/...), answering 404 while OIDC login is off
+    (checked per request, so settings changed at run time and in tests apply)."""
+    from mozilla_django_oidc import urls
+
+    return [
+        URLPattern(p.pattern, _only_when_enabled(p.callback), p.default_args, p.name)
+        for p in urls.urlpatterns
+        if isinstance(p, URLPattern)
+    ]

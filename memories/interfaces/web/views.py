@@ -4,7 +4,7 @@ usage. Server-rendered; every memory action goes through the same operation disp
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, timedelta
 
 from django.conf import settings
 from django.contrib import messages
@@ -16,15 +16,15 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.calls import call_context_from_request
-from core.choices import Channel
+from core.choices import Channel, MemoryType
 from core.errors import ErrorCode, ServiceError
 from core.scope import MemoryScope
 from memories.auth import Principal
 from memories.interfaces.wellknown import MEMORY_MCP_PATH
 from memories.models import ApiKey
 from memories.operations import operation_execute
-from memories.schemas import MEMORY_MAX_CHARS
-from memories.selectors import memory_client_apps, memory_versions, usage_by_day
+from memories.schemas import MEMORY_MAX_CHARS, TAGS_MAX
+from memories.selectors import memory_client_apps, memory_trash_list, memory_versions, usage_by_day
 from memories.services import api_key_issue, api_key_revoke
 
 PAGE_SIZE = 25
@@ -90,10 +90,15 @@ def memory_index(request):
         filters["pinned"] = pinned == "yes"
     if source:
         filters["client_app"] = source
+    field_filters = _field_filters(request)
     context = {
         "query": query,
         "pinned": pinned,
         "source": source,
+        "memory_type": field_filters.get("memory_type", ""),
+        "tags": ", ".join(field_filters.get("tags", [])),
+        "memory_types": MemoryType.values,
+        "can_forget": bool(field_filters or date_from or date_to),
         "date_from": date_from or "",
         "date_to": date_to or "",
         "sources": memory_client_apps(scope),
@@ -101,7 +106,7 @@ def memory_index(request):
     }
     try:
         if query:
-            arguments = {"query": query, "top_k": SEARCH_RESULTS, "filters": filters or None}
+            arguments = {"query": query, "top_k": SEARCH_RESULTS, "filters": filters or None, **field_filters}
             found = _execute(request, "search_memory", arguments)["results"]
             if date_from or date_to:
                 found = [m for m in found if _within(m["created_at"], date_from, date_to)]
@@ -116,21 +121,43 @@ def memory_index(request):
                     "filters": filters or None,
                     "created_from": date_from,
                     "created_before": _day_after(date_to),
+                    **field_filters,
                 },
             )
             context.update(memories=page["memories"], next_cursor=page["next_cursor"])
     except ServiceError as exc:
+        # The page still renders (with the message), under the error's status: a bad
+        # cursor or query is a 400, like the same mistake over REST.
         messages.error(request, exc.message)
         context["memories"] = []
+        return render(request, "web/memory_list.html", context, status=exc.http_status)
     return render(request, "web/memory_list.html", context)
 
 
+def _tags_param(raw: str) -> list[str]:
+    return [t.strip() for t in raw.split(",") if t.strip()][: TAGS_MAX + 1]
+
+
+def _field_filters(request) -> dict:
+    """memory_type and tags (comma-separated) from the list page's query string."""
+    found: dict = {}
+    memory_type = request.GET.get("memory_type", "")
+    if memory_type:
+        found["memory_type"] = memory_type
+    tags = _tags_param(request.GET.get("tags", ""))
+    if tags:
+        found["tags"] = tags
+    return found
+
+
 def _day_after(day: str | None) -> str | None:
+    """The exclusive upper bound for "created on or before `day`"; none after 9999-12-31."""
     if not day:
         return None
-    from datetime import timedelta
-
-    return (date.fromisoformat(day) + timedelta(days=1)).isoformat()
+    try:
+        return (date.fromisoformat(day) + timedelta(days=1)).isoformat()
+    except OverflowError:
+        return None
 
 
 def _within(created_at: str | None, date_from: str | None, date_to: str | None) -> bool:
@@ -144,7 +171,9 @@ def memory_detail(request, memory_id: str):
     memory = _owned_or_404(request, "get_memory", {"memory_id": str(memory_id)})["memory"]
     versions = memory_versions(_scope(request), memory_id=memory["id"])
     return render(
-        request, "web/memory_detail.html", {"memory": memory, "versions": versions, "max_chars": MEMORY_MAX_CHARS}
+        request,
+        "web/memory_detail.html",
+        {"memory": memory, "versions": versions, "max_chars": MEMORY_MAX_CHARS, "memory_types": MemoryType.values},
     )
 
 
@@ -170,6 +199,124 @@ def memory_edit(request, memory_id: str):
 
 
 @login_required
+@require_POST
+def memory_fields_edit(request, memory_id: str):
+    """The typed fields: type, tags, importance, agent, session, expiry, source, why."""
+    post = request.POST
+    arguments: dict = {
+        "memory_type": post.get("memory_type") or "user",
+        "tags": _tags_param(post.get("tags", "")),
+        "agent_id": post.get("agent_id", "").strip() or None,
+        "session_id": post.get("session_id", "").strip() or None,
+        "why_stored": post.get("why_stored", "").strip() or None,
+        "expires_at": post.get("expires_at", "").strip() or None,
+    }
+    if post.get("source", "").strip():
+        arguments["source"] = post["source"].strip()
+    raw_importance = post.get("importance", "").strip()
+    try:
+        arguments["importance"] = float(raw_importance) if raw_importance else 0.5
+    except ValueError:
+        messages.error(request, "Importance must be a number from 0 to 1.")
+        return redirect("web-memory", memory_id=memory_id)
+    if arguments["expires_at"] and len(arguments["expires_at"]) == 16:  # datetime-local: YYYY-MM-DDTHH:MM
+        arguments["expires_at"] += ":00Z"
+    current = _owned_or_404(request, "get_memory", {"memory_id": str(memory_id)})["memory"]
+    if arguments["expires_at"] == current["expires_at"]:
+        arguments.pop("expires_at")  # unchanged (and maybe passed by now); only a new date must be future
+    return _update(request, memory_id, arguments)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def memory_forget(request):
+    """Bulk forget: the memories matching the list page's type, tags and dates. GET shows
+    the count (a dry run); POST moves them to the trash."""
+    source = request.POST if request.method == "POST" else request.GET
+    arguments: dict = {}
+    if source.get("memory_type"):
+        arguments["memory_type"] = source["memory_type"]
+    tags = _tags_param(source.get("tags", ""))
+    if tags:
+        arguments["tags"] = tags
+    date_from, date_to = source.get("date_from", "").strip(), source.get("date_to", "").strip()
+    if date_from or date_to:
+        arguments["time_range"] = {
+            k: v for k, v in {"start": date_from or None, "end": _safe_day_after(date_to)}.items() if v
+        }
+    context = {
+        "memory_type": arguments.get("memory_type", ""),
+        "tags": ", ".join(tags),
+        "date_from": date_from,
+        "date_to": date_to,
+    }
+    try:
+        if request.method == "POST":
+            result = _execute(request, "delete_memory", {**arguments, "confirm": True})
+            messages.success(request, f"Moved {result['deleted_count']} memories to the trash.")
+            return redirect("web-memories")
+        context["count"] = _execute(request, "delete_memory", {**arguments, "dry_run": True})["deleted_count"]
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+        return redirect("web-memories")
+    return render(request, "web/memory_forget.html", context)
+
+
+def _safe_day_after(day: str) -> str | None:
+    try:
+        return _day_after(day) if day else None
+    except ValueError:
+        return day  # the dispatcher refuses it with a clear message
+
+
+@login_required
+@require_GET
+def trash(request):
+    trashed = [item.as_dict() for item in memory_trash_list(_scope(request))]
+    groups: dict[str, dict] = {}
+    for item in trashed:
+        group = groups.setdefault(
+            item["request_id"],
+            {"request_id": item["request_id"], "operation": item["operation"], "at": item["trashed_at"], "items": []},
+        )
+        group["items"].append(item)
+    return render(
+        request,
+        "web/trash.html",
+        {"groups": list(groups.values()), "count": len(trashed), "retention_days": settings.TRASH_RETENTION_DAYS},
+    )
+
+
+@login_required
+@require_POST
+def trash_restore(request):
+    arguments = {"memory_id": request.POST["memory_id"]} if request.POST.get("memory_id") else {}
+    if request.POST.get("request_id"):
+        arguments = {"request_id": request.POST["request_id"]}
+    try:
+        restored = _execute(request, "restore_memory", arguments)["restored"]
+        messages.success(request, f"Restored {len(restored)} {'memory' if len(restored) == 1 else 'memories'}.")
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    return redirect("web-trash")
+
+
+@login_required
+@require_POST
+def trash_purge(request):
+    if request.POST.get("memory_id"):
+        arguments: dict = {"memory_id": request.POST["memory_id"]}
+    else:
+        arguments = {"all": request.POST.get("all") == "true"}
+    try:
+        purged = _execute(request, "purge_memory", arguments)["purged"]
+        messages.success(request, f"Deleted {purged} forever.")
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    return redirect("web-trash")
+
+
+@login_required
 @require_http_methods(["GET", "POST"])
 def memory_delete_view(request, memory_id: str):
     if request.method == "GET":
@@ -180,7 +327,7 @@ def memory_delete_view(request, memory_id: str):
     except ServiceError as exc:
         messages.error(request, exc.message)
         return redirect("web-memory", memory_id=memory_id)
-    messages.success(request, "Memory deleted.")
+    messages.success(request, "Memory deleted. You can restore it from the trash.")
     return redirect("web-memories")
 
 
@@ -194,7 +341,7 @@ def memory_clear(request):
         confirmed = request.POST.get("confirmation", "").strip().lower() == CLEAR_PHRASE
         try:
             deleted = _execute(request, "clear_all_memory", {"confirm": confirmed})["deleted"]
-            messages.success(request, f"Deleted {deleted} memories.")
+            messages.success(request, f"Deleted {deleted} memories. You can restore them from the trash.")
             return redirect("web-memories")
         except ServiceError as exc:
             if exc.code == ErrorCode.CONFIRMATION_REQUIRED:

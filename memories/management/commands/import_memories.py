@@ -38,4 +38,5 @@ class Command(BaseCommand):
             raise CommandError(f"{exc.code.value}: {exc.message}") from None
         self.stdout.write(
             f"imported {result.imported} memories into {username!r}; {result.duplicates} already there were skipped"
+            + (f"; {result.expired} already expired were left out" if result.expired else "")
         )

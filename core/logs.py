@@ -1,0 +1,140 @@
+"""Log records with the request id on every line, as text or JSON (`LOG_FORMAT`).
+
+Wired in settings.LOGGING: `RequestIdFilter` on the handler stamps each record with the
+bound request id (`core.request_ids`) and scrubs bearer tokens and API keys that a
+message might carry; `AccessLogFilter` drops the query string from uvicorn's access
+lines (the web UI's search box puts the user's words there). Memory content is never
+logged on purpose; these filters are the safety net for what a library might echo.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from core.request_ids import request_bound
+
+TEXT_FORMAT = "[%(asctime)s] [%(levelname)s] [rid=%(request_id)s] [%(name)s] %(message)s"
+
+# API keys (msk_<id>_<secret>), bearer tokens, and key=value secrets in URLs or messages.
+_SECRETS = [
+    (re.compile(r"msk_[A-Za-z0-9_-]+"), "msk_[redacted]"),
+    (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1[redacted]"),
+    (re.compile(r"(?i)((?:api[_-]?key|token|secret|password)=)[^&\s\"']+"), r"\1[redacted]"),
+]
+
+
+def scrub_secrets(text: str) -> str:
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds `request_id` (and `client_request_id`) to every record and scrubs secrets."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        bound = request_bound()
+        record.request_id = bound.request_id if bound else "-"
+        record.client_request_id = bound.client_request_id if bound else ""
+        message = record.getMessage()
+        scrubbed = scrub_secrets(message)
+        if scrubbed != message:
+            record.msg, record.args = scrubbed, None
+        return True
+
+
+class AccessLogFilter(logging.Filter):
+    """uvicorn's access line is `'%s - "%s %s HTTP/%s" %d'` (client, method, path with
+    query, version, status): keep the path, drop the query string."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], args[2].split("?", 1)[0] + "?[query]", *args[3:])
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """`[time] [level] [rid=...] [logger] message`, as in seed 004."""
+
+    def __init__(self, fmt: str | None = None, datefmt: str | None = None, style: Any = "%", **kwargs: Any) -> None:
+        super().__init__(fmt or TEXT_FORMAT, datefmt, style, **kwargs)
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not hasattr(record, "request_id"):  # a handler without the filter
+            record.request_id = "-"
+        return super().format(record)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, request_id, process and,
+    when present, the exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": getattr(record, "request_id", "-"),
+            "process": record.process,
+        }
+        if client_request_id := getattr(record, "client_request_id", ""):
+            entry["client_request_id"] = client_request_id
+        if record.exc_info:
+            entry["exception"] = scrub_secrets(self.formatException(record.exc_info))
+        elif record.exc_text:
+            entry["exception"] = scrub_secrets(record.exc_text)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
+    """The LOGGING dict for settings (also applied by Celery processes)."""
+    formatter = "json" if log_format == "json" else "text"
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {
+            "request_id": {"()": "core.logs.RequestIdFilter"},
+            "access": {"()": "core.logs.AccessLogFilter"},
+            # No memory content: tracebacks without exception messages (core/log_safety.py).
+            "content_safe": {"()": "core.log_safety.ContentSafeFilter"},
+        },
+        "formatters": {
+            "text": {"()": "core.logs.TextFormatter"},
+            "json": {"()": "core.logs.JsonFormatter"},
+        },
+        "handlers": {
+            "console": {
+                "class": "logging.StreamHandler",
+                "formatter": formatter,
+                "filters": ["content_safe", "request_id"],
+            },
+            "access": {
+                "class": "logging.StreamHandler",
+                "formatter": formatter,
+                "filters": ["content_safe", "access", "request_id"],
+            },
+        },
+        "root": {"handlers": ["console"], "level": level},
+        "loggers": {
+            # uvicorn configures its own handlers before Django loads; ours replace them.
+            "uvicorn": {"handlers": ["console"], "level": "INFO", "propagate": False},
+            "uvicorn.error": {"handlers": ["console"], "level": "INFO", "propagate": False},
+            "uvicorn.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
+            # mem0 and httpx log request bodies and keys at INFO/DEBUG.
+            "mem0": {"level": "WARNING"},
+            # Without spaCy mem0 falls back to plain text for BM25 and says so on every call.
+            "mem0.utils.spacy_models": {"level": "ERROR"},
+            "httpx": {"level": "WARNING"},
+            "httpcore": {"level": "WARNING"},
+            "httpx2": {"level": "WARNING"},
+            "httpcore2": {"level": "WARNING"},
+            # The MCP SDK logs whole JSON-RPC messages (tool arguments: memory text) at DEBUG.
+            "mcp": {"level": "INFO"},
+        },
+    }

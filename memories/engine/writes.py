@@ -1,0 +1,362 @@
+"""Verbatim writes to the engine's table through Django's connection, so they commit in
+the caller's transaction together with the dedupe hash, usage event and audit row.
+
+mem0 writes on its own connection pool and commits on its own: a crash between its
+commit and ours left a memory without its records (issue 10, D1). For the verbatim
+paths (remember, update, delete, clear all: no LLM) the engine writes the row itself,
+with exactly the payload and history rows mem0 writes (`Memory._create_memory`,
+`_update_memory`, `_delete_memory`), so mem0's own reads (ingest's dedup, `get`) keep
+working. The slow part, the embedding, happens before the transaction
+(`engine_embed_text`); every function below must run inside `transaction.atomic()`.
+
+Entity links (mem0's `<collection>_entities`, derived data that mem0 itself maintains
+best-effort and that is empty without spaCy) are refreshed after commit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from django.conf import settings
+from django.db import connection, transaction
+from psycopg import sql
+
+from core.metrics import engine_timed_function
+from core.scope import MemoryScope
+from memories.engine.history_store import PostgresHistoryStore, history_versions_add
+from memories.engine.mem0_adapter import EngineError, _call, get_memory
+from memories.engine.payload import (
+    KEY_ATTRS,
+    KEY_CREATED_AT,
+    KEY_RECALL,
+    KEY_REQUEST_ID,
+    KEY_TEXT,
+    KEY_UPDATED_AT,
+    KEY_USER_ID,
+    EngineMemory,
+    MemoryAttrs,
+    engine_memory_from_row,
+)
+
+logger = logging.getLogger(__name__)
+
+# mem0 refuses these in metadata (scope comes from the call, never from metadata).
+_IDENTITY_KEYS = frozenset({"user_id", "agent_id", "run_id", "actor_id"})
+_history = PostgresHistoryStore()
+
+
+@dataclass(frozen=True)
+class EmbeddedText:
+    """A text with its vector and BM25 lemmas, computed outside any transaction."""
+
+    text: str
+    vector: list[float]
+    lemmatized: str
+
+
+def engine_embed_text(text: str) -> EmbeddedText:
+    """The slow half of a write (embedding): call it before opening the transaction."""
+    memory = get_memory()  # first: it turns mem0's telemetry off before mem0 is imported
+    from mem0.utils.lemmatization import lemmatize_for_bm25
+
+    vector = cast(list[float], _call("embed", memory.embedding_model.embed, text, "add"))
+    lemmatized = cast(str, _call("lemmatize", lemmatize_for_bm25, text))
+    return EmbeddedText(text=text, vector=list(vector), lemmatized=lemmatized)
+
+
+def _require_transaction() -> None:
+    if not connection.in_atomic_block:
+        raise RuntimeError("engine writes must run inside the caller's transaction.atomic()")
+
+
+def _table() -> sql.Identifier:
+    return sql.Identifier(settings.MEMORY_COLLECTION)
+
+
+def _vector_literal(vector: list[float]) -> str:
+    # repr keeps every digit of the float; Postgres rounds to float4 exactly as it does
+    # for the float8[] mem0 sends.
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode()).hexdigest()  # noqa: S324 - mem0's payload hash, not security
+
+
+@engine_timed_function("add")  # memsite_engine_duration_seconds
+def engine_insert_text(
+    scope: MemoryScope,
+    *,
+    embedded: EmbeddedText,
+    metadata: dict[str, Any] | None = None,
+    attrs: MemoryAttrs | None = None,
+) -> str:
+    """Store a verbatim memory (what `Memory.add(infer=False)` stores for one user
+    message) with its fields in the caller's transaction. Returns the new memory id."""
+    _require_transaction()
+    memory_id = str(uuid.uuid4())
+    created_at = _now()
+    payload = {k: v for k, v in (metadata or {}).items() if k not in _IDENTITY_KEYS}
+    payload.update(
+        {
+            KEY_USER_ID: scope.engine_user_id,
+            "role": "user",
+            KEY_TEXT: embedded.text,
+            "hash": _md5(embedded.text),
+            KEY_CREATED_AT: created_at,
+            KEY_UPDATED_AT: created_at,
+            "text_lemmatized": embedded.lemmatized,
+            KEY_ATTRS: (attrs or MemoryAttrs()).as_payload(),
+        }
+    )
+    statement = sql.SQL("INSERT INTO {} (id, vector, payload) VALUES (%s, %s::vector, %s::jsonb)").format(_table())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            statement.as_string(cursor.connection),
+            [memory_id, _vector_literal(embedded.vector), json.dumps(payload)],
+        )
+    _history.add_history(
+        memory_id, None, embedded.text, "ADD", created_at=created_at, updated_at=created_at, role="user"
+    )
+    return memory_id
+
+
+def engine_lock_owned(scope: MemoryScope, *, memory_id: str) -> EngineMemory | None:
+    """The scope's memory, row-locked until the caller's transaction ends; None when it
+    is missing or someone else's (callers answer both alike)."""
+    _require_transaction()
+    statement = sql.SQL("SELECT id, payload FROM {} WHERE id = %s AND payload->>'user_id' = %s FOR UPDATE").format(
+        _table()
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(statement.as_string(cursor.connection), [memory_id, scope.engine_user_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    payload = row[1] if isinstance(row[1], dict) else json.loads(row[1])
+    return engine_memory_from_row(row[0], payload)
+
+
+def _payload_of(memory_id: str) -> dict[str, Any] | None:
+    statement = sql.SQL("SELECT payload FROM {} WHERE id = %s").format(_table())
+    with connection.cursor() as cursor:
+        cursor.execute(statement.as_string(cursor.connection), [memory_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return cast(dict[str, Any], row[0] if isinstance(row[0], dict) else json.loads(row[0]))
+
+
+@engine_timed_function("update")  # memsite_engine_duration_seconds
+def engine_update_row(
+    memory_id: str,
+    *,
+    embedded: EmbeddedText | None,
+    metadata: dict[str, Any] | None,
+    attrs: MemoryAttrs | None = None,
+) -> EngineMemory:
+    """Change a memory's text (with its new vector), merge metadata and/or replace its
+    fields, as mem0's `update()` does, in the caller's transaction. The row must be
+    locked (`engine_lock_owned`). Other changes keep the vector: the text is the same."""
+    _require_transaction()
+    existing = _payload_of(memory_id)
+    if existing is None:
+        raise EngineError("memory engine update: no such row")
+    previous = existing.get(KEY_TEXT)
+    payload = dict(existing)
+    if metadata:
+        payload.update({k: v for k, v in metadata.items() if k not in _IDENTITY_KEYS or v == existing.get(k)})
+    text = embedded.text if embedded is not None else previous
+    if not isinstance(text, str):
+        raise EngineError("memory engine update: the row has no text")
+    payload[KEY_TEXT] = text
+    payload["hash"] = _md5(text)
+    if embedded is not None:
+        payload["text_lemmatized"] = embedded.lemmatized
+    if attrs is not None:
+        payload[KEY_ATTRS] = attrs.as_payload()
+    payload[KEY_CREATED_AT] = existing.get(KEY_CREATED_AT)
+    payload[KEY_UPDATED_AT] = _now()
+    with connection.cursor() as cursor:
+        if embedded is not None:
+            statement = sql.SQL("UPDATE {} SET vector = %s::vector, payload = %s::jsonb WHERE id = %s").format(_table())
+            params = [_vector_literal(embedded.vector), json.dumps(payload), memory_id]
+        else:
+            statement = sql.SQL("UPDATE {} SET payload = %s::jsonb WHERE id = %s").format(_table())
+            params = [json.dumps(payload), memory_id]
+        cursor.execute(statement.as_string(cursor.connection), params)
+    _history.add_history(
+        memory_id,
+        previous,
+        text,
+        "UPDATE",
+        created_at=payload[KEY_CREATED_AT],
+        updated_at=payload[KEY_UPDATED_AT],
+        actor_id=payload.get("actor_id"),
+        role=payload.get("role"),
+    )
+    if embedded is not None and text != previous:
+        _after_commit_relink(memory_id, text=text, user_id=str(payload.get(KEY_USER_ID, "")))
+    return engine_memory_from_row(memory_id, payload)
+
+
+def _deleted_history(memory_id: str, payload: dict[str, Any], *, now: str) -> dict[str, Any]:
+    return {
+        "memory_id": memory_id,
+        "old_memory": payload.get(KEY_TEXT, ""),
+        "new_memory": None,
+        "event": "DELETE",
+        "created_at": payload.get(KEY_CREATED_AT),
+        "updated_at": now,
+        "is_deleted": 1,
+        "actor_id": payload.get("actor_id"),
+        "role": payload.get("role"),
+    }
+
+
+@engine_timed_function("delete")  # memsite_engine_duration_seconds
+def engine_delete_row(memory_id: str) -> bool:
+    """Delete one memory (and write its DELETE history row) in the caller's transaction."""
+    _require_transaction()
+    statement = sql.SQL("DELETE FROM {} WHERE id = %s RETURNING payload").format(_table())
+    with connection.cursor() as cursor:
+        cursor.execute(statement.as_string(cursor.connection), [memory_id])
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    payload = row[0] if isinstance(row[0], dict) else json.loads(row[0])
+    _history.batch_add_history([_deleted_history(memory_id, payload, now=_now())])
+    _after_commit_unlink([memory_id], user_id=str(payload.get(KEY_USER_ID, "")))
+    return True
+
+
+@engine_timed_function("delete_all")  # memsite_engine_duration_seconds
+def engine_delete_user_rows(scope: MemoryScope) -> list[str]:
+    """Delete every memory of the user (a DELETE history row each) and mem0's raw
+    messages for them, in the caller's transaction. Returns the deleted ids."""
+    _require_transaction()
+    statement = sql.SQL("DELETE FROM {} WHERE payload->>'user_id' = %s RETURNING id, payload").format(_table())
+    with connection.cursor() as cursor:
+        cursor.execute(statement.as_string(cursor.connection), [scope.engine_user_id])
+        rows = cursor.fetchall()
+    now = _now()
+    deleted = []
+    records = []
+    for memory_id, payload in rows:
+        payload = payload if isinstance(payload, dict) else json.loads(payload)
+        deleted.append(str(memory_id))
+        records.append(_deleted_history(str(memory_id), payload, now=now))
+    if records:
+        _history.batch_add_history(records)
+    _history.purge_messages(user_id=scope.engine_user_id)
+    # The user's whole entity partition goes too, after commit (derived data).
+    transaction.on_commit(lambda: _entities_purge(scope.engine_user_id))
+    return deleted
+
+
+def engine_purge_messages(scope: MemoryScope) -> int:
+    """Remove mem0's raw messages of the user (they feed the next ingest's extraction),
+    in the caller's transaction."""
+    _require_transaction()
+    return int(_history.purge_messages(user_id=scope.engine_user_id))
+
+
+def engine_rows_from_request(*, request_id: str) -> list[EngineMemory]:
+    """Rows mem0 wrote for the call `request_id` (tagged by `engine_ingest`)."""
+    statement = sql.SQL("SELECT id, payload FROM {} WHERE payload->>%s = %s").format(_table())
+    with connection.cursor() as cursor:
+        cursor.execute(statement.as_string(cursor.connection), [KEY_REQUEST_ID, request_id])
+        rows = cursor.fetchall()
+    return [engine_memory_from_row(r[0], r[1] if isinstance(r[1], dict) else json.loads(r[1])) for r in rows]
+
+
+# --- entity links: derived, best effort, after commit (as mem0 treats them) -------------------
+def _after_commit_relink(memory_id: str, *, text: str, user_id: str) -> None:
+    def relink() -> None:
+        try:
+            memory = get_memory()
+            memory._remove_memory_from_entity_store(memory_id, {"user_id": user_id})
+            memory._link_entities_for_memory(memory_id, text, {"user_id": user_id})
+        except Exception as exc:  # mem0 swallows these too; the memory itself is committed
+            logger.warning("entity links not refreshed: %s", type(exc).__name__)
+
+    transaction.on_commit(relink)
+
+
+def _after_commit_unlink(memory_ids: list[str], *, user_id: str) -> None:
+    def unlink() -> None:
+        try:
+            memory = get_memory()
+            for memory_id in memory_ids:
+                memory._remove_memory_from_entity_store(memory_id, {"user_id": user_id})
+        except Exception as exc:
+            logger.warning("entity links not removed: %s", type(exc).__name__)
+
+    transaction.on_commit(unlink)
+
+
+def _entities_purge(user_id: str) -> None:
+    table = sql.Identifier(f"{settings.MEMORY_COLLECTION}_entities")
+    try:
+        with connection.cursor() as cursor:
+            statement = sql.SQL("DELETE FROM {} WHERE payload->>'user_id' = %s").format(table)
+            cursor.execute(statement.as_string(cursor.connection), [user_id])
+    except Exception as exc:
+        logger.warning("entity rows not purged: %s", type(exc).__name__)
+
+
+# --- import (issue 17) --------------------------------------------------------------------
+@engine_timed_function("add")  # memsite_engine_duration_seconds
+def engine_insert_imported(
+    scope: MemoryScope,
+    *,
+    embedded: EmbeddedText,
+    metadata: dict[str, Any] | None,
+    attrs: MemoryAttrs,
+    created_at: str | None,
+    updated_at: str | None,
+    recall: tuple[int, str | None] = (0, None),
+    versions: list[dict[str, Any]] | None = None,
+) -> str:
+    """Store an imported memory as `engine_insert_text` does, but keeping its creation and
+    update times, its recall counters and its history versions (written instead of a
+    fresh ADD row; none given -> one ADD at its creation time). Caller's transaction."""
+    _require_transaction()
+    memory_id = str(uuid.uuid4())
+    created = created_at or _now()
+    payload = {k: v for k, v in (metadata or {}).items() if k not in _IDENTITY_KEYS}
+    payload.update(
+        {
+            KEY_USER_ID: scope.engine_user_id,
+            "role": "user",
+            KEY_TEXT: embedded.text,
+            "hash": _md5(embedded.text),
+            KEY_CREATED_AT: created,
+            KEY_UPDATED_AT: updated_at or created,
+            "text_lemmatized": embedded.lemmatized,
+            KEY_ATTRS: attrs.as_payload(),
+        }
+    )
+    count, last = recall
+    if count or last:
+        payload[KEY_RECALL] = {"count": count, "at": last}
+    statement = sql.SQL("INSERT INTO {} (id, vector, payload) VALUES (%s, %s::vector, %s::jsonb)").format(_table())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            statement.as_string(cursor.connection),
+            [memory_id, _vector_literal(embedded.vector), json.dumps(payload)],
+        )
+    if versions:
+        history_versions_add(memory_id, versions)
+    else:
+        _history.add_history(memory_id, None, embedded.text, "ADD", created_at=created, updated_at=created, role="user")
+    return memory_id

@@ -1,0 +1,312 @@
+"""Seed 001's REST shape at /v1/memory: store, search, list, update, delete and forget.
+
+Thin views over the same `operation_execute` as /v1/memories and MCP (same services,
+audit rows, usage events, rate limits). A client's `scope` never selects whose memories
+are touched: `tenant_id`/`user_id` are checked against the caller (403 `forbidden`
+otherwise), `agent_id`/`session_id` narrow inside the caller's own memories."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.errors import ErrorCode, ServiceError
+from memories import schemas
+from memories.auth import Principal
+from memories.interfaces.rest.views import _DIGITS, COMMON_ERRORS, _body, _call, _errors, field_filter_arguments
+from memories.operations import operation_execute
+from memories.selectors import memory_get_owned, memory_view
+
+SCOPE_KEYS = ("tenant_id", "user_id", "agent_id", "session_id")
+# Fields passed through to the operations as they are.
+STORE_FIELDS = ("memory_type", "tags", "importance", "expires_at", "ttl_days", "source", "why_stored", "pinned")
+
+_scope_serializer = inline_serializer(
+    "MemoryScope",
+    {
+        "tenant_id": serializers.CharField(help_text="Your tenant (`default`)."),
+        "user_id": serializers.CharField(help_text="Your username."),
+        "agent_id": serializers.CharField(required=False, allow_null=True),
+        "session_id": serializers.CharField(required=False, allow_null=True),
+    },
+)
+_store_request = inline_serializer(
+    "MemoryStore",
+    {
+        "content": serializers.CharField(required=False),
+        "messages": serializers.ListField(child=serializers.DictField(), required=False),
+        "memory_type": serializers.ChoiceField(["user", "feedback", "project", "reference"], required=False),
+        "scope": _scope_serializer,
+        "tags": serializers.ListField(child=serializers.CharField(), required=False),
+        "importance": serializers.FloatField(required=False),
+        "expires_at": serializers.DateTimeField(required=False),
+        "ttl_days": serializers.IntegerField(required=False),
+        "source": serializers.CharField(required=False),
+        "why_stored": serializers.CharField(required=False),
+    },
+)
+_search_request = inline_serializer(
+    "MemorySearch",
+    {
+        "query": serializers.CharField(),
+        "scope": _scope_serializer,
+        "memory_type": serializers.ChoiceField(["user", "feedback", "project", "reference"], required=False),
+        "tags": serializers.ListField(child=serializers.CharField(), required=False),
+        "limit": serializers.IntegerField(required=False, default=10),
+    },
+)
+_SCOPE_PARAMS = [
+    OpenApiParameter("tenant_id", str, description="must be your tenant (`default`)"),
+    OpenApiParameter("user_id", str, description="must be your username"),
+    OpenApiParameter("agent_id", str, description="narrow to one agent's memories"),
+    OpenApiParameter("session_id", str, description="narrow to one session's memories"),
+]
+
+
+class _Rejected(Exception):
+    """A bad seed-001 argument, answered and audited by the dispatcher like any other."""
+
+    def __init__(self, message: str):
+        self.arguments = schemas.RejectedArguments(ServiceError(ErrorCode.INVALID_ARGUMENT, message))
+
+
+def _scope_of(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _Rejected("scope must be an object")
+    unknown = set(value) - set(SCOPE_KEYS)
+    if unknown:
+        raise _Rejected(f"unexpected scope key {sorted(unknown)[0][:40]!r}")
+    for key, item in value.items():
+        if item is not None and not isinstance(item, str):
+            raise _Rejected(f"scope.{key} must be a string")
+    return value
+
+
+def _only(keys: Any, allowed: set[str], what: str = "argument") -> None:
+    unknown = set(keys) - allowed
+    if unknown:
+        raise _Rejected(f"unexpected {what} {sorted(unknown)[0][:40]!r}")
+
+
+def _body_dict(request) -> dict[str, Any]:
+    body = _body(request)
+    if isinstance(body, schemas.RejectedArguments):
+        raise _RejectedBody(body)
+    return body
+
+
+class _RejectedBody(_Rejected):
+    def __init__(self, arguments: schemas.RejectedArguments):
+        self.arguments = arguments
+
+
+def _execute(request, operation: str, build: Callable[[], tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """Build (arguments, claimed scope) and run the operation; a bad argument found while
+    building goes to the dispatcher as RejectedArguments, so it is answered and audited."""
+    try:
+        arguments, claimed = build()
+    except _Rejected as rejected:
+        return operation_execute(request.auth, operation, rejected.arguments, call=_call(request))
+    return operation_execute(request.auth, operation, arguments, call=_call(request), claimed_scope=claimed)
+
+
+def _narrowing(scope: dict[str, Any]) -> dict[str, Any]:
+    return {key: scope[key] for key in ("agent_id", "session_id") if scope.get(key)}
+
+
+def seed_memory(principal: Principal, memory: dict[str, Any]) -> dict[str, Any]:
+    """A memory in seed 001's shape (plus our tags, importance, access_count)."""
+    shaped = {
+        "id": memory["id"],
+        "content": memory["memory"],
+        "memory_type": memory["memory_type"],
+        "scope": {
+            "tenant_id": principal.scope().tenant,
+            "user_id": principal.user.get_username(),
+            "agent_id": memory["agent_id"],
+            "session_id": memory["session_id"],
+        },
+        "pinned": memory["pinned"],
+        "expires_at": memory["expires_at"],
+        "source": memory["source"],
+        "last_recalled_at": memory["last_recalled_at"],
+        "why_stored": memory["why_stored"],
+        "created_at": memory["created_at"],
+        "updated_at": memory["updated_at"],
+        "tags": memory["tags"],
+        "importance": memory["importance"],
+        "access_count": memory["access_count"],
+    }
+    if memory.get("score") is not None:
+        shaped["score"] = memory["score"]
+    return shaped
+
+
+def _stored(principal: Principal, memory_id: str) -> dict[str, Any]:
+    # A pure read of what the call just wrote (its audit row is the store's own).
+    return memory_view(memory_get_owned(principal.scope(), memory_id=memory_id)).as_dict()
+
+
+class SeedMemoryCollectionView(APIView):
+    @extend_schema(
+        operation_id="v1_memory_store",
+        request=_store_request,
+        responses={201: schemas.SeedStoreOutput, 200: schemas.SeedStoreOutput, **_errors(*COMMON_ERRORS, 403)},
+        examples=[
+            OpenApiExample(
+                "store",
+                value={
+                    "content": "User prefers concise TypeScript examples",
+                    "memory_type": "user",
+                    "scope": {"tenant_id": "default", "user_id": "alice"},
+                },
+                request_only=True,
+            )
+        ],
+    )
+    def post(self, request):
+        raw = _body(request)
+        if isinstance(raw, dict) and raw.get("messages") is not None and raw.get("content") is None:
+            result = _execute(request, "ingest", lambda: self._arguments(request, messages=True))
+            return Response({"memories": result["results"]}, status=status.HTTP_201_CREATED)
+        result = _execute(request, "remember", lambda: self._arguments(request, messages=False))
+        memory = seed_memory(request.auth, _stored(request.auth, result["id"]))
+        code = status.HTTP_200_OK if result["duplicate"] else status.HTTP_201_CREATED
+        return Response({"memory": memory, "duplicate": result["duplicate"]}, status=code)
+
+    @staticmethod
+    def _arguments(request, *, messages: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        body = _body_dict(request)
+        claimed = _scope_of(body.pop("scope", None))
+        content, items = body.pop("content", None), body.pop("messages", None)
+        _only(body, set(STORE_FIELDS) | {"metadata"})
+        if (content is None) == (items is None):
+            raise _Rejected("give content or messages")
+        arguments = {**body, **_narrowing(claimed)}
+        if messages:
+            arguments.pop("pinned", None)
+            return {**arguments, "messages": items}, claimed
+        return {**arguments, "memory": content}, claimed
+
+    @extend_schema(
+        operation_id="v1_memory_list",
+        parameters=[
+            *_SCOPE_PARAMS,
+            OpenApiParameter("memory_type", str),
+            OpenApiParameter("tags", str, many=True),
+            OpenApiParameter("limit", int),
+            OpenApiParameter("cursor", str),
+        ],
+        responses={200: schemas.SeedListOutput, **_errors(*COMMON_ERRORS, 403)},
+    )
+    def get(self, request):
+        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+            query = request.query_params
+            _only(query, {*SCOPE_KEYS, "memory_type", "tags", "limit", "cursor"}, "query parameter")
+            claimed = {key: query[key] for key in ("tenant_id", "user_id") if key in query}
+            arguments = field_filter_arguments(query)
+            if "limit" in query:
+                raw = query["limit"]
+                arguments["page_size"] = int(raw) if _DIGITS.fullmatch(raw) else raw
+            if query.get("cursor"):
+                arguments["cursor"] = query["cursor"]
+            return arguments, claimed
+
+        result = _execute(request, "list_memory", build)
+        return Response(
+            {
+                "memories": [seed_memory(request.auth, m) for m in result["memories"]],
+                "next_cursor": result["next_cursor"],
+            }
+        )
+
+
+class SeedMemorySearchView(APIView):
+    @extend_schema(
+        operation_id="v1_memory_search",
+        request=_search_request,
+        responses={200: schemas.SeedSearchOutput, **_errors(*COMMON_ERRORS, 403)},
+        examples=[
+            OpenApiExample(
+                "search",
+                value={
+                    "query": "coding style preference",
+                    "scope": {"tenant_id": "default", "user_id": "alice"},
+                    "memory_type": "user",
+                    "limit": 5,
+                },
+                request_only=True,
+            )
+        ],
+    )
+    def post(self, request):
+        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+            body = _body_dict(request)
+            claimed = _scope_of(body.pop("scope", None))
+            _only(body, {"query", "memory_type", "tags", "limit"})
+            arguments: dict[str, Any] = {key: body[key] for key in ("query", "memory_type", "tags") if key in body}
+            arguments["top_k"] = body.get("limit", 10)
+            arguments.update(_narrowing(claimed))
+            return arguments, claimed
+
+        result = _execute(request, "search_memory", build)
+        return Response({"memories": [seed_memory(request.auth, m) for m in result["results"]]})
+
+
+class SeedMemoryItemView(APIView):
+    @extend_schema(
+        operation_id="v1_memory_update",
+        request=_store_request,
+        responses={200: schemas.SeedMemoryOutput, **_errors(*COMMON_ERRORS, 403, 404)},
+    )
+    def put(self, request, memory_id: str):
+        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+            body = _body_dict(request)
+            claimed = _scope_of(body.pop("scope", None))
+            _only(body, set(STORE_FIELDS) | {"content", "metadata"})
+            arguments = {**body, **_narrowing(claimed), "memory_id": memory_id}
+            if "content" in arguments:
+                arguments["memory"] = arguments.pop("content")
+            return arguments, claimed
+
+        result = _execute(request, "update_memory", build)
+        return Response({"memory": seed_memory(request.auth, result["memory"])})
+
+    @extend_schema(
+        operation_id="v1_memory_delete",
+        parameters=_SCOPE_PARAMS[:2],
+        responses={200: schemas.DeleteOutput, **_errors(*COMMON_ERRORS, 403, 404)},
+    )
+    def delete(self, request, memory_id: str):
+        return Response(_execute(request, "delete_memory", lambda: ({"memory_id": memory_id}, _query_claim(request))))
+
+
+def _query_claim(request) -> dict[str, Any]:
+    query = request.query_params
+    _only(query, {"tenant_id", "user_id"}, "query parameter")
+    return {key: query[key] for key in ("tenant_id", "user_id") if key in query}
+
+
+class SeedMemoryForgetView(APIView):
+    @extend_schema(
+        operation_id="v1_memory_forget",
+        description="An alias for delete, recorded as a user-initiated forget.",
+        parameters=_SCOPE_PARAMS[:2],
+        request=None,
+        responses={200: schemas.DeleteOutput, **_errors(*COMMON_ERRORS, 403, 404)},
+    )
+    def post(self, request, memory_id: str):
+        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+            claimed = _query_claim(request)
+            if isinstance(request.data, dict) and request.data.get("scope") is not None:
+                claimed = {**claimed, **_scope_of(request.data["scope"])}
+            return {"memory_id": memory_id}, claimed
+
+        return Response(_execute(request, "forget_memory", build))
