@@ -389,3 +389,65 @@ def test_history_selector_never_returns_another_users_versions(alice_memories, b
     alice_ids = [m["id"] for m in _memories(alice_memories)]
     assert memory_histories(bob_scope, memory_ids=alice_ids) == {}
     assert set(memory_histories(alice_memories, memory_ids=alice_ids)) == set(alice_ids)
+
+
+def _record(text: str, **fields) -> dict:
+    return {"text": text, "pinned": False, "metadata": {}, "created_at": "2025-05-01T00:00:00Z", **fields}
+
+
+def _jsonl(records: list[dict]) -> str:
+    header = {"format": "memsite.memories", "version": 1, "count": len(records)}
+    return "\n".join(json.dumps(r) for r in [header, *records]) + "\n"
+
+
+def test_trash_is_not_exported_and_expired_memories_are_not_imported(alice_memories, bob_scope):
+    from memories.services import memory_delete
+
+    gone = next(m for m in _memories(alice_memories) if m["memory"] == "Alice takes her coffee black")
+    memory_delete(alice_memories, memory_id=gone["id"], call=internal_call())
+    exported = _export(alice_memories)
+    assert json.loads(exported.splitlines()[0])["count"] == 3 and "coffee" not in exported
+
+    data = _jsonl(
+        [
+            _record("Bob's old promo code", expires_at="2020-01-01T00:00:00Z"),
+            _record("Bob likes chess", access_count=3, last_recalled_at="2025-06-01T12:00:00Z", tags=["games"]),
+            _record("bob likes  CHESS"),  # the same text by the dedupe rule: skipped
+        ]
+    )
+    result = _import(bob_scope, data)
+    assert (result.imported, result.duplicates, result.expired) == (1, 1, 1)
+    (chess,) = _memories(bob_scope)
+    assert (chess["access_count"], chess["last_recalled_at"], chess["tags"]) == (
+        3, "2025-06-01T12:00:00.000000+00:00", ["games"]
+    )  # fmt: skip
+
+
+def test_an_engine_failure_midway_leaves_nothing_imported(alice_memories, bob_scope, monkeypatch):
+    import memories.services as services
+    from memories.engine import EngineError
+    from memories.models import ContentHash
+
+    real = services.engine_insert_imported
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise EngineError("disk full")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "engine_insert_imported", failing)
+    assert _refused(bob_scope, _export(alice_memories)).code == ErrorCode.BACKEND_UNAVAILABLE
+    assert _memories(bob_scope) == []
+    assert not ContentHash.objects.filter(engine_user_id=bob_scope.engine_user_id).exists()
+    assert not UsageEvent.objects.filter(operation="import_memories").exists()
+    monkeypatch.setattr(services, "engine_insert_imported", real)
+    assert _import(bob_scope, _export(alice_memories)).imported == 4  # the retry completes it
+
+
+def test_a_field_out_of_range_refuses_the_file(bob_scope):
+    for bad in ({"importance": 7}, {"memory_type": "gossip"}, {"access_count": -1}, {"expires_at": "soon"}):
+        error = _refused(bob_scope, _jsonl([_record("Bob likes chess"), _record("Bob is tall", **bad)]))
+        assert error.code == ErrorCode.INVALID_ARGUMENT and "line 3" in error.message
+    assert _memories(bob_scope) == []
