@@ -451,3 +451,17 @@ def test_a_field_out_of_range_refuses_the_file(bob_scope):
         error = _refused(bob_scope, _jsonl([_record("Bob likes chess"), _record("Bob is tall", **bad)]))
         assert error.code == ErrorCode.INVALID_ARGUMENT and "line 3" in error.message
     assert _memories(bob_scope) == []
+
+
+def test_rest_takes_a_raw_body_above_djangos_upload_limit(bob, api_client, settings):
+    """`request.body` stops at DATA_UPLOAD_MAX_MEMORY_SIZE; the import limit is its own."""
+    _, bob_key = api_key_issue(user=bob)
+    records = [_record(f"Bob fact number {n} " + "padding " * 60) for n in range(12)]
+    data = _jsonl(records).encode()
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = len(data) // 2
+    response = api_client(bob_key).post("/v1/memories/import", data, content_type="application/x-ndjson")
+    assert response.status_code == 200, response.content
+    assert response.json()["imported"] == 12
+    settings.IMPORT_MAX_BYTES = len(data) - 1
+    too_big = api_client(bob_key).post("/v1/memories/import", data, content_type="application/x-ndjson")
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "payload_too_large"

@@ -289,7 +289,11 @@ class MemoryExportView(APIView):
     @extend_schema(
         operation_id="export_memories",
         parameters=[OpenApiParameter("format", str, enum=["jsonl", "markdown"], description="default jsonl")],
-        responses={200: OpenApiResponse(OpenApiTypes.BINARY, description="The file."), **_errors(*COMMON_ERRORS)},
+        responses={
+            (200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.STR, description="The JSONL file."),
+            (200, "text/markdown"): OpenApiResponse(OpenApiTypes.STR, description="The Markdown file."),
+            **_errors(*COMMON_ERRORS),
+        },
     )
     def get(self, request):
         unknown = set(request.query_params) - {"format"}
@@ -333,6 +337,12 @@ def upload_bytes(request) -> bytes:
             if upload.size > settings.IMPORT_MAX_BYTES:
                 raise too_large
             return upload.read()
-        return request.body
+        # Read the stream ourselves: `request.body` stops at DATA_UPLOAD_MAX_MEMORY_SIZE
+        # (2.5 MB), far below the import limit.
+        stream = request.stream
+        data = stream.read(settings.IMPORT_MAX_BYTES + 1) if stream is not None else b""
+        if len(data) > settings.IMPORT_MAX_BYTES:
+            raise too_large
+        return data
     except RequestDataTooBig:
         raise too_large from None

@@ -430,6 +430,7 @@ def data_import(request):
         return redirect("web-data")
     messages.success(
         request,
-        f"Imported {result['imported']} memories; {result['duplicates']} you already had were skipped.",
+        f"Imported {result['imported']} memories; {result['duplicates']} you already had were skipped."
+        + (f" {result['expired']} had already expired and were left out." if result.get("expired") else ""),
     )
     return redirect("web-data")
