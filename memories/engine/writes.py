@@ -61,10 +61,12 @@ class EmbeddedText:
 
 def engine_embed_text(text: str) -> EmbeddedText:
     """The slow half of a write (embedding): call it before opening the transaction."""
-    memory = get_memory()  # first: it turns mem0's telemetry off before mem0 is imported
+    get_memory()  # first: it turns mem0's telemetry off before mem0 is imported
     from mem0.utils.lemmatization import lemmatize_for_bm25
 
-    vector = cast(list[float], _call("embed", memory.embedding_model.embed, text, "add"))
+    from memories.engine.embedders import embedder_active
+
+    vector = cast(list[float], _call("embed", embedder_active().embed, text, "add"))
     lemmatized = cast(str, _call("lemmatize", lemmatize_for_bm25, text))
     return EmbeddedText(text=text, vector=list(vector), lemmatized=lemmatized)
 
