@@ -134,9 +134,11 @@ def fake_embedding(text: str, dims: int) -> list[float]:
 
 class FakeGemini(FakeLLM):
     embed_failures = 0  # answer this many embedding calls with a 500 (a crash mid-run)
+    embed_delay = 0.0  # seconds per embedding call (a run slow enough to be killed midway)
 
     def handle(self, method, path, headers, payload):
         if method == "POST" and ":batchEmbedContents" in path:
+            time.sleep(self.embed_delay)
             if self.embed_failures > 0:
                 self.embed_failures -= 1
                 return 500, {"error": {"code": 500, "message": "fake outage", "status": "INTERNAL"}}

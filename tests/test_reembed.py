@@ -124,3 +124,94 @@ def test_reembed_refuses_bad_targets(settings, fake_gemini):
         call_command("reembed", "--to", "gemini")
     with pytest.raises(CommandError, match="--to"):
         call_command("reembed")
+
+
+@pytest.mark.slow
+def test_reembed_process_killed_and_resumed_while_a_server_answers_searches(alice, alice_key, fake_gemini):
+    """Real processes: a live server answers searches the whole time (old vectors, then
+    the new embedder's once it notices the switch, with no restart); `manage.py reembed`
+    is SIGKILLed midway and a second run finishes the job."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    import urllib.request
+
+    from core.scope import MemoryScope
+    from tests.conftest import ROOT, free_port, service_env, wait_for
+
+    scope = MemoryScope.for_user(alice)
+    for topic in TOPICS:
+        memory_remember(scope, memory=f"Alice's hobby is {topic}", call=internal_call())
+    env = service_env(
+        GOOGLE_API_KEY="fake-gemini-key",
+        GOOGLE_GEMINI_BASE_URL=fake_gemini.url,
+        RATE_LIMIT_SEARCH_MEMORY="100000/minute",
+    )
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "memsite.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    answers: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def search() -> tuple[int, str]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/memories/search",
+            data=json.dumps({"query": "hobby beekeeping", "top_k": 1}).encode(),
+            headers={"Authorization": f"Bearer {alice_key}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback
+                return response.status, json.loads(response.read())["results"][0]["memory"]
+        except urllib.error.HTTPError as exc:
+            return exc.code, ""
+
+    def keep_searching() -> None:
+        while not stop.is_set():
+            answers.append(search())
+            time.sleep(0.05)
+
+    try:
+
+        def up() -> bool:
+            try:
+                return search()[0] == 200
+            except OSError:
+                return False
+
+        wait_for(up, timeout=90, what="live server")
+        searcher = threading.Thread(target=keep_searching, daemon=True)
+        searcher.start()
+        fake_gemini.embed_delay = 0.3
+        command = [sys.executable, "manage.py", "reembed", "--to", "gemini", "--dims", str(NEW_DIMS), "--batch", "2"]
+        first = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        for line in first.stderr:
+            if "->" in line and int(line.split(": ")[-1].split("/")[0]) >= 6:
+                break
+        os.killpg(first.pid, signal.SIGKILL)  # killed midway
+        first.wait(30)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM memories WHERE vector_next IS NOT NULL")
+            done = cursor.fetchone()[0]
+        assert 6 <= done < len(TOPICS) and _table_dims() == 384
+
+        second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 0, second.stderr
+        assert second.stdout.strip() == f"embedder gemini:{NEW_DIMS}"
+        assert _table_dims() == NEW_DIMS
+        switched_at = len(answers)
+        wait_for(lambda: len(answers) > switched_at + 20, timeout=60, what="searches after the switch")
+    finally:
+        stop.set()
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+    assert len(answers) > 40
+    assert all(answer == (200, "Alice's hobby is beekeeping") for answer in answers), sorted(set(answers))
+    # ...and the server embedded its queries with the new embedder after the switch, unrestarted.
+    queries = [r for r in fake_gemini.requests if "hobby beekeeping" in json.dumps(r["json"])]
+    assert queries
