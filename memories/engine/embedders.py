@@ -50,18 +50,20 @@ def _fresh() -> None:
 
 
 def embedder_spec_active() -> EmbedderSpec:
-    """The embedder whose vectors the table holds now."""
+    """The embedder whose vectors the table holds now: the database's record (cached for
+    ACTIVE_TTL_S) or, with none, the configured one (read afresh: settings may change)."""
     from memories.models import EmbedderState
 
     with _lock:
         _fresh()
-        if _cache["spec"] is not None and time.monotonic() - _cache["at"] < ACTIVE_TTL_S:
-            return _cache["spec"]  # type: ignore[no-any-return]
-    row = EmbedderState.objects.filter(pk=1).values_list("name", "dims").first()
-    spec = EmbedderSpec(row[0], int(row[1])) if row else embedder_spec_configured()
-    with _lock:
-        _cache.update(spec=spec, at=time.monotonic())
-    return spec
+        cached = _cache["at"] and time.monotonic() - _cache["at"] < ACTIVE_TTL_S
+        recorded: EmbedderSpec | None = _cache["spec"]
+    if not cached:
+        row = EmbedderState.objects.filter(pk=1).values_list("name", "dims").first()
+        recorded = EmbedderSpec(row[0], int(row[1])) if row else None
+        with _lock:
+            _cache.update(spec=recorded, at=time.monotonic())
+    return recorded or embedder_spec_configured()
 
 
 def embedder_spec_refresh() -> None:

@@ -84,9 +84,10 @@ def engine_reembed_progress() -> ReembedProgress:
 
     state = EmbedderState.objects.filter(pk=1).first()
     active = embedder_spec_active()
-    total = cast(int, _execute(sql.SQL("SELECT count(*) FROM {}").format(_table())).fetchone()[0])
     if state is None or not state.target_name or _shadow_dims() is None:
-        return ReembedProgress(active=active.label, target=None, done=0, total=total)
+        # Nothing under way: no counting (/healthz asks this; the table may be large).
+        return ReembedProgress(active=active.label, target=None, done=0, total=0)
+    total = cast(int, _execute(sql.SQL("SELECT count(*) FROM {}").format(_table())).fetchone()[0])
     done = _execute(sql.SQL("SELECT count(*) FROM {} WHERE {} IS NOT NULL").format(_table(), sql.Identifier(SHADOW)))
     target = EmbedderSpec(state.target_name, int(state.target_dims or 0))
     return ReembedProgress(active=active.label, target=target.label, done=int(done.fetchone()[0]), total=total)
