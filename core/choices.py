@@ -17,6 +17,9 @@ class Operation(models.TextChoices):
     DELETE_MEMORY = "delete_memory"
     LIST_MEMORY = "list_memory"
     CLEAR_ALL_MEMORY = "clear_all_memory"
+    # Taking all of a user's memories out, or bringing a file of them in: one billed call each.
+    EXPORT_MEMORIES = "export_memories"
+    IMPORT_MEMORIES = "import_memories"
     # A person opening one memory in the web UI: audited, not billed.
     GET_MEMORY = "get_memory"
     # The trash (issue 11): a person restores or deletes forever; the purge job too.

@@ -171,3 +171,21 @@ class IngestIntent(models.Model):
 
     def __str__(self) -> str:
         return f"ingest {self.request_id} {self.state}"
+
+
+class EmbedderState(models.Model):
+    """Which embedder made the vectors in the engine's table (one row, pk 1) and the
+    re-embedding under way, if any (issue 17, `manage.py reembed`). No row: the
+    configured EMBEDDER made them. Every process reads it, so a switch needs no restart."""
+
+    name = models.CharField(max_length=32)
+    dims = models.PositiveIntegerField()
+    target_name = models.CharField(max_length=32, blank=True)
+    target_dims = models.PositiveIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    switched_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        target = f" -> {self.target_name}:{self.target_dims}" if self.target_name else ""
+        return f"{self.name}:{self.dims}{target}"

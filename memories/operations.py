@@ -27,8 +27,10 @@ from memories.call_record import failures_audited
 from memories.services import (
     memory_clear_all,
     memory_delete,
+    memory_export,
     memory_forget_bulk,
     memory_get,
+    memory_import_file,
     memory_ingest,
     memory_list,
     memory_purge,
@@ -144,6 +146,14 @@ def _get(scope: MemoryScope, args: schemas.GetInput, call: CallContext) -> dict[
     return {"memory": memory_get(scope, memory_id=args.memory_id, call=call).as_dict()}
 
 
+def _export(scope: MemoryScope, args: schemas.ExportInput, call: CallContext) -> dict[str, Any]:
+    return memory_export(scope, file_format=args.format, call=call).as_dict()
+
+
+def _import(scope: MemoryScope, args: schemas.ImportInput, call: CallContext) -> dict[str, Any]:
+    return memory_import_file(scope, data=args.data, source=args.source, call=call).as_dict()
+
+
 OPERATIONS: dict[str, OperationDef] = {
     op.name: op
     for op in [
@@ -235,6 +245,29 @@ OPERATIONS: dict[str, OperationDef] = {
             schemas.MemoryOutput,
             _get,
             read_only=True,
+            idempotent=True,
+        ),
+        # Taking memories out and bringing them in (REST and the web UI; not MCP tools).
+        OperationDef(
+            "export_memories",
+            Operation.EXPORT_MEMORIES,
+            "Export memories",
+            "All of your memories with their history, as lossless JSONL or readable Markdown.",
+            schemas.ExportInput,
+            schemas.ExportOutput,
+            _export,
+            read_only=True,
+            idempotent=True,
+        ),
+        OperationDef(
+            "import_memories",
+            Operation.IMPORT_MEMORIES,
+            "Import memories",
+            "Bring in a memsite export, a mem0 export JSON or an OpenMemory export zip. Texts you already "
+            "have are skipped.",
+            schemas.ImportInput,
+            schemas.ImportOutput,
+            _import,
             idempotent=True,
         ),
         OperationDef(

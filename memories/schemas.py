@@ -425,6 +425,17 @@ class DatedListInput(ListInput):
         return value
 
 
+class ExportInput(StrictInput):
+    format: Literal["jsonl", "markdown"] = Field(default="jsonl", description="jsonl (lossless) or markdown (to read).")
+
+
+class ImportInput(StrictInput):
+    """Not an MCP tool: REST and the web UI pass the uploaded file's bytes."""
+
+    data: bytes = Field(description="The file's content.")
+    source: Literal["memsite", "mem0", "openmemory"] = "memsite"
+
+
 # --- outputs (each MCP tool's outputSchema) ---------------------------------------------------
 class MemoryOut(BaseModel):
     id: str
@@ -497,6 +508,19 @@ class ErrorResponse(BaseModel):
     """Every error of the REST API (and the structured content of an MCP error result)."""
 
     error: ErrorInfo
+
+
+class ExportOutput(BaseModel):
+    content: str
+    format: str
+    count: int = Field(description="How many memories the file holds.")
+
+
+class ImportOutput(BaseModel):
+    imported: int = Field(description="Memories added.")
+    duplicates: int = Field(description="Memories skipped because you already had the same text.")
+    expired: int = Field(default=0, description="Memories skipped because their expiry has passed.")
+    ids: list[str]
 
 
 def _describe(error: Any) -> str:

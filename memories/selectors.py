@@ -140,6 +140,21 @@ def memory_versions(scope: MemoryScope, *, memory_id: str) -> list[dict[str, Any
     )
 
 
+def memory_histories(scope: MemoryScope, *, memory_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The versions of the scope's memories (ids from the scope's own rows), oldest first."""
+    owned = set(memory_ids) & set(engine_memory_ids(scope))
+    versions: dict[str, list[dict[str, Any]]] = {memory_id: [] for memory_id in owned}
+    rows = (
+        MemoryHistory.objects.filter(memory_id__in=list(owned))
+        .order_by("recorded_at", "id")
+        .values("memory_id", "event", "old_memory", "new_memory", "created_at", "updated_at", "changed_by")
+    )
+    for row in rows:
+        version: dict[str, Any] = dict(row)
+        versions[version.pop("memory_id")].append(version)
+    return versions
+
+
 def memory_client_apps(scope: MemoryScope) -> list[str]:
     return engine_client_apps(scope)
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import hashlib
 import secrets
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.services import audit_failure, audit_record, audit_snapshot, audit_text
@@ -25,6 +25,7 @@ from core.scope import CallContext, MemoryScope
 from memories.call_record import call_succeeded
 from memories.cursors import CursorError, cursor_decode, cursor_encode
 from memories.engine import (
+    EmbeddedText,
     EngineError,
     EngineMemory,
     LlmUnavailable,
@@ -34,6 +35,7 @@ from memories.engine import (
     engine_delete_user_rows,
     engine_embed_text,
     engine_ingest,
+    engine_insert_imported,
     engine_insert_text,
     engine_lock_owned,
     engine_memories_page,
@@ -52,9 +54,17 @@ from memories.engine import (
     llm_configured,
 )
 from memories.models import ApiKey, ContentHash, IngestIntent, JobWatermark
+from memories.portability import (
+    EXPORT_FORMATS,
+    ExportRecord,
+    ImportItem,
+    export_jsonl,
+    export_markdown,
+    import_items_parse,
+)
 from memories.rate_limits import rate_limit_consume
 from memories.schemas import parse_instant
-from memories.selectors import MemoryView, decayed_score, memory_get_owned, memory_view
+from memories.selectors import MemoryView, decayed_score, memory_get_owned, memory_histories, memory_view
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 KEY_ID_BYTES = 6  # 12 hex chars: the public, unique lookup part
@@ -829,3 +839,229 @@ def memory_get(scope: MemoryScope, *, memory_id: str, call: CallContext) -> Memo
     view = memory_view(memory_get_owned(scope, memory_id=memory_id))
     audit_record(scope, call=call, operation=Operation.GET_MEMORY, memory_ids=[view.id])
     return view
+
+
+# --- export and import (issue 17) -----------------------------------------------------------
+EXPORT_PAGE_SIZE = 500
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class MemoryExport:
+    content: str
+    format: str
+    count: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"content": self.content, "format": self.format, "count": self.count}
+
+
+def memory_export(
+    scope: MemoryScope, *, file_format: str, call: CallContext, progress: Progress | None = None
+) -> MemoryExport:
+    """All of the scope's live memories with every field and their history: lossless
+    JSONL, or Markdown to read. The trash is not exported. One billed, audited call."""
+    if file_format not in EXPORT_FORMATS:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"format must be one of {', '.join(EXPORT_FORMATS)}")
+    rate_limit_consume(scope, operation=Operation.EXPORT_MEMORIES)
+    views: list[MemoryView] = []
+    after: tuple[str, str] | None = None
+    try:
+        while True:
+            page = engine_memories_page(scope, after=after, limit=EXPORT_PAGE_SIZE)
+            views += [memory_view(item) for item in page]
+            if progress:
+                progress(len(views), 0)
+            if len(page) < EXPORT_PAGE_SIZE:
+                break
+            after = (page[-1].created_at or "", page[-1].id)
+    except EngineError as exc:
+        raise backend_unavailable() from exc
+    histories = memory_histories(scope, memory_ids=[v.id for v in views])
+    records = [
+        ExportRecord(
+            id=v.id,
+            text=v.memory,
+            pinned=v.pinned,
+            metadata=v.metadata,
+            source=v.source,
+            client_app=v.client_app,
+            created_at=v.created_at,
+            updated_at=v.updated_at,
+            memory_type=v.memory_type,
+            tags=v.tags,
+            importance=v.importance,
+            agent_id=v.agent_id,
+            session_id=v.session_id,
+            expires_at=v.expires_at,
+            why_stored=v.why_stored,
+            last_recalled_at=v.last_recalled_at,
+            access_count=v.access_count,
+            history=histories.get(v.id, []),
+        )
+        for v in views
+    ]
+    exported_at = datetime.now(UTC).isoformat()
+    if file_format == "jsonl":
+        content = export_jsonl(records, exported_at=exported_at)
+    else:
+        content = export_markdown(records, exported_at=exported_at, username=call.actor_username or "you")
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.EXPORT_MEMORIES,
+            memory_ids=[r.id for r in records],
+            detail={"format": file_format, "memories": len(records)},
+        )
+    return MemoryExport(content=content, format=file_format, count=len(records))
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    imported: int
+    duplicates: int
+    expired: int
+    ids: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"imported": self.imported, "duplicates": self.duplicates, "expired": self.expired, "ids": self.ids}
+
+
+def memory_import_file(
+    scope: MemoryScope, *, data: bytes, source: str, call: CallContext, progress: Progress | None = None
+) -> ImportResult:
+    """Parse and validate the whole file first (a malformed or truncated one is refused
+    whole, nothing written), then import it."""
+    items = import_items_parse(
+        data=data, source=source, max_bytes=settings.IMPORT_MAX_BYTES, max_memories=settings.IMPORT_MAX_MEMORIES
+    )
+    return memory_import(scope, items=items, source=source, call=call, progress=progress)
+
+
+class _HashGone(Exception):
+    """A text known before the transaction lost its memory meanwhile: embed it, retry."""
+
+
+def _import_attrs(item: ImportItem) -> MemoryAttrs:
+    fields = item.fields
+    return MemoryAttrs(
+        memory_type=fields.get("memory_type") or MemoryAttrs.memory_type,
+        tags=tuple(fields.get("tags") or ()),
+        importance=MemoryAttrs.importance if fields.get("importance") is None else float(fields["importance"]),
+        agent_id=fields.get("agent_id"),
+        session_id=fields.get("session_id"),
+        expires_at=fields.get("expires_at"),
+        why_stored=fields.get("why_stored"),
+    )
+
+
+def memory_import(
+    scope: MemoryScope,
+    *,
+    items: list[ImportItem],
+    source: str,
+    call: CallContext,
+    progress: Progress | None = None,
+) -> ImportResult:
+    """Write validated items into the scope's memories with every field, keeping their
+    times, recall counters and history versions.
+
+    All or nothing: the texts are embedded first (outside any transaction; progress is
+    reported there), then every memory, history row and dedupe hash, the audit row and
+    the usage event commit in ONE transaction. Idempotent: a text the user already has
+    (the dedupe rule of `remember`), or one appearing twice in the file, is skipped, so
+    importing a file twice adds nothing. Memories whose expiry has passed are skipped."""
+    if len(items) > settings.IMPORT_MAX_MEMORIES:
+        raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"at most {settings.IMPORT_MAX_MEMORIES} memories per import")
+    rate_limit_consume(scope, operation=Operation.IMPORT_MEMORIES)
+    now = engine_timestamp(datetime.now(UTC))
+    expired = 0
+    wanted: dict[str, ImportItem] = {}
+    for item in items:
+        if item.fields.get("expires_at") and item.fields["expires_at"] <= now:
+            expired += 1
+        else:
+            wanted.setdefault(content_sha256(item.text), item)  # the first of equal texts wins
+    known = set(
+        ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256__in=list(wanted)).values_list(
+            "sha256", flat=True
+        )
+    )
+    embedded: dict[str, EmbeddedText] = {}
+    for _attempt in range(2):
+        todo = [digest for digest in wanted if digest not in known and digest not in embedded]
+        with _engine_errors():
+            for n, digest in enumerate(todo, start=1):
+                embedded[digest] = engine_embed_text(wanted[digest].text)
+                if progress:
+                    progress(n, len(todo))
+        try:
+            created = _import_write(
+                scope,
+                wanted=wanted,
+                embedded=embedded,
+                call=call,
+                counts={"source": source, "memories": len(items), "expired": expired},
+            )
+        except _HashGone:
+            known = set()
+            continue
+        duplicates = len(items) - expired - len(created)
+        return ImportResult(imported=len(created), duplicates=duplicates, expired=expired, ids=created)
+    raise backend_unavailable()
+
+
+def _import_write(
+    scope: MemoryScope,
+    *,
+    wanted: dict[str, ImportItem],
+    embedded: dict[str, EmbeddedText],
+    call: CallContext,
+    counts: dict[str, Any],
+) -> list[str]:
+    created: list[str] = []
+    try:
+        with _engine_errors(), transaction.atomic(), _attributed(call):
+            # One lock per user (not per text: thousands of advisory locks would overflow
+            # the lock table); a racing `remember` of the same text meets the hash's
+            # unique constraint and the whole import answers `conflict` (retry).
+            advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+            for digest, item in wanted.items():
+                if _hash_owner(scope, digest=digest) is not None:
+                    continue
+                if digest not in embedded:
+                    raise _HashGone()
+                memory_id = engine_insert_imported(
+                    scope,
+                    embedded=embedded[digest],
+                    metadata={
+                        **item.metadata,
+                        "pinned": item.pinned,
+                        "source": item.source,
+                        "client_app": item.client_app or scope.client_app,
+                    },
+                    attrs=_import_attrs(item),
+                    created_at=item.created_at,
+                    updated_at=item.updated_at,
+                    recall=(item.access_count, item.last_recalled_at),
+                    versions=item.versions,
+                )
+                ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
+                created.append(memory_id)
+            call_succeeded(
+                scope,
+                call=call,
+                operation=Operation.IMPORT_MEMORIES,
+                memory_ids=created,
+                detail={
+                    **counts,
+                    "imported": len(created),
+                    "duplicates": counts["memories"] - counts["expired"] - len(created),
+                },
+            )
+    except IntegrityError:
+        raise ServiceError(
+            ErrorCode.CONFLICT, "The same text was stored meanwhile; nothing was imported. Retry the import."
+        ) from None
+    return created

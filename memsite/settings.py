@@ -218,7 +218,12 @@ _RATE_DEFAULTS = {
     Operation.DELETE_MEMORY: "60/minute",
     Operation.LIST_MEMORY: "120/minute",
     Operation.CLEAR_ALL_MEMORY: "5/hour",
+    Operation.EXPORT_MEMORIES: "30/hour",
+    Operation.IMPORT_MEMORIES: "20/hour",
 }
+# Export/import of one user's memories: the largest file and the most memories one import takes.
+IMPORT_MAX_BYTES = env_int("IMPORT_MAX_BYTES", 20 * 1024 * 1024)
+IMPORT_MAX_MEMORIES = env_int("IMPORT_MAX_MEMORIES", 20_000)
 RATE_LIMITS = {op.value: env_rate(f"RATE_LIMIT_{op.value.upper()}", default) for op, default in _RATE_DEFAULTS.items()}
 
 # Deleted memories wait this many days in the user's trash (restorable); 0 deletes at once.

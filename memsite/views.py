@@ -4,7 +4,7 @@ from django.conf import settings
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
-from memories.engine import EngineError, engine_ping
+from memories.engine import EngineError, engine_ping, engine_reembed_progress
 from memsite.dbinfo import DatabaseInfo, database_info, vector_search_plan
 from memsite.models import WorkerHeartbeat
 from memsite.unavailable import RETRY_AFTER_S
@@ -52,8 +52,16 @@ def healthz(request):  # noqa: ARG001 - view signature
         "pgvector": info.pgvector_version if info else None,
         "vector_search_plan": vector_search_plan(info),
         "vector_index_min_rows": settings.SEARCH_INDEX_MIN_ROWS,
+        "embedder": None,
         "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
     }
+    if not failures:
+        # Which embedder made the vectors, and a re-embedding's progress (manage.py reembed).
+        progress = engine_reembed_progress()
+        body["embedder"] = progress.active
+        if progress.target:
+            body["reembed"] = progress.as_dict()
+        body["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
     if failures:
         body["failing"] = sorted(failures)
         body["errors"] = failures

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -121,8 +122,31 @@ class FakeOpenAI(FakeLLM):
         ]
 
 
+def fake_embedding(text: str, dims: int) -> list[float]:
+    """A deterministic bag-of-words vector (hashed words, unit length): texts sharing
+    words are near, so search over fake Gemini vectors still finds the right memory."""
+    vector = [0.0] * dims
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        vector[int(hashlib.sha256(word.encode()).hexdigest(), 16) % dims] += 1.0
+    norm = sum(x * x for x in vector) ** 0.5 or 1.0
+    return [x / norm for x in vector] if any(vector) else [1.0] + [0.0] * (dims - 1)
+
+
 class FakeGemini(FakeLLM):
+    embed_failures = 0  # answer this many embedding calls with a 500 (a crash mid-run)
+    embed_delay = 0.0  # seconds per embedding call (a run slow enough to be killed midway)
+
     def handle(self, method, path, headers, payload):
+        if method == "POST" and ":batchEmbedContents" in path:
+            time.sleep(self.embed_delay)
+            if self.embed_failures > 0:
+                self.embed_failures -= 1
+                return 500, {"error": {"code": 500, "message": "fake outage", "status": "INTERNAL"}}
+            embeddings = []
+            for request in (payload or {}).get("requests", []):
+                text = " ".join(p.get("text", "") for p in request.get("content", {}).get("parts", []))
+                embeddings.append({"values": fake_embedding(text, int(request.get("outputDimensionality") or 768))})
+            return 200, {"embeddings": embeddings}
         if method == "POST" and ":generateContent" in path:
             return 200, {
                 "candidates": [

@@ -32,6 +32,7 @@ def test_every_selector_runs_in_a_read_only_transaction(alice_scope, bob_scope):
     calls = {
         "memory_get_owned": lambda: selectors.memory_get_owned(alice_scope, memory_id=memory_id),
         "memory_versions": lambda: selectors.memory_versions(alice_scope, memory_id=memory_id),
+        "memory_histories": lambda: selectors.memory_histories(alice_scope, memory_ids=[memory_id]),
         "memory_client_apps": lambda: selectors.memory_client_apps(alice_scope),
         "memory_count": lambda: selectors.memory_count(alice_scope),
         "memory_ids_owned": lambda: selectors.memory_ids_owned(alice_scope),

@@ -3,7 +3,7 @@ import pytest
 pytestmark = pytest.mark.django_db
 
 
-def test_schema_lists_the_seven_operations(client):
+def test_schema_lists_the_seven_operations_and_export_import(client):
     response = client.get("/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert response.status_code == 200
     schema = response.json()
@@ -14,6 +14,7 @@ def test_schema_lists_the_seven_operations(client):
         "forget_memories", "list_trash", "restore_memory", "purge_memory",
         "v1_memory_store", "v1_memory_list", "v1_memory_search", "v1_memory_update", "v1_memory_delete",
         "v1_memory_forget",
+        "export_memories", "import_memories",
     }  # fmt: skip
     assert schema["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
     remember = schema["paths"]["/v1/memories"]["post"]["requestBody"]["content"]["application/json"]["schema"]
@@ -33,6 +34,9 @@ def test_every_operation_documents_its_errors_and_typed_bodies(client):
             expected = {"400", "401", "409", "413", "429", "503"} | ({"404"} if "{memory_id}" in path else set())
             assert expected <= set(responses), (path, method, sorted(responses))
             for status, response in responses.items():
+                if (path, status) == ("/v1/memories/export", "200"):  # a file download, not JSON
+                    assert set(response["content"]) == {"application/x-ndjson", "text/markdown"}
+                    continue
                 body = response["content"]["application/json"]["schema"]
                 if status.startswith(("4", "5")):
                     assert body == {"$ref": error_ref}, (path, method, status)

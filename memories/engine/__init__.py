@@ -3,6 +3,7 @@
 The rest of the code imports from here (`from memories.engine import ...`), never from
 mem0 and never a payload key; import-linter holds that line (pyproject.toml)."""
 
+from memories.engine.embedders import EmbedderSpec, embedder_spec_active, embedder_spec_configured
 from memories.engine.history_store import history_attribution
 from memories.engine.lifecycle import (
     engine_purge_due,
@@ -46,12 +47,22 @@ from memories.engine.payload import (
     engine_rows_owned,
     engine_timestamp,
 )
+from memories.engine.reembed import (
+    ReembedError,
+    ReembedProgress,
+    engine_reembed_abort,
+    engine_reembed_begin,
+    engine_reembed_fill,
+    engine_reembed_progress,
+    engine_reembed_switch,
+)
 from memories.engine.retrieval import hybrid_search
 from memories.engine.writes import (
     EmbeddedText,
     engine_delete_row,
     engine_delete_user_rows,
     engine_embed_text,
+    engine_insert_imported,
     engine_insert_text,
     engine_lock_owned,
     engine_purge_messages,
@@ -60,12 +71,23 @@ from memories.engine.writes import (
 )
 
 __all__ = [
+    "EmbedderSpec",
+    "embedder_spec_active",
+    "embedder_spec_configured",
+    "ReembedError",
+    "ReembedProgress",
+    "engine_reembed_abort",
+    "engine_reembed_begin",
+    "engine_reembed_fill",
+    "engine_reembed_progress",
+    "engine_reembed_switch",
     "DEFAULT_IMPORTANCE",
     "DEFAULT_MEMORY_TYPE",
     "EmbeddedText",
     "engine_delete_row",
     "engine_delete_user_rows",
     "engine_embed_text",
+    "engine_insert_imported",
     "engine_insert_text",
     "engine_lock_owned",
     "engine_rows_from_request",

@@ -64,6 +64,28 @@ def history_rows_add(records: list[dict[str, Any]]) -> None:
         MemoryHistory.objects.bulk_create([_history_row(r) for r in records])
 
 
+def history_versions_add(memory_id: str, versions: list[dict[str, Any]]) -> None:
+    """An imported memory's versions as they were (event, texts, times, who changed it),
+    in the caller's transaction; the import's request id ties them to the import call."""
+    request_id, changed_by = _attribution.get()
+    MemoryHistory.objects.bulk_create(
+        [
+            MemoryHistory(
+                request_id=request_id,
+                changed_by=(v.get("changed_by") or changed_by)[:300],
+                memory_id=memory_id,
+                old_memory=v.get("old_memory"),
+                new_memory=v.get("new_memory"),
+                event=v["event"],
+                created_at=v.get("created_at"),
+                updated_at=v.get("updated_at"),
+                is_deleted=v["event"] == "DELETE",
+            )
+            for v in versions
+        ]
+    )
+
+
 class PostgresHistoryStore:
     def add_history(
         self,

@@ -190,11 +190,12 @@ def _hide_dead_rows(vector_store: Any) -> None:
         setattr(vector_store, name, live_only)
 
 
-def _embedder_instrument(embedder: Any) -> None:
+def _embedder_instrument(embedder: Any, *, name: str | None = None) -> None:
     """Time every embedding (memsite_embed_duration_seconds), whichever embedder it is."""
-    embedder.embed = embedder_timed(embedder.embed, embedder=settings.EMBEDDER, kind="one")
+    name = name or settings.EMBEDDER
+    embedder.embed = embedder_timed(embedder.embed, embedder=name, kind="one")
     if hasattr(embedder, "embed_batch"):
-        embedder.embed_batch = embedder_timed(embedder.embed_batch, embedder=settings.EMBEDDER, kind="batch")
+        embedder.embed_batch = embedder_timed(embedder.embed_batch, embedder=name, kind="batch")
 
 
 def get_memory() -> Any:
@@ -269,7 +270,10 @@ def engine_ingest(
     commits on its own; rows carry `request_id` so a crashed call's rows can be found."""
     if not llm_configured():
         raise LlmUnavailable("no LLM is configured for ingest")
+    from memories.engine.embedders import embedder_active
+
     memory = get_memory()
+    memory.embedding_model = embedder_active()  # the embedder of the table's vectors now
     tagged = {**(metadata or {}), **({KEY_REQUEST_ID: request_id} if request_id else {})}
     result = _call(
         "ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=_with_attrs(tagged, attrs), infer=True
@@ -279,7 +283,9 @@ def engine_ingest(
 
 def engine_embed_query(text: str) -> list[float]:
     """The query vector the engine would search with."""
-    return cast(list[float], _call("embed", get_memory().embedding_model.embed, text, "search"))
+    from memories.engine.embedders import embedder_active
+
+    return cast(list[float], _call("embed", embedder_active().embed, text, "search"))
 
 
 def engine_get(memory_id: str) -> EngineMemory | None:
@@ -314,15 +320,18 @@ def engine_purge_user(scope: MemoryScope) -> None:
 
 def engine_ping() -> None:
     """Raise EngineError unless the engine can embed and reach its vector table."""
+    from memories.engine.embedders import embedder_for, embedder_spec_active
+
     memory = get_memory()
-    _call("embed", memory.embedding_model.embed, "ping", "search")
+    spec = embedder_spec_active()
+    _call("embed", embedder_for(spec).embed, "ping", "search")
     tables = _call("list_cols", memory.vector_store.list_cols)
     if settings.MEMORY_COLLECTION not in tables:
         raise EngineError(f"vector table {settings.MEMORY_COLLECTION!r} is missing; run migrate")
     with connections["default"].cursor() as cursor:
         dims = vector_table_dims(cursor, settings.MEMORY_COLLECTION)
-    if dims != settings.EMBEDDING_DIMS:
+    if dims != spec.dims:
         raise EngineError(
             f"vector table {settings.MEMORY_COLLECTION!r} holds {dims}-d vectors but the embedder "
-            f"makes {settings.EMBEDDING_DIMS}-d ones; re-create the table and re-embed"
+            f"makes {spec.dims}-d ones; re-embed (manage.py reembed)"
         )

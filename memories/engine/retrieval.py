@@ -30,11 +30,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 from psycopg import sql
 
 from core.metrics import engine_timed_function
 from core.scope import MemoryScope
+from memories.engine.embedders import embedder_spec_active, embedder_spec_refresh
 from memories.engine.mem0_adapter import engine_embed_query
 from memories.engine.payload import EngineMemory, engine_memory_from_row, engine_timestamp
 
@@ -66,12 +67,12 @@ def _owned_clause(filters: dict[str, Any] | None, *, owner_index: bool = True) -
 
 def _distance_operator() -> sql.SQL:
     # Our MiniLM vectors are unit length, so inner product ranks like cosine, for less work.
-    return sql.SQL("<#>" if settings.EMBEDDER == "local" else "<=>")
+    return sql.SQL("<#>" if embedder_spec_active().normalised else "<=>")
 
 
 def _similarity(column: str = "vector") -> sql.Composable:
     """Cosine similarity from the distance operator: -(inner product) or 1 - cosine distance."""
-    prefix = "-" if settings.EMBEDDER == "local" else "1 - "
+    prefix = "-" if embedder_spec_active().normalised else "1 - "
     return sql.SQL(prefix + "({} {} %s::vector)").format(sql.SQL(column), _distance_operator())
 
 
@@ -151,7 +152,7 @@ def vector_scores(
     plan = plan or vector_plan(scope)
     owned, params = _owned_clause(filters, owner_index=plan == EXACT)
     operator = _distance_operator()
-    negate = settings.EMBEDDER == "local"
+    negate = embedder_spec_active().normalised
     if plan == EXACT:
         # "+ 0" keeps the planner off the HNSW index: an ordering it cannot serve from the
         # index is an exact scan of the user's rows (found through the owner index).
@@ -299,7 +300,18 @@ def fuse_scores(
 
 @engine_timed_function("hybrid_search")  # memsite_engine_duration_seconds
 def hybrid_search(scope: MemoryScope, *, query: str, limit: int, filters: Filters = None) -> list[EngineMemory]:
-    """The best `limit` memories for `query`, each with its fused score."""
+    """The best `limit` memories for `query`, each with its fused score. A search that
+    raced a re-embedding switch (query vector of the old size) is retried once."""
+    try:
+        return _hybrid_search(scope, query=query, limit=limit, filters=filters)
+    except DataError as exc:
+        if "dimensions" not in str(exc) or connection.in_atomic_block:
+            raise
+        embedder_spec_refresh()
+        return _hybrid_search(scope, query=query, limit=limit, filters=filters)
+
+
+def _hybrid_search(scope: MemoryScope, *, query: str, limit: int, filters: Filters) -> list[EngineMemory]:
     candidates = max(limit, settings.SEARCH_CANDIDATES)
     use_vector = settings.SEARCH_VECTOR_WEIGHT > 0
     use_lexical = settings.SEARCH_LEXICAL_WEIGHT > 0

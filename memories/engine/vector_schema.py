@@ -58,26 +58,37 @@ def create_fulltext_column(schema_editor: Any) -> None:
     )
 
 
-def hnsw_opclass() -> str:
-    """The operator class matching retrieval's distance operator (inner product for our unit
-    length local vectors, cosine otherwise): the planner only uses an index whose operator
+def hnsw_opclass(*, normalised: bool | None = None) -> str:
+    """The operator class matching retrieval's distance operator (inner product for unit
+    length vectors, cosine otherwise): the planner only uses an index whose operator
     matches the ORDER BY."""
-    return "vector_ip_ops" if settings.EMBEDDER == "local" else "vector_cosine_ops"
+    if normalised is None:
+        normalised = settings.EMBEDDER == "local"
+    return "vector_ip_ops" if normalised else "vector_cosine_ops"
+
+
+def hnsw_index_name() -> str:
+    return f"{settings.MEMORY_COLLECTION}_vector_hnsw_idx"
+
+
+def hnsw_index_statement(*, normalised: bool | None = None) -> sql.Composed:
+    return sql.SQL(
+        "CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (vector {}) WITH (m = 16, ef_construction = 64)"
+    ).format(
+        sql.Identifier(hnsw_index_name()),
+        sql.Identifier(settings.MEMORY_COLLECTION),
+        sql.SQL(hnsw_opclass(normalised=normalised)),
+    )
 
 
 def create_hnsw_index(schema_editor: Any) -> None:
     """HNSW over every user's vectors, searched with a user filter and iterative scans
     (pgvector >= 0.8) for users large enough that an exact scan costs more."""
-    table = settings.MEMORY_COLLECTION
-    schema_editor.execute(
-        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (vector {}) WITH (m = 16, ef_construction = 64)")
-        .format(sql.Identifier(f"{table}_vector_hnsw_idx"), sql.Identifier(table), sql.SQL(hnsw_opclass()))
-        .as_string()
-    )
+    schema_editor.execute(hnsw_index_statement().as_string())
 
 
 def drop_hnsw_index(schema_editor: Any) -> None:
-    name = f"{settings.MEMORY_COLLECTION}_vector_hnsw_idx"
+    name = hnsw_index_name()
     schema_editor.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)).as_string())
 
 

@@ -28,11 +28,12 @@ from psycopg import sql
 
 from core.metrics import engine_timed_function
 from core.scope import MemoryScope
-from memories.engine.history_store import PostgresHistoryStore
+from memories.engine.history_store import PostgresHistoryStore, history_versions_add
 from memories.engine.mem0_adapter import EngineError, _call, get_memory
 from memories.engine.payload import (
     KEY_ATTRS,
     KEY_CREATED_AT,
+    KEY_RECALL,
     KEY_REQUEST_ID,
     KEY_TEXT,
     KEY_UPDATED_AT,
@@ -60,10 +61,12 @@ class EmbeddedText:
 
 def engine_embed_text(text: str) -> EmbeddedText:
     """The slow half of a write (embedding): call it before opening the transaction."""
-    memory = get_memory()  # first: it turns mem0's telemetry off before mem0 is imported
+    get_memory()  # first: it turns mem0's telemetry off before mem0 is imported
     from mem0.utils.lemmatization import lemmatize_for_bm25
 
-    vector = cast(list[float], _call("embed", memory.embedding_model.embed, text, "add"))
+    from memories.engine.embedders import embedder_active
+
+    vector = cast(list[float], _call("embed", embedder_active().embed, text, "add"))
     lemmatized = cast(str, _call("lemmatize", lemmatize_for_bm25, text))
     return EmbeddedText(text=text, vector=list(vector), lemmatized=lemmatized)
 
@@ -311,3 +314,51 @@ def _entities_purge(user_id: str) -> None:
             cursor.execute(statement.as_string(cursor.connection), [user_id])
     except Exception as exc:
         logger.warning("entity rows not purged: %s", type(exc).__name__)
+
+
+# --- import (issue 17) --------------------------------------------------------------------
+@engine_timed_function("add")  # memsite_engine_duration_seconds
+def engine_insert_imported(
+    scope: MemoryScope,
+    *,
+    embedded: EmbeddedText,
+    metadata: dict[str, Any] | None,
+    attrs: MemoryAttrs,
+    created_at: str | None,
+    updated_at: str | None,
+    recall: tuple[int, str | None] = (0, None),
+    versions: list[dict[str, Any]] | None = None,
+) -> str:
+    """Store an imported memory as `engine_insert_text` does, but keeping its creation and
+    update times, its recall counters and its history versions (written instead of a
+    fresh ADD row; none given -> one ADD at its creation time). Caller's transaction."""
+    _require_transaction()
+    memory_id = str(uuid.uuid4())
+    created = created_at or _now()
+    payload = {k: v for k, v in (metadata or {}).items() if k not in _IDENTITY_KEYS}
+    payload.update(
+        {
+            KEY_USER_ID: scope.engine_user_id,
+            "role": "user",
+            KEY_TEXT: embedded.text,
+            "hash": _md5(embedded.text),
+            KEY_CREATED_AT: created,
+            KEY_UPDATED_AT: updated_at or created,
+            "text_lemmatized": embedded.lemmatized,
+            KEY_ATTRS: attrs.as_payload(),
+        }
+    )
+    count, last = recall
+    if count or last:
+        payload[KEY_RECALL] = {"count": count, "at": last}
+    statement = sql.SQL("INSERT INTO {} (id, vector, payload) VALUES (%s, %s::vector, %s::jsonb)").format(_table())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            statement.as_string(cursor.connection),
+            [memory_id, _vector_literal(embedded.vector), json.dumps(payload)],
+        )
+    if versions:
+        history_versions_add(memory_id, versions)
+    else:
+        _history.add_history(memory_id, None, embedded.text, "ADD", created_at=created, updated_at=created, role="user")
+    return memory_id

@@ -6,9 +6,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -20,6 +23,9 @@ from core.scope import CallContext
 from memories import schemas
 from memories.operations import operation_execute
 from memories.selectors import memory_trash_list
+
+EXPORT_CONTENT_TYPES = {"jsonl": "application/x-ndjson", "markdown": "text/markdown"}
+EXPORT_FILE_NAMES = {"jsonl": "memories.jsonl", "markdown": "memories.md"}
 
 
 def _call(request) -> CallContext:
@@ -265,3 +271,78 @@ class TrashPurgeView(APIView):
     )
     def post(self, request):
         return Response(operation_execute(request.auth, "purge_memory", call=_call(request), arguments=_body(request)))
+
+
+def export_response(result: dict[str, Any]) -> HttpResponse:
+    """An export as a file download (REST and the web UI)."""
+    response = HttpResponse(result["content"], content_type=f"{EXPORT_CONTENT_TYPES[result['format']]}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{EXPORT_FILE_NAMES[result["format"]]}"'
+    response["X-Memory-Count"] = str(result["count"])
+    return response
+
+
+class MemoryExportView(APIView):
+    def perform_content_negotiation(self, request, force=False):
+        # `?format=` names the export's format here, not one of DRF's renderers.
+        return super().perform_content_negotiation(request, force=True)
+
+    @extend_schema(
+        operation_id="export_memories",
+        parameters=[OpenApiParameter("format", str, enum=["jsonl", "markdown"], description="default jsonl")],
+        responses={
+            (200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.STR, description="The JSONL file."),
+            (200, "text/markdown"): OpenApiResponse(OpenApiTypes.STR, description="The Markdown file."),
+            **_errors(*COMMON_ERRORS),
+        },
+    )
+    def get(self, request):
+        unknown = set(request.query_params) - {"format"}
+        if unknown:
+            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0]!r}")
+        arguments = {"format": request.query_params.get("format", "jsonl")}
+        return export_response(
+            operation_execute(request.auth, "export_memories", call=_call(request), arguments=arguments)
+        )
+
+
+class MemoryImportView(APIView):
+    # A multipart upload (field `file`); any other body is taken raw as the file itself.
+    parser_classes = [MultiPartParser]
+
+    @extend_schema(
+        operation_id="import_memories",
+        parameters=[
+            OpenApiParameter("from", str, enum=["memsite", "mem0", "openmemory"], description="default memsite")
+        ],
+        request={
+            "multipart/form-data": {"type": "object", "properties": {"file": {"type": "string", "format": "binary"}}}
+        },
+        responses={200: schemas.ImportOutput, **_errors(*COMMON_ERRORS)},
+    )
+    def post(self, request):
+        arguments = {"data": upload_bytes(request), "source": request.query_params.get("from", "memsite")}
+        return Response(operation_execute(request.auth, "import_memories", call=_call(request), arguments=arguments))
+
+
+def upload_bytes(request) -> bytes:
+    """The uploaded file (multipart field `file`) or, failing that, the raw request body."""
+    from django.conf import settings
+
+    too_large = ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"the file exceeds {settings.IMPORT_MAX_BYTES} bytes")
+    try:
+        if request.content_type.startswith("multipart/"):
+            upload = request.FILES.get("file")
+            if upload is None:
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "send the file in the multipart field 'file'")
+            if upload.size > settings.IMPORT_MAX_BYTES:
+                raise too_large
+            return upload.read()
+        # Read the stream ourselves: `request.body` stops at DATA_UPLOAD_MAX_MEMORY_SIZE
+        # (2.5 MB), far below the import limit.
+        stream = request.stream
+        data = stream.read(settings.IMPORT_MAX_BYTES + 1) if stream is not None else b""
+        if len(data) > settings.IMPORT_MAX_BYTES:
+            raise too_large
+        return data
+    except RequestDataTooBig:
+        raise too_large from None

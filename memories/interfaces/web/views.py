@@ -10,7 +10,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -380,3 +380,57 @@ def api_key_revoke_view(request, key_id: str):
 def usage(request):
     rows = usage_by_day(_scope(request), days=30)
     return render(request, "web/usage.html", {"rows": rows})
+
+
+EXPORT_DOWNLOADS = {"jsonl": ("application/x-ndjson", "memories.jsonl"), "markdown": ("text/markdown", "memories.md")}
+IMPORT_SOURCES = (
+    ("memsite", "a memsite export (.jsonl)"),
+    ("mem0", "a mem0 export (.json)"),
+    ("openmemory", "an OpenMemory export (.zip)"),
+)
+
+
+@login_required
+@require_GET
+def data_page(request):
+    """Your data: download all memories, or bring in a file from memsite, mem0 or OpenMemory."""
+    return render(request, "web/data.html", {"sources": IMPORT_SOURCES, "max_bytes": settings.IMPORT_MAX_BYTES})
+
+
+@login_required
+@require_GET
+def data_export(request):
+    try:
+        result = _execute(request, "export_memories", {"format": request.GET.get("format", "jsonl")})
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+        return redirect("web-data")
+    content_type, filename = EXPORT_DOWNLOADS[result["format"]]
+    response = HttpResponse(result["content"], content_type=f"{content_type}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+@login_required
+@require_POST
+def data_import(request):
+    upload = request.FILES.get("file")
+    if upload is None:
+        messages.error(request, "Choose a file to import.")
+        return redirect("web-data")
+    if upload.size > settings.IMPORT_MAX_BYTES:
+        messages.error(request, f"The file exceeds {settings.IMPORT_MAX_BYTES} bytes; nothing was imported.")
+        return redirect("web-data")
+    try:
+        result = _execute(
+            request, "import_memories", {"data": upload.read(), "source": request.POST.get("source", "memsite")}
+        )
+    except ServiceError as exc:
+        messages.error(request, f"Nothing was imported: {exc.message}")
+        return redirect("web-data")
+    messages.success(
+        request,
+        f"Imported {result['imported']} memories; {result['duplicates']} you already had were skipped."
+        + (f" {result['expired']} had already expired and were left out." if result.get("expired") else ""),
+    )
+    return redirect("web-data")
