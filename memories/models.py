@@ -171,3 +171,27 @@ class IngestIntent(models.Model):
 
     def __str__(self) -> str:
         return f"ingest {self.request_id} {self.state}"
+
+
+class SessionEvent(models.Model):
+    """One raw item (Responses-style message, function_call or function_call_output) of an
+    agent session's event log, in order. Scoped by the engine user id, like memories;
+    `project` and `session_id` narrow inside the user's log. Issue 13 (seed 002)."""
+
+    engine_user_id = models.CharField(max_length=255)
+    project = models.CharField(max_length=128, blank=True, default="")
+    session_id = models.CharField(max_length=128)
+    turn_id = models.CharField(max_length=128, blank=True, default="")
+    item = models.JSONField()
+    # sha256 of the item's role + content + metadata (the dedupe window compares it).
+    item_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["engine_user_id", "project", "session_id", "id"], name="session_event_order"),
+            models.Index(fields=["created_at"], name="session_event_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} #{self.pk}"
