@@ -388,3 +388,19 @@ def test_lifecycle_results_validate_against_their_output_schemas(alice, clean_ve
     assert set(calls) == set(schemas)
     for name, arguments in calls.items():
         jsonschema.validate(run(alice, name, **arguments), schemas[name])
+
+
+def test_nightly_maintenance_runs_every_active_session_unbilled(alice, bob, alice_scope, monkeypatch, clean_vectors):
+    from billing.models import UsageEvent
+    from memories.tasks import turns_maintenance_nightly
+
+    turn(alice, "a1", "t", "I prefer tea.")
+    turn(bob, "b1", "t", "I prefer coffee.")
+    SessionState.objects.filter(session_id="b1").update(last_active_at=timezone.now() - timedelta(days=30))
+    monkeypatch.setattr(turns, "_now", lambda: timezone.now() + timedelta(days=2))
+    usage = UsageEvent.objects.count()
+    assert turns_maintenance_nightly.apply().get() == 1  # bob's session is not active
+    assert UsageEvent.objects.count() == usage
+    assert AuditEvent.objects.filter(operation="memory_run_maintenance", outcome="ok").count() == 1
+    assert SessionArchive.objects.filter(session_id="a1").exists()
+    assert not SessionArchive.objects.filter(session_id="b1").exists()
