@@ -27,7 +27,7 @@ def lifecycle(memsite_server: str, token: str) -> McpCaller:
     return caller
 
 
-def test_sdk_client_runs_several_turns_of_one_session(memsite_server, alice_key, bob_key):
+def test_sdk_client_runs_several_turns_of_one_session(memsite_server, memsite_server_process, alice_key, bob_key):
     mcp = lifecycle(memsite_server, alice_key)
     tools = mcp.run(lambda client: client.list_tools())
     assert {t.name for t in tools.tools} == {
@@ -87,6 +87,10 @@ def test_sdk_client_runs_several_turns_of_one_session(memsite_server, alice_key,
     seven = McpCaller(memsite_server, alice_key).run(lambda client: client.list_tools())
     assert not {t.name for t in seven.tools} & {"memory_before_turn", "memory_after_turn"}
     assert SessionEvent.objects.filter(session_id="chat").count() == 6
+    # Turn content never reaches the server's log.
+    log = memsite_server_process["log"].read_text(errors="replace")
+    assert "memory_after_turn" in log
+    assert not any(text in log for text in [*said, "Haskell", "Answer 2"])
 
 
 def test_prefetch_route(api_client, alice_key, bob_key, alice, clean_vectors):
