@@ -6,6 +6,7 @@ mem0 and never a payload key; import-linter holds that line (pyproject.toml)."""
 from memories.engine.embedders import EmbedderSpec, embedder_spec_active, embedder_spec_configured
 from memories.engine.history_store import history_attribution
 from memories.engine.lifecycle import (
+    engine_expired_owned,
     engine_purge_due,
     engine_recalls_fold,
     engine_restore,
@@ -129,4 +130,5 @@ __all__ = [
     "history_attribution",
     "hybrid_search",
     "llm_configured",
+    "engine_expired_owned",
 ]
