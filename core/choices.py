@@ -30,6 +30,10 @@ class Operation(models.TextChoices):
     ADMIN_RETRY_USAGE_EVENTS = "admin_retry_usage_events"
     # A request without a valid credential (sampled: the first per ip per minute).
     AUTHENTICATE = "authenticate"
+    # The chat proxy (issue 15): one billed call per answered chat completion.
+    CHAT_COMPLETION = "chat_completion"
+    # A chat proxy key's upstream configuration saved or deleted (owner or staff).
+    PROXY_TOKEN_CONFIG = "proxy_token_config"  # noqa: S105 - an operation name
 
 
 MEMORY_TOOL_OPERATIONS: tuple[Operation, ...] = (
@@ -49,6 +53,7 @@ class Channel(models.TextChoices):
     UI = "ui"
     ADMIN = "admin"
     INTERNAL = "internal"
+    PROXY = "proxy"
 
 
 class MemoryType(models.TextChoices):

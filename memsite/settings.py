@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "memories",
     "billing",
     "audit",
+    "proxy",
 ]
 
 MIDDLEWARE = [
@@ -210,6 +211,7 @@ _RATE_DEFAULTS = {
     Operation.DELETE_MEMORY: "60/minute",
     Operation.LIST_MEMORY: "120/minute",
     Operation.CLEAR_ALL_MEMORY: "5/hour",
+    Operation.CHAT_COMPLETION: "120/minute",
 }
 RATE_LIMITS = {op.value: env_rate(f"RATE_LIMIT_{op.value.upper()}", default) for op, default in _RATE_DEFAULTS.items()}
 
@@ -391,3 +393,20 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Samples of every process are summed through PROMETHEUS_MULTIPROC_DIR (the launcher
 # sets it to DATA_DIR/metrics and empties it at start).
 METRICS_TOKEN = env_str("METRICS_TOKEN")
+
+# --- Chat proxy (issue 15, seed 004) ------------------------------------------------
+# Keys without their own configuration (admin API /v1/admin/tokens, or the API-key page)
+# forward to this OpenAI-compatible upstream; unset: such keys get 401 on the proxy.
+CHAT_UPSTREAM_BASE_URL = env_str("CHAT_UPSTREAM_BASE_URL", "")
+CHAT_UPSTREAM_API_KEY = env_str("CHAT_UPSTREAM_API_KEY", "")
+# Fernet key for upstream API keys at rest (`Fernet.generate_key()`); derived from
+# SECRET_KEY when unset (set it in production so a SECRET_KEY rotation keeps them).
+PROXY_ENCRYPTION_KEY = env_str("PROXY_ENCRYPTION_KEY", "")
+PROXY_MEMORY_TEMPLATE_PATH = env_path("PROXY_MEMORY_TEMPLATE_PATH", BASE_DIR / "proxy" / "memory_template.md")
+PROXY_MEMORY_SEARCH_TIMEOUT_S = env_float("PROXY_MEMORY_SEARCH_TIMEOUT_S", 30.0, minimum=0.01)
+PROXY_MEMORY_STORE_TIMEOUT_S = env_float("PROXY_MEMORY_STORE_TIMEOUT_S", 120.0, minimum=0.1)
+PROXY_UPSTREAM_TIMEOUT_S = env_float("PROXY_UPSTREAM_TIMEOUT_S", 120.0, minimum=0.1)
+PROXY_UPSTREAM_CONNECT_TIMEOUT_S = env_float("PROXY_UPSTREAM_CONNECT_TIMEOUT_S", 10.0, minimum=0.1)
+# Session messages compared for duplicates before a turn is stored (seed 004: 200).
+PROXY_DEDUPE_WINDOW = env_int("PROXY_DEDUPE_WINDOW", 200, minimum=0)
+CELERY_BEAT_SCHEDULE["proxy-turns-sweep"] = {"task": "proxy.turns_sweep", "schedule": 60.0}
