@@ -117,10 +117,11 @@ def chat_call_finish(
     answer: dict[str, Any] | None,
     memory_ids: list[str],
     history_items: int,
-) -> None:
+) -> int | None:
     """After the upstream answered. One transaction: the audit row (content as hashes),
     and for a 2xx answer the usage event, the turn in the session log (duplicates
-    skipped) and the extraction outbox row, whose task is enqueued on commit."""
+    skipped) and the extraction outbox row. Returns that row's pk: the caller enqueues
+    it off the answer's path (`proxy_turn_enqueue`); the sweep enqueues any it missed."""
     detail = {
         "upstream_status": status,
         "stream": stream,
@@ -145,7 +146,7 @@ def chat_call_finish(
                 memory_ids=memory_ids,
                 detail=detail,
             )
-            return
+            return None
         new_messages = [*request_messages, *([answer] if answer else [])]
         stored = session_events_append(
             scope,
@@ -156,6 +157,7 @@ def chat_call_finish(
         )
         detail["session_items_stored"] = stored
         extract = [m for m in turn_items(new_messages) if m.get("type") == "message"]
+        turn_pk = None
         if extract:
             turn = ProxyTurn.objects.create(
                 request_id=call.request_id,
@@ -165,15 +167,22 @@ def chat_call_finish(
                 session_id=session_id,
                 messages=[{"role": m["role"], "content": _plain(m["content"])} for m in extract[-2:]],
             )
-            transaction.on_commit(lambda: _enqueue(turn.pk))
+            turn_pk = turn.pk
         usage_event_record(scope, operation=Operation.CHAT_COMPLETION, call=call)
         audit_record(scope, call=call, operation=Operation.CHAT_COMPLETION, memory_ids=memory_ids, detail=detail)
+    return turn_pk
 
 
 def _plain(content: Any) -> str:
     if isinstance(content, list):
         return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return content if isinstance(content, str) else ""
+
+
+def proxy_turn_enqueue(*, turn_pk: int) -> None:
+    """Hand a committed turn to the worker (publishing costs a broker round trip, so the
+    view calls this after the answer went out)."""
+    _enqueue(turn_pk)
 
 
 def _enqueue(turn_pk: int) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import weakref
 from typing import Any
 
 import httpx
@@ -48,6 +49,21 @@ HOP_HEADERS = {
     "date",
     "server",
 }
+
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+_background: set[asyncio.Task] = set()
+
+
+def _upstream_client() -> httpx.AsyncClient:
+    """One pooled client per event loop: no TLS context or connection set-up per call."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        timeout = httpx.Timeout(settings.PROXY_UPSTREAM_TIMEOUT_S, connect=settings.PROXY_UPSTREAM_CONNECT_TIMEOUT_S)
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+        client = _clients[loop] = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+    return client
 
 
 def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -140,15 +156,13 @@ async def _forward(
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
     if caller.config.api_key:
         headers["Authorization"] = f"Bearer {caller.config.api_key}"
-    timeout = httpx.Timeout(settings.PROXY_UPSTREAM_TIMEOUT_S, connect=settings.PROXY_UPSTREAM_CONNECT_TIMEOUT_S)
-    client = httpx.AsyncClient(timeout=timeout, trust_env=False)
+    client = _upstream_client()
     try:
         request = client.build_request(
             "POST", caller.config.completions_url, content=json.dumps(payload).encode(), headers=headers
         )
         upstream = await client.send(request, stream=True)
     except httpx.HTTPError:
-        await client.aclose()
         logger.warning("chat upstream unreachable")
         raise upstream_unreachable() from None
     answer = Answer()
@@ -171,7 +185,6 @@ async def _forward(
             raise upstream_unreachable() from None
         finally:
             await upstream.aclose()
-            await client.aclose()
         if ok:
             # Passed through as is either way; an unparsable answer just is not stored.
             with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
@@ -191,7 +204,6 @@ async def _forward(
             logger.warning("chat upstream stream broke off")
         finally:
             await upstream.aclose()
-            await client.aclose()
             # The answer is complete (or the client left): record after the last byte.
             await asyncio.shield(_finish(caller, answer, finish))
 
@@ -207,9 +219,14 @@ async def _finish(caller: services.ChatCaller, answer: Answer, finish: dict[str,
     # The stream ends after the request's middleware returned: bind its id again.
     with request_id_bound(rid, claimable=False) if bound is None else _noop():
         try:
-            await _thread(services.chat_call_finish, caller, answer=answer.as_message(), **finish)
+            turn_pk = await _thread(services.chat_call_finish, caller, answer=answer.as_message(), **finish)
         except Exception:
             logger.exception("could not record the chat call")
+            return
+    if turn_pk is not None:
+        task = asyncio.get_running_loop().create_task(_thread(services.proxy_turn_enqueue, turn_pk=turn_pk))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
 
 
 class _noop:
