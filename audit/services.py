@@ -152,3 +152,14 @@ def auth_failure_windows_prune(*, older_than_days: int = 30) -> int:
     cutoff = timezone.now() - timedelta(days=older_than_days)
     deleted, _ = AuthFailureWindow.objects.filter(window_start__lt=cutoff).delete()
     return deleted
+
+
+# Issue 13: the turn lifecycle's calls are turn events too.
+TURN_EVENTS.update(
+    {
+        Operation.MEMORY_BEFORE_TURN: AuditEvent.TurnEvent.RECALL,
+        Operation.MEMORY_AFTER_TURN: AuditEvent.TurnEvent.WRITE,
+        Operation.MEMORY_RUN_TURN: AuditEvent.TurnEvent.RECALL,
+        Operation.MEMORY_PREFETCH: AuditEvent.TurnEvent.RECALL,
+    }
+)

@@ -30,6 +30,14 @@ class Operation(models.TextChoices):
     ADMIN_RETRY_USAGE_EVENTS = "admin_retry_usage_events"
     # A request without a valid credential (sampled: the first per ip per minute).
     AUTHENTICATE = "authenticate"
+    # The agent turn lifecycle (issue 13, seed 002) and seed 001's prefetch.
+    MEMORY_BEFORE_TURN = "memory_before_turn"
+    MEMORY_AFTER_TURN = "memory_after_turn"
+    MEMORY_RUN_MAINTENANCE = "memory_run_maintenance"
+    MEMORY_LIST_DIR_WITH_ABSTRACT = "memory_list_dir_with_abstract"
+    MEMORY_RUN_TURN = "memory_run_turn"
+    MEMORY_PREFETCH = "memory_prefetch"
+    DELETE_SESSION_EVENTS = "delete_session_events"
     # The chat proxy (issue 15): one billed call per answered chat completion.
     CHAT_COMPLETION = "chat_completion"
     # A chat proxy key's upstream configuration saved or deleted (owner or staff).

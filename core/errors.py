@@ -18,6 +18,7 @@ class ErrorCode(models.TextChoices):
     CONFLICT = "conflict"
     UNAUTHENTICATED = "unauthenticated"
     FORBIDDEN = "forbidden"
+    RESOURCE_BUSY = "resource_busy"  # retryable: the same turn or session is being processed
 
 
 HTTP_STATUS = {
@@ -31,6 +32,7 @@ HTTP_STATUS = {
     ErrorCode.CONFLICT: 409,
     ErrorCode.UNAUTHENTICATED: 401,
     ErrorCode.FORBIDDEN: 403,
+    ErrorCode.RESOURCE_BUSY: 409,
 }
 
 

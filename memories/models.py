@@ -171,3 +171,103 @@ class IngestIntent(models.Model):
 
     def __str__(self) -> str:
         return f"ingest {self.request_id} {self.state}"
+
+
+class SessionEvent(models.Model):
+    """One raw item (Responses-style message, function_call or function_call_output) of an
+    agent session's event log, in order. Scoped by the engine user id, like memories;
+    `project` and `session_id` narrow inside the user's log. Issue 13 (seed 002)."""
+
+    engine_user_id = models.CharField(max_length=255)
+    project = models.CharField(max_length=128, blank=True, default="")
+    session_id = models.CharField(max_length=128)
+    turn_id = models.CharField(max_length=128, blank=True, default="")
+    item = models.JSONField()
+    # sha256 of the item's role + content + metadata (the dedupe window compares it).
+    item_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["engine_user_id", "project", "session_id", "id"], name="session_event_order"),
+            models.Index(fields=["created_at"], name="session_event_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} #{self.pk}"
+
+
+class TurnGuard(models.Model):
+    """Exactly-once `memory_after_turn` (seed 002 §7.2): one row per (user, project,
+    session, turn_id). Committed as `processing` before the slow work; the commit
+    transaction turns it `done` together with the turn's events and facts."""
+
+    class State(models.TextChoices):
+        PROCESSING = "processing"
+        DONE = "done"
+
+    engine_user_id = models.CharField(max_length=255)
+    project = models.CharField(max_length=128, blank=True, default="")
+    session_id = models.CharField(max_length=128)
+    turn_id = models.CharField(max_length=128)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PROCESSING)
+    # The request that owns a `processing` row (a stale one is taken over by a retry).
+    owner = models.CharField(max_length=64)
+    fact_ids = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["engine_user_id", "project", "session_id", "turn_id"], name="turn_guard_unique"
+            )
+        ]
+        indexes = [models.Index(fields=["engine_user_id", "project", "session_id", "state", "updated_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}/{self.turn_id} {self.state}"
+
+
+class SessionState(models.Model):
+    """One agent session's metadata: its summary (abstract and overview, refreshed by
+    maintenance) and when it was last active (the nightly maintenance picks active ones)."""
+
+    engine_user_id = models.CharField(max_length=255)
+    project = models.CharField(max_length=128, blank=True, default="")
+    session_id = models.CharField(max_length=128)
+    abstract = models.TextField(blank=True, default="")
+    overview = models.TextField(blank=True, default="")
+    summary_updated_at = models.DateTimeField(null=True, blank=True)
+    last_active_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["engine_user_id", "project", "session_id"], name="session_state_unique")
+        ]
+        indexes = [models.Index(fields=["last_active_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.project}/{self.session_id}"
+
+
+class SessionArchive(models.Model):
+    """Raw session events compacted by maintenance: the items, in order, with a
+    deterministic digest. Created in the transaction that deletes the raw events, so a
+    killed run leaves either the events or the archive, never both or neither."""
+
+    engine_user_id = models.CharField(max_length=255)
+    project = models.CharField(max_length=128, blank=True, default="")
+    session_id = models.CharField(max_length=128)
+    first_event_id = models.BigIntegerField()
+    last_event_id = models.BigIntegerField()
+    items = models.JSONField(default=list)
+    digest = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["engine_user_id", "project", "session_id", "first_event_id"])]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} archive {self.first_event_id}-{self.last_event_id}"

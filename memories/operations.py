@@ -338,3 +338,161 @@ def _turn_id(arguments: Any) -> str:
         return ""
     value = metadata.get("turn_id") or metadata.get("session_id")
     return value[:128] if isinstance(value, str) and not text_problem(value) else ""
+
+
+# --- The agent turn lifecycle (issue 13, seed 002) and prefetch (seed 001) --------------------
+def _turn_operations() -> list[OperationDef]:
+    from memories.turns import schemas as turn_schemas
+    from memories.turns import services as turns
+
+    def before(scope: MemoryScope, args: Any, call: CallContext) -> dict[str, Any]:
+        return turns.turn_before(
+            scope,
+            project=args.project,
+            session_id=args.session_id,
+            turn_id=args.turn_id,
+            current_input=args.current_input,
+            base_instructions=args.base_instructions,
+            max_input_tok=args.max_input_tok,
+            call=call,
+        )
+
+    def after(scope: MemoryScope, args: Any, call: CallContext) -> dict[str, Any]:
+        return turns.turn_after(
+            scope,
+            project=args.project,
+            session_id=args.session_id,
+            turn_id=args.turn_id,
+            input_items=args.input_items,
+            output_items=args.output_items,
+            call=call,
+        )
+
+    def maintenance(scope: MemoryScope, args: Any, call: CallContext) -> dict[str, Any]:
+        return turns.turn_maintenance_run(scope, project=args.project, session_id=args.session_id, call=call)
+
+    def list_dir(scope: MemoryScope, args: Any, call: CallContext) -> dict[str, Any]:
+        return turns.turn_dir_list(
+            scope,
+            project=args.project,
+            session_id=args.session_id,
+            path=args.path,
+            depth=args.depth,
+            limit=args.limit,
+            call=call,
+        )
+
+    def run_turn(scope: MemoryScope, args: Any, call: CallContext) -> dict[str, Any]:
+        return turns.turn_run(
+            scope,
+            project=args.project,
+            session_id=args.session_id,
+            turn_id=args.turn_id,
+            current_input=args.current_input,
+            base_instructions=args.base_instructions,
+            max_input_tok=args.max_input_tok,
+            call=call,
+        )
+
+    def prefetch(scope: MemoryScope, args: Any, call: CallContext) -> dict[str, Any]:
+        return turns.memory_prefetch(
+            scope,
+            query=args.query,
+            messages=[m.model_dump() for m in args.messages],
+            limit=args.limit,
+            project=args.project,
+            call=call,
+        )
+
+    def delete_events(scope: MemoryScope, args: Any, call: CallContext) -> dict[str, Any]:
+        deleted = turns.session_events_delete(scope, project=args.project, session_id=args.session_id, call=call)
+        return {"deleted": deleted}
+
+    s = turn_schemas
+    return [
+        OperationDef(
+            "memory_before_turn",
+            Operation.MEMORY_BEFORE_TURN,
+            "Prepare a turn's model input",
+            "Call before each model turn with the new input items (Responses-style). Returns input_items to send "
+            "to the model: a block of relevant remembered facts, the session's summary and recent context, then "
+            "the current input (older context is compacted past compact_threshold x max_input_tok), with "
+            "recall_fact_ids and context_token_count.",
+            s.BeforeTurnInput,
+            s.BeforeTurnOutput,
+            before,
+            read_only=True,
+        ),
+        OperationDef(
+            "memory_after_turn",
+            Operation.MEMORY_AFTER_TURN,
+            "Commit a finished turn",
+            "Call after each model turn with its input_items and output_items: stores them in the session's log "
+            "and extracts durable facts (tiered: l1 a day, l2 a week, long-term). Exactly once per turn_id: a "
+            "retry answers duplicate=true; resource_busy means the turn or session is busy, retry shortly.",
+            s.AfterTurnInput,
+            s.AfterTurnOutput,
+            after,
+            idempotent=True,
+        ),
+        OperationDef(
+            "memory_run_maintenance",
+            Operation.MEMORY_RUN_MAINTENANCE,
+            "Run memory maintenance",
+            "Compact old raw events into archives, drop facts past their tier's retention, refresh session "
+            "summaries and merge near-duplicate facts. For one session, or every session of the project. Safe to "
+            "re-run.",
+            s.MaintenanceInput,
+            s.MaintenanceOutput,
+            maintenance,
+            idempotent=True,
+        ),
+        OperationDef(
+            "memory_list_dir_with_abstract",
+            Operation.MEMORY_LIST_DIR_WITH_ABSTRACT,
+            "List what memory keeps",
+            "The memory tree (sessions' meta, events and archives; fact tiers) under path, depth levels deep, "
+            "each entry with its abstract, updated_at and has_overview.",
+            s.ListDirInput,
+            s.ListDirOutput,
+            list_dir,
+            read_only=True,
+            idempotent=True,
+        ),
+        OperationDef(
+            "memory_run_turn",
+            Operation.MEMORY_RUN_TURN,
+            "Start a server-orchestrated turn",
+            "memory_before_turn plus an operation_token: send the model's output later with memory_after_turn "
+            "(turn_id = operation_token, input_items = the current input, output_items = the output).",
+            s.RunTurnInput,
+            s.RunTurnOutput,
+            run_turn,
+            read_only=True,
+        ),
+        OperationDef(
+            "memory_prefetch",
+            Operation.MEMORY_PREFETCH,
+            "Prefetch notes",
+            "Relevant memories for a query or messages, as a ready-to-inject notes block and the memories.",
+            s.PrefetchInput,
+            s.PrefetchOutput,
+            prefetch,
+            read_only=True,
+            idempotent=True,
+        ),
+        OperationDef(
+            "delete_session_events",
+            Operation.DELETE_SESSION_EVENTS,
+            "Delete a session's raw events",
+            "Delete one session's raw events and archives (the facts extracted from it stay).",
+            s.DeleteSessionEventsInput,
+            s.DeleteSessionEventsOutput,
+            delete_events,
+            destructive=True,
+            idempotent=True,
+        ),
+    ]
+
+
+OPERATIONS.update({op.name: op for op in _turn_operations()})

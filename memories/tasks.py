@@ -29,3 +29,11 @@ def ingest_intents_reconcile() -> dict[str, int]:
     from memories.services import ingest_intents_reconcile as reconcile
 
     return reconcile()
+
+
+@shared_task(name="memories.turns_maintenance_nightly", autoretry_for=(Exception,), retry_backoff=True, max_retries=3)
+def turns_maintenance_nightly() -> int:
+    """Issue 13: maintenance of every recently active agent session (safe to re-run)."""
+    from memories.turns.services import turn_maintenance_nightly
+
+    return turn_maintenance_nightly()

@@ -394,6 +394,52 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # sets it to DATA_DIR/metrics and empties it at start).
 METRICS_TOKEN = env_str("METRICS_TOKEN")
 
+# --- Agent turn lifecycle (issue 13, seed 002 §9) ------------------------------------------
+# The one switch: serve the memory-lifecycle toolset at /engines/memory-lifecycle/mcp.
+MCP_MEMORY_ENABLED = env_bool("MCP_MEMORY_ENABLED", True)
+MCP_MEMORY_RECENT_CONTEXT_ITEMS = env_int("MCP_MEMORY_RECENT_CONTEXT_ITEMS", 30, minimum=0)
+MCP_MEMORY_RECALL_FACTS_LIMIT = env_int("MCP_MEMORY_RECALL_FACTS_LIMIT", 20, minimum=0)
+# Seed 002's storage-search chunk count; here: how many notes prefetch returns by default.
+MCP_MEMORY_SEARCH_LIMIT = env_int("MCP_MEMORY_SEARCH_LIMIT", 5, minimum=1)
+MCP_MEMORY_COMPACT_THRESHOLD = env_float("MCP_MEMORY_COMPACT_THRESHOLD", 0.8, minimum=0.05)
+MCP_MEMORY_L1_RETENTION_DAYS = env_int("MCP_MEMORY_L1_RETENTION_DAYS", 1, minimum=1)
+MCP_MEMORY_L2_RETENTION_DAYS = env_int("MCP_MEMORY_L2_RETENTION_DAYS", 7, minimum=1)
+MCP_MEMORY_COMPACTION_MIN_AGE_HOURS = env_int("MCP_MEMORY_COMPACTION_MIN_AGE_HOURS", 24, minimum=0)
+MCP_MEMORY_SUMMARY_REFRESH_INTERVAL_MINUTES = env_int("MCP_MEMORY_SUMMARY_REFRESH_INTERVAL_MINUTES", 60, minimum=0)
+MCP_MEMORY_MAX_PROCESSED_TURNS = env_int("MCP_MEMORY_MAX_PROCESSED_TURNS", 1024, minimum=1)
+# "heuristic" is seed 002's name for LLM-assisted extraction; off: rule-based, no LLM.
+MCP_MEMORY_HEURISTIC_ENABLED = env_bool("MCP_MEMORY_HEURISTIC_ENABLED", False)
+MCP_MEMORY_HEURISTIC_MODEL = env_str("MCP_MEMORY_HEURISTIC_MODEL", "openai/gpt-oss-120b")
+# An absolute OpenAI-compatible base URL (…/v1); empty: LLM_BASE_URL. Chat completions are used.
+MCP_MEMORY_HEURISTIC_BASE_URL = env_str("MCP_MEMORY_HEURISTIC_BASE_URL", "")
+MCP_MEMORY_HEURISTIC_API_KEY = env_str("MCP_MEMORY_HEURISTIC_API_KEY", "")
+MCP_MEMORY_HEURISTIC_TIMEOUT_MS = env_int("MCP_MEMORY_HEURISTIC_TIMEOUT_MS", 12000, minimum=100)
+MCP_MEMORY_HEURISTIC_MAX_OUTPUT_TOKENS = env_int("MCP_MEMORY_HEURISTIC_MAX_OUTPUT_TOKENS", 800, minimum=1)
+if MCP_MEMORY_HEURISTIC_BASE_URL and "://" not in MCP_MEMORY_HEURISTIC_BASE_URL:
+    raise ConfigError("MCP_MEMORY_HEURISTIC_BASE_URL must be an absolute URL (https://host/...)")
+# Payload limits per tool call (seed 002 §8), each refused with payload_too_large.
+MCP_MEMORY_MAX_REQUEST_BYTES = env_int("MCP_MEMORY_MAX_REQUEST_BYTES", 200_000, minimum=1024)
+MCP_MEMORY_MAX_ITEMS = env_int("MCP_MEMORY_MAX_ITEMS", 100, minimum=1)
+MCP_MEMORY_MAX_PART_CHARS = env_int("MCP_MEMORY_MAX_PART_CHARS", 32_000, minimum=100)
+# A `processing` turn younger than this is busy (resource_busy); older, a retry takes it over.
+MCP_MEMORY_TURN_LEASE_S = env_float("MCP_MEMORY_TURN_LEASE_S", 120.0, minimum=0.0)
+MCP_MEMORY_SESSION_LOCK_TIMEOUT_S = env_float("MCP_MEMORY_SESSION_LOCK_TIMEOUT_S", 5.0, minimum=0.05)
+RATE_LIMITS.update(
+    {
+        op.value: env_rate(f"RATE_LIMIT_{op.value.upper()}", default)
+        for op, default in {
+            Operation.MEMORY_BEFORE_TURN: "120/minute",
+            Operation.MEMORY_AFTER_TURN: "120/minute",
+            Operation.MEMORY_RUN_MAINTENANCE: "30/minute",
+            Operation.MEMORY_LIST_DIR_WITH_ABSTRACT: "60/minute",
+            Operation.MEMORY_PREFETCH: "120/minute",
+        }.items()
+    }
+)
+CELERY_BEAT_SCHEDULE["memories-turns-maintenance-nightly"] = {
+    "task": "memories.turns_maintenance_nightly",
+    "schedule": crontab(hour=3, minute=23),
+}
 # --- Chat proxy (issue 15, seed 004) ------------------------------------------------
 # Keys without their own configuration (admin API /v1/admin/tokens, or the API-key page)
 # forward to this OpenAI-compatible upstream; unset: such keys get 401 on the proxy.

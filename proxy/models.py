@@ -66,22 +66,3 @@ class ProxyTurn(models.Model):
 
     def __str__(self) -> str:
         return f"turn {self.request_id} ({self.state})"
-
-
-class SessionMessage(models.Model):
-    """Session log used only until `memories.sessions` (issue 13) is merged; same
-    contract (proxy/session_log.py)."""
-
-    engine_user_id = models.CharField(max_length=100)
-    session_id = models.CharField(max_length=200)
-    project = models.CharField(max_length=200, blank=True)
-    turn_id = models.CharField(max_length=128, blank=True)
-    item = models.JSONField()
-    item_hash = models.CharField(max_length=64)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        indexes = [models.Index(fields=["engine_user_id", "session_id", "project", "-id"], name="proxy_session_recent")]
-
-    def __str__(self) -> str:
-        return f"session item {self.pk}"

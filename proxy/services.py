@@ -28,17 +28,13 @@ from memories.auth import Principal, authenticate_bearer, bearer_token
 from memories.models import ApiKey
 from memories.rate_limits import rate_limit_consume
 from memories.services import api_key_authenticate, memory_ingest
+from memories.sessions import session_events_append, session_events_recent
 from proxy.crypto import secret_encrypt
 from proxy.errors import ProxyError, unauthenticated
 from proxy.messages import turn_items
 from proxy.models import ProxyTurn, TokenConfig
 from proxy.selectors import UpstreamConfig, token_config_effective
 from proxy.tasks import turn_extract as turn_extract_task
-
-try:  # the session event log of issue 13 (contract in session2_shared.md)
-    from memories.sessions import session_events_append, session_events_recent
-except ImportError:  # until it is merged: the same contract, in this app
-    from proxy.session_log import session_events_append, session_events_recent
 
 logger = logging.getLogger(__name__)
 

@@ -5,6 +5,7 @@ mem0 and never a payload key; import-linter holds that line (pyproject.toml)."""
 
 from memories.engine.history_store import history_attribution
 from memories.engine.lifecycle import (
+    engine_expired_owned,
     engine_purge_due,
     engine_recalls_fold,
     engine_restore,
@@ -107,4 +108,5 @@ __all__ = [
     "history_attribution",
     "hybrid_search",
     "llm_configured",
+    "engine_expired_owned",
 ]

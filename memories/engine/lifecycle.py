@@ -172,3 +172,22 @@ def engine_default_attrs(schema_editor: Any) -> None:
         " WHERE jsonb_typeof(payload->{}) IS DISTINCT FROM 'object'"
     ).format(_table(), sql.Literal(KEY_ATTRS), sql.Literal(KEY_ATTRS))
     schema_editor.execute(statement.as_string(schema_editor.connection.connection), [defaults])
+
+
+def engine_expired_owned(
+    scope: MemoryScope, *, at: datetime, containment: dict[str, Any] | None = None, limit: int = 500
+) -> list[str]:
+    """Ids of the scope's rows (optionally matching `containment`, as `attrs_containment`
+    builds it) whose `expires_at` is at or before `at`. Row-locked until the caller's
+    transaction ends; rows locked by others are skipped (a concurrent sweep takes them)."""
+    params: list[Any] = [KEY_USER_ID, scope.engine_user_id, engine_timestamp(at)]
+    clause = sql.SQL("")
+    if containment:
+        clause = sql.SQL(" AND payload @> %s::jsonb")
+        params.append(json.dumps(containment))
+    params.append(limit)
+    statement = sql.SQL(
+        "SELECT id FROM {} WHERE payload->>%s = %s AND payload->{}->>'expires_at' <= %s{}"
+        " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+    ).format(_table(), sql.Literal(KEY_ATTRS), clause)
+    return [str(row[0]) for row in _run(statement, params)]

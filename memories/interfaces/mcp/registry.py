@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from memories.interfaces.mcp.memory import MEMORY_TOOLSET
 from memories.interfaces.mcp.toolset import Toolset
 
 TOOLSETS: tuple[Toolset, ...] = (MEMORY_TOOLSET,)
+
+# Issue 13: the lifecycle toolset, unless MCP_MEMORY_ENABLED turns it off.
+if settings.MCP_MEMORY_ENABLED:
+    from memories.interfaces.mcp.lifecycle import LIFECYCLE_TOOLSET
+
+    TOOLSETS = (*TOOLSETS, LIFECYCLE_TOOLSET)

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
-from memories.interfaces.rest import seed001
+from memories.interfaces.rest import prefetch, seed001
 from memories.interfaces.rest import views as api
 
 urlpatterns = [
@@ -17,6 +17,7 @@ urlpatterns = [
     # Seed 001's shape.
     path("memory", seed001.SeedMemoryCollectionView.as_view(), name="api-v1-memory"),
     path("memory/search", seed001.SeedMemorySearchView.as_view(), name="api-v1-memory-search"),
+    path("memory/prefetch", prefetch.SeedMemoryPrefetchView.as_view(), name="api-v1-memory-prefetch"),  # issue 13
     path("memory/<str:memory_id>", seed001.SeedMemoryItemView.as_view(), name="api-v1-memory-item"),
     path("memory/<str:memory_id>/forget", seed001.SeedMemoryForgetView.as_view(), name="api-v1-memory-forget"),
     path("schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="api-schema"),

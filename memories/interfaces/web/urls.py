@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from memories.interfaces.web import sessions as web_sessions
 from memories.interfaces.web import views as web
 
 urlpatterns = [
@@ -21,4 +22,7 @@ urlpatterns = [
     path("keys/", web.api_keys, name="web-keys"),
     path("keys/<str:key_id>/revoke/", web.api_key_revoke_view, name="web-key-revoke"),
     path("usage/", web.usage, name="web-usage"),
+    # Issue 13: agent sessions.
+    path("sessions/", web_sessions.sessions, name="web-sessions"),
+    path("sessions/delete-events/", web_sessions.session_events_delete, name="web-session-events-delete"),
 ]

@@ -1,0 +1,84 @@
+"""The session event log (issue 13; consumed by the proxy, issue 15).
+
+Responses-style items of one agent session, appended in order and read back newest-last.
+Scope comes from the caller's `MemoryScope` only; `project` and `session_id` narrow inside
+that user's log, so another user's session id behaves exactly like an empty one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from core.scope import MemoryScope
+from memories.models import SessionEvent
+
+# What an item's identity is made of: two items equal here are the same event to dedupe.
+_HASHED_KEYS = ("type", "role", "content", "metadata", "name", "arguments", "call_id", "output")
+
+
+def session_item_hash(item: dict[str, Any]) -> str:
+    """sha256 of the item's role + content + metadata (and a tool call's name/arguments/
+    output), canonical JSON so key order and whitespace never matter."""
+    identity = {key: item.get(key) for key in _HASHED_KEYS if key in item}
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _session_events(scope: MemoryScope, *, session_id: str, project: str):  # noqa: ANN202 - a QuerySet
+    return SessionEvent.objects.filter(engine_user_id=scope.engine_user_id, project=project, session_id=session_id)
+
+
+def session_events_append(
+    scope: MemoryScope,
+    *,
+    session_id: str,
+    items: list[dict],
+    project: str = "",
+    turn_id: str = "",
+    dedupe_window: int = 0,
+) -> int:
+    """Append `items` to the session's log in order; returns how many were stored. With
+    `dedupe_window > 0`, an item whose hash equals one of the session's last
+    `dedupe_window` items (including ones appended earlier in this call) is skipped.
+    Runs in the caller's transaction (no commit of its own)."""
+    recent: list[str] = []
+    if dedupe_window > 0:
+        recent = list(
+            _session_events(scope, session_id=session_id, project=project)
+            .order_by("-id")
+            .values_list("item_hash", flat=True)[:dedupe_window]
+        )
+        recent.reverse()
+    rows = []
+    for item in items:
+        digest = session_item_hash(item)
+        if dedupe_window > 0:
+            if digest in recent[-dedupe_window:]:
+                continue
+            recent.append(digest)
+        rows.append(
+            SessionEvent(
+                engine_user_id=scope.engine_user_id,
+                project=project,
+                session_id=session_id,
+                turn_id=turn_id,
+                item=item,
+                item_hash=digest,
+            )
+        )
+    SessionEvent.objects.bulk_create(rows)
+    return len(rows)
+
+
+def session_events_recent(scope: MemoryScope, *, session_id: str, project: str = "", limit: int) -> list[dict]:
+    """The session's last `limit` items, oldest first."""
+    if limit <= 0:
+        return []
+    items = list(
+        _session_events(scope, session_id=session_id, project=project)
+        .order_by("-id")
+        .values_list("item", flat=True)[:limit]
+    )
+    items.reverse()
+    return items

@@ -1,0 +1,152 @@
+"""Facts from a turn, with their tier (seed 002's L1 daily, L2 weekly, long-term).
+
+Without an LLM (the default) a rule-based extractor keeps the user's first-person
+statements that read as durable facts or preferences. With `MCP_MEMORY_HEURISTIC_ENABLED`
+the configured OpenAI-compatible model extracts them (chat completions, JSON answer)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from django.conf import settings
+
+from core.errors import ErrorCode, ServiceError
+from memories.turns.items import item_role, item_text
+
+TIER_L1 = "l1"
+TIER_L2 = "l2"
+TIER_LONG = "long_term"
+TIERS = (TIER_L1, TIER_L2, TIER_LONG)
+FACT_MAX_CHARS = 500
+# Facts after_turn stores carry these tags: what maintenance, the tree and the UI select on.
+FACT_TAG = "turn-fact"
+FACTS_PER_TURN_MAX = 20
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_FIRST_PERSON = re.compile(r"\b(i|i'm|i've|i'd|my|mine|we|our|me)\b", re.IGNORECASE)
+_DURABLE = re.compile(
+    r"\b(prefer|prefers|like|likes|love|loves|hate|hates|dislike|use|uses|using|work|works|working|live|lives|"
+    r"name|called|am|is|are|was|always|never|usually|want|need|allergic|favorite|favourite|remember|born|"
+    r"speak|moved|have|has|plan|planning|meeting|deadline|going)\b",
+    re.IGNORECASE,
+)
+_QUESTION = re.compile(r"\?\s*$")
+_L1 = re.compile(r"\b(today|tonight|this (morning|afternoon|evening)|right now|at the moment|currently)\b", re.I)
+_L2 = re.compile(r"\b(this week|next week|tomorrow|this weekend|these days|for now|until (monday|friday))\b", re.I)
+
+
+def tier_tag(tier: str) -> str:
+    return f"tier:{tier}"
+
+
+def project_tag(project: str) -> str:
+    return f"project:{project}"
+
+
+@dataclass(frozen=True)
+class Fact:
+    text: str
+    tier: str
+
+
+def fact_tier(text: str) -> str:
+    """Short-lived statements expire (L1 a day, L2 a week); the rest is long-term."""
+    if _L1.search(text):
+        return TIER_L1
+    if _L2.search(text):
+        return TIER_L2
+    return TIER_LONG
+
+
+def facts_heuristic(items: list[dict[str, Any]]) -> list[Fact]:
+    """The user's first-person, non-question sentences that state something durable."""
+    facts: list[Fact] = []
+    seen: set[str] = set()
+    for item in items:
+        if item_role(item) != "user":
+            continue
+        for sentence in _SENTENCE.split(item_text(item)):
+            sentence = " ".join(sentence.split())
+            if len(sentence) < 8 or _QUESTION.search(sentence):
+                continue
+            if not (_FIRST_PERSON.search(sentence) and _DURABLE.search(sentence)):
+                continue
+            text = sentence[:FACT_MAX_CHARS]
+            if text.casefold() in seen:
+                continue
+            seen.add(text.casefold())
+            facts.append(Fact(text=text, tier=fact_tier(text)))
+    return facts[:FACTS_PER_TURN_MAX]
+
+
+_PROMPT = (
+    "Extract durable facts about the user from this conversation turn. Answer with JSON only: "
+    '{"memory": [{"text": "<one fact>", "tier": "l1" | "l2" | "long_term"}]}. '
+    "l1: true only today; l2: true this week; long_term: preferences, identity, lasting facts. "
+    "Empty list when nothing is worth keeping."
+)
+
+
+def heuristic_llm_enabled() -> bool:
+    return bool(
+        settings.MCP_MEMORY_HEURISTIC_ENABLED and (settings.MCP_MEMORY_HEURISTIC_BASE_URL or settings.LLM_BASE_URL)
+    )
+
+
+def _endpoint() -> str:
+    base = (settings.MCP_MEMORY_HEURISTIC_BASE_URL or settings.LLM_BASE_URL or "").rstrip("/")
+    if base.endswith("/chat/completions"):
+        return base
+    return f"{base}/chat/completions" if base.endswith("/v1") else f"{base}/v1/chat/completions"
+
+
+def llm_complete(*, system: str, user: str) -> str:
+    """One chat completion from the configured model; `llm_unavailable` on any failure.
+    A slow call: never inside a database transaction."""
+    key = settings.MCP_MEMORY_HEURISTIC_API_KEY or settings.LLM_API_KEY or ""
+    model = settings.MCP_MEMORY_HEURISTIC_MODEL if settings.MCP_MEMORY_HEURISTIC_BASE_URL else settings.LLM_MODEL
+    try:
+        response = httpx.post(
+            _endpoint(),
+            headers={"Authorization": f"Bearer {key}"} if key else {},
+            json={
+                "model": model or settings.MCP_MEMORY_HEURISTIC_MODEL,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                "max_tokens": settings.MCP_MEMORY_HEURISTIC_MAX_OUTPUT_TOKENS,
+            },
+            timeout=settings.MCP_MEMORY_HEURISTIC_TIMEOUT_MS / 1000,
+        )
+        response.raise_for_status()
+        return str(response.json()["choices"][0]["message"]["content"] or "")
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
+        raise ServiceError(
+            ErrorCode.LLM_UNAVAILABLE, "The fact-extraction model is unavailable; retry later."
+        ) from None
+
+
+def facts_llm(items: list[dict[str, Any]]) -> list[Fact]:
+    transcript = "\n".join(f"{item_role(item)}: {item_text(item)}" for item in items if item_text(item))
+    answer = llm_complete(system=_PROMPT, user=transcript)
+    answer = answer.strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
+    try:
+        data = json.loads(answer)
+    except ValueError:
+        raise ServiceError(ErrorCode.LLM_UNAVAILABLE, "The fact-extraction model gave no JSON; retry later.") from None
+    entries = data.get("memory") or data.get("facts") or [] if isinstance(data, dict) else []
+    facts: list[Fact] = []
+    for entry in entries if isinstance(entries, list) else []:
+        text = entry.get("text") if isinstance(entry, dict) else entry
+        if not isinstance(text, str) or not text.strip():
+            continue
+        text = " ".join(text.split())[:FACT_MAX_CHARS]
+        tier = entry.get("tier") if isinstance(entry, dict) else None
+        facts.append(Fact(text=text, tier=tier if tier in TIERS else fact_tier(text)))
+    return facts[:FACTS_PER_TURN_MAX]
+
+
+def facts_extract(items: list[dict[str, Any]]) -> list[Fact]:
+    return facts_llm(items) if heuristic_llm_enabled() else facts_heuristic(items)

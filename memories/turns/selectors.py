@@ -1,0 +1,111 @@
+"""Pure reads of the turn lifecycle: the user's sessions and the memory tree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from core.scope import MemoryScope
+from memories.engine import attrs_containment, engine_memory_of, engine_rows_owned
+from memories.models import SessionArchive, SessionEvent, SessionState
+from memories.turns.extraction import FACT_TAG, TIERS, project_tag, tier_tag
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    project: str
+    session_id: str
+    abstract: str
+    overview: str
+    summary_updated_at: Any
+    last_active_at: Any
+    events: int
+    archives: int
+
+
+def sessions_of_user(scope: MemoryScope, *, limit: int = 200) -> list[SessionSummary]:
+    """The user's sessions, most recently active first."""
+    states = SessionState.objects.filter(engine_user_id=scope.engine_user_id).order_by("-last_active_at")[:limit]
+    result = []
+    for state in states:
+        owned = {"engine_user_id": scope.engine_user_id, "project": state.project, "session_id": state.session_id}
+        result.append(
+            SessionSummary(
+                project=state.project,
+                session_id=state.session_id,
+                abstract=state.abstract,
+                overview=state.overview,
+                summary_updated_at=state.summary_updated_at,
+                last_active_at=state.last_active_at,
+                events=SessionEvent.objects.filter(**owned).count(),
+                archives=SessionArchive.objects.filter(**owned).count(),
+            )
+        )
+    return result
+
+
+def facts_by_tier(scope: MemoryScope, *, limit: int = 100) -> dict[str, list[dict[str, Any]]]:
+    """The user's live turn facts per tier, newest first."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for tier in TIERS:
+        rows = engine_rows_owned(scope, containment=attrs_containment(tags=[FACT_TAG, tier_tag(tier)]))
+        newest = rows.order_by("-created")  # type: ignore[misc]
+        facts = [engine_memory_of(row) for row in newest[:limit]]
+        found[tier] = [
+            {"id": f.id, "text": f.text, "session_id": f.attrs.session_id, "expires_at": f.attrs.expires_at}
+            for f in facts
+        ]
+    return found
+
+
+def memory_tree(
+    scope: MemoryScope, *, project: str, session_id: str, path: str, depth: int, limit: int
+) -> list[dict[str, Any]]:
+    """seed 002's directory view: `/memory/<session>/{meta,events,archives/<n>}` and
+    `/memory/tiers/<tier>`, each with its abstract, updated_at and has_overview, below
+    `path` and at most `depth` levels under it."""
+    entries: list[dict[str, Any]] = []
+    states = SessionState.objects.filter(engine_user_id=scope.engine_user_id, project=project)
+    if session_id:
+        states = states.filter(session_id=session_id)
+    for state in states.order_by("session_id"):
+        owned = {"engine_user_id": scope.engine_user_id, "project": project, "session_id": state.session_id}
+        base = f"/memory/{state.session_id}"
+        entries.append(
+            _entry(f"{base}/meta", state.abstract or "No summary yet.", state.summary_updated_at, bool(state.overview))
+        )
+        events = SessionEvent.objects.filter(**owned)
+        newest = events.order_by("-id").values_list("created_at", flat=True).first()
+        entries.append(_entry(f"{base}/events", f"{events.count()} raw events", newest, False))
+        for archive in SessionArchive.objects.filter(**owned).order_by("first_event_id"):
+            entries.append(
+                _entry(
+                    f"{base}/archives/{archive.first_event_id}-{archive.last_event_id}",
+                    f"{len(archive.items)} archived events. " + archive.digest[:300],
+                    archive.created_at,
+                    bool(archive.digest),
+                )
+            )
+    for tier in TIERS:
+        containment = attrs_containment(tags=[FACT_TAG, tier_tag(tier)], session_id=session_id or None)
+        rows = engine_rows_owned(scope, containment=containment)
+        if project:
+            rows = rows.filter(payload__contains=attrs_containment(tags=[project_tag(project)]))
+        top = rows.order_by("-created").first()  # type: ignore[misc]
+        updated = engine_memory_of(top).created_at if top is not None else None
+        entries.append(_entry(f"/memory/tiers/{tier}", f"{rows.count()} facts", updated, False))
+    prefix = "/" + path.strip("/") if path.strip("/") else ""
+    base_depth = prefix.count("/")
+    selected = [
+        e
+        for e in entries
+        if (not prefix or e["path"] == prefix or e["path"].startswith(prefix + "/"))
+        and e["path"].count("/") - base_depth <= depth
+    ]
+    return selected[:limit]
+
+
+def _entry(path: str, abstract: str, updated: Any, has_overview: bool) -> dict[str, Any]:
+    if updated is not None and not isinstance(updated, str):
+        updated = updated.isoformat()
+    return {"path": path, "abstract": abstract, "updated_at": updated, "has_overview": has_overview}

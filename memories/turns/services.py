@@ -1,0 +1,735 @@
+"""The turn lifecycle's writes and billed reads (issue 13, seed 002 §4, §7, §10).
+
+- `turn_before`: recalled facts (the hybrid search, one memory block shared with
+  `memory_prefetch`) + the session's summary and recent items + the current input, with
+  older context compacted into a summary past `compact_threshold x max_input_tok`.
+- `turn_after`: exactly once per (user, project, session, turn_id). A guard row is
+  committed as `processing` before the slow work (extraction, embeddings); one transaction,
+  under the session's advisory lock, then appends the events, stores the facts (with the
+  dedupe rule), marks the guard `done` and writes the audit row and usage event.
+- `turn_maintenance_run`: compaction, tier retention, summaries, consolidation; each step
+  one transaction, so a run killed mid-way is simply run again.
+
+Turn content reaches audit rows only as hashes and lengths (`items_digest`)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from core.choices import MemoryType, Operation
+from core.errors import ErrorCode, ServiceError, backend_unavailable
+from core.locks import advisory_xact_lock
+from core.scope import CallContext, MemoryScope
+from memories.call_record import call_succeeded
+from memories.engine import (
+    EmbeddedText,
+    EngineError,
+    EngineMemory,
+    MemoryAttrs,
+    attrs_containment,
+    engine_delete_row,
+    engine_embed_text,
+    engine_expired_owned,
+    engine_insert_text,
+    engine_memory_of,
+    engine_rows_owned,
+    engine_timestamp,
+    engine_trash,
+    hybrid_search,
+)
+from memories.models import ContentHash, SessionArchive, SessionEvent, SessionState, TurnGuard
+from memories.rate_limits import rate_limit_consume
+from memories.selectors import decayed_score, memory_view
+from memories.services import (  # the one dedupe rule and history attribution of memories/services.py
+    _attributed,
+    _hash_owner,
+    _system_metadata,
+    _text_lock_key,
+    content_sha256,
+)
+from memories.sessions import session_events_append, session_events_recent
+from memories.turns.extraction import (
+    FACT_TAG,
+    TIER_L1,
+    TIER_L2,
+    TIERS,
+    Fact,
+    facts_extract,
+    heuristic_llm_enabled,
+    llm_complete,
+    project_tag,
+    tier_tag,
+)
+from memories.turns.items import item_role, item_text, items_digest, items_token_count, message
+from memories.turns.selectors import memory_tree
+
+logger = logging.getLogger(__name__)
+
+MEMORY_BLOCK_HEADER = "Relevant notes from memory (may be outdated; prefer what the user says now):"
+SUMMARY_HEADER = "Summary of earlier conversation in this session:"
+SUMMARY_LINE_CHARS = 160
+ARCHIVE_CHUNK = 200
+CONSOLIDATE_MAX_FACTS = 500
+NEAR_DUPLICATE_JACCARD = 0.85
+
+
+def _now() -> datetime:
+    """The clock of this module (tests move it to time-travel past retention)."""
+    return timezone.now()
+
+
+def _busy(message: str) -> ServiceError:
+    return ServiceError(ErrorCode.RESOURCE_BUSY, message, retry_after_s=1)
+
+
+def _session_lock(scope: MemoryScope, *, project: str, session_id: str) -> None:
+    """Serialise after_turn and maintenance of one session (inside their transaction)."""
+    try:
+        advisory_xact_lock(
+            f"session:{scope.engine_user_id}:{project}:{session_id}",
+            timeout_s=settings.MCP_MEMORY_SESSION_LOCK_TIMEOUT_S,
+        )
+    except ServiceError as error:
+        if error.code != ErrorCode.CONFLICT:
+            raise
+        raise _busy("This session is being updated by another call; retry.") from None
+
+
+def _session_touch(scope: MemoryScope, *, project: str, session_id: str) -> None:
+    state, created = SessionState.objects.get_or_create(
+        engine_user_id=scope.engine_user_id, project=project, session_id=session_id
+    )
+    if not created:
+        SessionState.objects.filter(pk=state.pk).update(last_active_at=timezone.now())
+
+
+# --- the memory block (before_turn and prefetch) -------------------------------------------------
+@dataclass(frozen=True)
+class MemoryBlock:
+    facts: list[EngineMemory]
+    scores: list[float]
+
+    @property
+    def ids(self) -> list[str]:
+        return [fact.id for fact in self.facts]
+
+    def text(self, count: int | None = None) -> str:
+        facts = self.facts if count is None else self.facts[:count]
+        if not facts:
+            return ""
+        return "\n".join([MEMORY_BLOCK_HEADER, *(f"- {fact.text}" for fact in facts)])
+
+
+def memory_block_build(scope: MemoryScope, *, query: str, limit: int, project: str = "") -> MemoryBlock:
+    """The `limit` best live memories for `query` (hybrid retrieval, then age decay), as
+    the notes block both before_turn and prefetch inject. A project narrows to its facts."""
+    query = query.strip()[-2000:]
+    if not query or limit <= 0:
+        return MemoryBlock(facts=[], scores=[])
+    containment = attrs_containment(tags=[project_tag(project)]) if project else None
+    try:
+        candidates = hybrid_search(
+            scope, query=query, limit=min(100, limit * settings.SEARCH_CANDIDATE_FACTOR), filters=containment
+        )
+    except EngineError as exc:
+        raise backend_unavailable() from exc
+    now = datetime.now(UTC)
+    ranked = sorted(((decayed_score(c, now=now), c) for c in candidates), key=lambda pair: pair[0], reverse=True)
+    top = ranked[:limit]
+    return MemoryBlock(facts=[c for _, c in top], scores=[round(s, 6) for s, _ in top])
+
+
+def _query_of(items: list[dict[str, Any]]) -> str:
+    """What to recall for: the user's words in the current input (else all its text)."""
+    user = [item_text(item) for item in items if item_role(item) == "user"]
+    return "\n".join(user or [item_text(item) for item in items])
+
+
+# --- before_turn -----------------------------------------------------------------------------------
+def _summary_deterministic(items: list[dict[str, Any]], *, max_chars: int) -> str:
+    lines = []
+    for item in items:
+        text = " ".join(item_text(item).split())
+        if text:
+            cut = text if len(text) <= SUMMARY_LINE_CHARS else text[: SUMMARY_LINE_CHARS - 1] + "…"
+            lines.append(f"- {item_role(item)}: {cut}")
+    body = "\n".join(lines)
+    return body if len(body) <= max_chars else "…" + body[-(max_chars - 1) :]
+
+
+def context_summary(items: list[dict[str, Any]], *, max_chars: int) -> str:
+    """Older context in a few lines: the configured LLM when LLM extraction is enabled
+    (falling back to the deterministic digest if it fails), else the deterministic one."""
+    if heuristic_llm_enabled():
+        transcript = "\n".join(f"{item_role(i)}: {item_text(i)}" for i in items if item_text(i))
+        try:
+            summary = llm_complete(
+                system=f"Summarise this conversation in at most {max_chars} characters. Plain text.", user=transcript
+            ).strip()
+            if summary:
+                return summary[:max_chars]
+        except ServiceError:
+            logger.warning("context summary: the LLM failed; using the deterministic summary")
+    return _summary_deterministic(items, max_chars=max_chars)
+
+
+def turn_input_assemble(
+    *,
+    current_input: list[dict[str, Any]],
+    context: list[dict[str, Any]],
+    block: MemoryBlock,
+    session_summary: str,
+    base_instructions: str,
+    max_input_tok: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """(input_items, compacted context count): instructions, memory block, summary,
+    recent context, current input. Past the budget, the oldest context items are folded
+    into the summary, then facts and the summary give way; the current input never."""
+    budget = int(settings.MCP_MEMORY_COMPACT_THRESHOLD * max_input_tok)
+    head = [message("system", base_instructions)] if base_instructions else []
+    facts_shown = len(block.facts)
+    kept = list(context)
+    folded: list[dict[str, Any]] = []
+
+    def build(summary_text: str) -> list[dict[str, Any]]:
+        items = list(head)
+        if facts_shown:
+            items.append(message("developer", block.text(facts_shown)))
+        if summary_text:
+            items.append(message("developer", f"{SUMMARY_HEADER}\n{summary_text}"))
+        return [*items, *kept, *current_input]
+
+    summary = session_summary
+    items = build(summary)
+    if items_token_count(items) <= budget:
+        return items, 0
+    # Fold the oldest context into the summary until the rest fits.
+    fixed = items_token_count(build("")) - items_token_count(kept)
+    while kept and fixed + items_token_count(kept) + 64 > budget:
+        folded.append(kept.pop(0))
+    summary_chars = max(200, min(4000, (budget - fixed - items_token_count(kept)) * 4 - 200))
+    if folded:
+        previous = f"{session_summary}\n" if session_summary else ""
+        summary = context_summary(folded, max_chars=summary_chars)
+        summary = (previous + summary)[-summary_chars:]
+    items = build(summary)
+    while items_token_count(items) > budget and facts_shown:
+        facts_shown -= 1
+        items = build(summary)
+    if items_token_count(items) > budget and summary:
+        summary = ""
+        items = build(summary)
+    return items, len(folded)
+
+
+def turn_before(
+    scope: MemoryScope,
+    *,
+    project: str,
+    session_id: str,
+    turn_id: str,
+    current_input: list[dict[str, Any]],
+    base_instructions: str,
+    max_input_tok: int,
+    call: CallContext,
+) -> dict[str, Any]:
+    rate_limit_consume(scope, operation=Operation.MEMORY_BEFORE_TURN)
+    block = memory_block_build(
+        scope, query=_query_of(current_input), limit=settings.MCP_MEMORY_RECALL_FACTS_LIMIT, project=project
+    )
+    context = session_events_recent(
+        scope, session_id=session_id, project=project, limit=settings.MCP_MEMORY_RECENT_CONTEXT_ITEMS
+    )
+    state = SessionState.objects.filter(
+        engine_user_id=scope.engine_user_id, project=project, session_id=session_id
+    ).first()
+    items, compacted = turn_input_assemble(
+        current_input=current_input,
+        context=context,
+        block=block,
+        session_summary=(state.overview or state.abstract) if state else "",
+        base_instructions=base_instructions,
+        max_input_tok=max_input_tok,
+    )
+    recall_ids = block.ids[: _facts_shown(items)]
+    count = items_token_count(items)
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.MEMORY_BEFORE_TURN,
+            memory_ids=recall_ids,
+            detail={
+                "project": project,
+                "session_id": session_id,
+                "turn_id": turn_id,
+                "current_input": items_digest(current_input),
+                "context_items": len(context),
+                "compacted_items": compacted,
+                "context_token_count": count,
+            },
+        )
+    return {"input_items": items, "recall_fact_ids": recall_ids, "context_token_count": count}
+
+
+def _facts_shown(items: list[dict[str, Any]]) -> int:
+    for item in items:
+        content = item.get("content")
+        if item.get("role") == "developer" and isinstance(content, str) and content.startswith(MEMORY_BLOCK_HEADER):
+            return content.count("\n- ")
+    return 0
+
+
+# --- after_turn ------------------------------------------------------------------------------------
+def _guard_claim(scope: MemoryScope, *, project: str, session_id: str, turn_id: str, owner: str) -> TurnGuard:
+    """The turn's guard row, committed. `done`: the turn is already stored. Ours: we
+    process it (new, or a `processing` row past its lease taken over). Otherwise busy."""
+    now = timezone.now()
+    with transaction.atomic():
+        guard, created = TurnGuard.objects.select_for_update().get_or_create(
+            engine_user_id=scope.engine_user_id,
+            project=project,
+            session_id=session_id,
+            turn_id=turn_id,
+            defaults={"owner": owner, "updated_at": now},
+        )
+        if created or guard.state == TurnGuard.State.DONE:
+            return guard
+        if guard.updated_at > now - timedelta(seconds=settings.MCP_MEMORY_TURN_LEASE_S):
+            raise _busy("This turn is being processed by another call; retry.")
+        guard.owner, guard.updated_at = owner, now
+        guard.save(update_fields=["owner", "updated_at"])
+        return guard
+
+
+def _guard_release(guard: TurnGuard, *, owner: str) -> None:
+    """A failed attempt lets the next retry in at once (a crash waits for the lease)."""
+    try:
+        TurnGuard.objects.filter(pk=guard.pk, owner=owner, state=TurnGuard.State.PROCESSING).delete()
+    except Exception:  # the lease still frees it
+        logger.warning("after_turn: could not release the turn guard")
+
+
+def _fact_attrs(fact: Fact, *, project: str, session_id: str, now: datetime) -> MemoryAttrs:
+    tags = [FACT_TAG, tier_tag(fact.tier)] + ([project_tag(project)] if project else [])
+    expires = None
+    if fact.tier == TIER_L1:
+        expires = engine_timestamp(now + timedelta(days=settings.MCP_MEMORY_L1_RETENTION_DAYS))
+    elif fact.tier == TIER_L2:
+        expires = engine_timestamp(now + timedelta(days=settings.MCP_MEMORY_L2_RETENTION_DAYS))
+    return MemoryAttrs(
+        memory_type=MemoryType.USER.value,
+        tags=tuple(tags),
+        session_id=session_id,
+        expires_at=expires,
+        importance=0.5 if fact.tier not in (TIER_L1, TIER_L2) else 0.3,
+        why_stored=f"extracted by after_turn ({fact.tier}) in session {session_id}"[:500],
+    )
+
+
+def _facts_store(
+    scope: MemoryScope,
+    *,
+    facts: list[tuple[Fact, EmbeddedText]],
+    project: str,
+    session_id: str,
+    turn_id: str,
+    call: CallContext,
+) -> list[str]:
+    """Store the facts in the caller's transaction under the one dedupe rule: a text the
+    user already has answers the existing memory's id (never a second copy)."""
+    digests = [content_sha256(fact.text) for fact, _ in facts]
+    if digests:
+        advisory_xact_lock(*(_text_lock_key(scope, digest) for digest in digests))
+    ids: list[str] = []
+    now = _now()
+    for (fact, embedded), digest in zip(facts, digests, strict=True):
+        existing = _hash_owner(scope, digest=digest)
+        if existing is not None:
+            ids.append(existing)
+            continue
+        with _attributed(call):
+            memory_id = engine_insert_text(
+                scope,
+                embedded=embedded,
+                metadata=_system_metadata(
+                    scope, source="after_turn", pinned=False, metadata={"turn_id": turn_id, "project": project}
+                ),
+                attrs=_fact_attrs(fact, project=project, session_id=session_id, now=now),
+            )
+        ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
+        ids.append(memory_id)
+    return list(dict.fromkeys(ids))
+
+
+def turn_after(
+    scope: MemoryScope,
+    *,
+    project: str,
+    session_id: str,
+    turn_id: str,
+    input_items: list[dict[str, Any]],
+    output_items: list[dict[str, Any]],
+    call: CallContext,
+) -> dict[str, Any]:
+    rate_limit_consume(scope, operation=Operation.MEMORY_AFTER_TURN)
+    owner = call.request_id
+    detail = {
+        "project": project,
+        "session_id": session_id,
+        "turn_id": turn_id,
+        "input_items": items_digest(input_items),
+        "output_items": items_digest(output_items),
+    }
+    guard = _guard_claim(scope, project=project, session_id=session_id, turn_id=turn_id, owner=owner)
+    if guard.state == TurnGuard.State.DONE:
+        return _turn_duplicate(scope, guard=guard, detail=detail, call=call)
+    try:
+        facts = facts_extract([*input_items, *output_items])  # slow calls: outside any transaction
+        try:
+            embedded = [(fact, engine_embed_text(fact.text)) for fact in facts]
+        except EngineError as exc:
+            raise backend_unavailable() from exc
+        with transaction.atomic():
+            _session_lock(scope, project=project, session_id=session_id)
+            current = TurnGuard.objects.select_for_update().get(pk=guard.pk)
+            if current.state == TurnGuard.State.DONE:
+                return _turn_duplicate(scope, guard=current, detail=detail, call=call)
+            if current.owner != owner:
+                raise _busy("This turn is being processed by another call; retry.")
+            stored = session_events_append(
+                scope, session_id=session_id, project=project, turn_id=turn_id, items=[*input_items, *output_items]
+            )
+            try:
+                fact_ids = _facts_store(
+                    scope, facts=embedded, project=project, session_id=session_id, turn_id=turn_id, call=call
+                )
+            except EngineError as exc:
+                raise backend_unavailable() from exc
+            current.state, current.fact_ids, current.updated_at = TurnGuard.State.DONE, fact_ids, timezone.now()
+            current.save(update_fields=["state", "fact_ids", "updated_at"])
+            _session_touch(scope, project=project, session_id=session_id)
+            tiers = {tier: sum(1 for fact, _ in embedded if fact.tier == tier) for tier in TIERS}
+            call_succeeded(
+                scope,
+                call=call,
+                operation=Operation.MEMORY_AFTER_TURN,
+                memory_ids=fact_ids,
+                detail={**detail, "events_stored": stored, "facts": tiers},
+            )
+    except BaseException:
+        _guard_release(guard, owner=owner)
+        raise
+    return {"ok": True, "duplicate": False, "fact_ids": fact_ids, "events_stored": stored}
+
+
+def _turn_duplicate(scope: MemoryScope, *, guard: TurnGuard, detail: dict[str, Any], call: CallContext) -> dict:
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.MEMORY_AFTER_TURN,
+            memory_ids=list(guard.fact_ids),
+            detail={**detail, "duplicate": True},
+        )
+    return {"ok": True, "duplicate": True, "fact_ids": list(guard.fact_ids), "events_stored": 0}
+
+
+def turn_run(
+    scope: MemoryScope,
+    *,
+    project: str,
+    session_id: str,
+    turn_id: str,
+    current_input: list[dict[str, Any]],
+    base_instructions: str,
+    max_input_tok: int,
+    call: CallContext,
+) -> dict[str, Any]:
+    """seed 002 §4.5: before_turn, plus the token to commit with (the turn id: after_turn
+    with it and the output items is exactly once)."""
+    token = turn_id or call.request_id
+    result = turn_before(
+        scope,
+        project=project,
+        session_id=session_id,
+        turn_id=token,
+        current_input=current_input,
+        base_instructions=base_instructions,
+        max_input_tok=max_input_tok,
+        call=call,
+    )
+    return {**result, "operation_token": token}
+
+
+# --- maintenance -----------------------------------------------------------------------------------
+def _sessions_of(scope: MemoryScope, *, project: str, session_id: str) -> list[str]:
+    if session_id:
+        return [session_id]
+    states = SessionState.objects.filter(engine_user_id=scope.engine_user_id, project=project)
+    return sorted(set(states.values_list("session_id", flat=True)))
+
+
+def _compact(scope: MemoryScope, *, project: str, session_id: str, now: datetime) -> int:
+    """Raw events older than compaction_min_age_hours become archive chunks. Each chunk
+    is one transaction (archive created, events deleted): a kill loses nothing, and a
+    re-run continues with what is left."""
+    cutoff = now - timedelta(hours=settings.MCP_MEMORY_COMPACTION_MIN_AGE_HOURS)
+    moved = 0
+    while True:
+        with transaction.atomic():
+            _session_lock(scope, project=project, session_id=session_id)
+            events = list(
+                SessionEvent.objects.select_for_update()
+                .filter(
+                    engine_user_id=scope.engine_user_id,
+                    project=project,
+                    session_id=session_id,
+                    created_at__lt=cutoff,
+                )
+                .order_by("id")[:ARCHIVE_CHUNK]
+            )
+            if not events:
+                return moved
+            items = [event.item for event in events]
+            SessionArchive.objects.create(
+                engine_user_id=scope.engine_user_id,
+                project=project,
+                session_id=session_id,
+                first_event_id=events[0].pk,
+                last_event_id=events[-1].pk,
+                items=items,
+                digest=_summary_deterministic(items, max_chars=2000),
+            )
+            SessionEvent.objects.filter(pk__in=[event.pk for event in events]).delete()
+            moved += len(events)
+
+
+def _retention_sweep(scope: MemoryScope, *, now: datetime, call: CallContext) -> int:
+    """Delete the user's turn facts past their tier's retention (already invisible to
+    every read since they expired), with their dedupe hashes."""
+    deleted = 0
+    while True:
+        with transaction.atomic():
+            ids = engine_expired_owned(scope, at=now, containment=attrs_containment(tags=[FACT_TAG]), limit=200)
+            if not ids:
+                return deleted
+            with _attributed(call):
+                for memory_id in ids:
+                    engine_delete_row(memory_id)
+            ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=ids).delete()
+            deleted += len(ids)
+
+
+def _facts_by_tier(scope: MemoryScope, *, session_id: str | None = None) -> dict[str, int]:
+    counts = {}
+    for tier in TIERS:
+        containment = attrs_containment(tags=[FACT_TAG, tier_tag(tier)], session_id=session_id)
+        counts[tier] = engine_rows_owned(scope, containment=containment).count()
+    return counts
+
+
+def _summary_refresh(scope: MemoryScope, *, project: str, session_id: str, now: datetime, force: bool) -> bool:
+    state, _ = SessionState.objects.get_or_create(
+        engine_user_id=scope.engine_user_id, project=project, session_id=session_id
+    )
+    interval = timedelta(minutes=settings.MCP_MEMORY_SUMMARY_REFRESH_INTERVAL_MINUTES)
+    if not force and state.summary_updated_at and state.summary_updated_at > now - interval:
+        return False
+    archives = SessionArchive.objects.filter(
+        engine_user_id=scope.engine_user_id, project=project, session_id=session_id
+    ).order_by("first_event_id")
+    recent = session_events_recent(scope, session_id=session_id, project=project, limit=20)
+    events = SessionEvent.objects.filter(engine_user_id=scope.engine_user_id, project=project, session_id=session_id)
+    tiers = _facts_by_tier(scope, session_id=session_id)
+    archived = sum(len(a.items) for a in archives)
+    abstract = (
+        f"Session {session_id}: {events.count()} recent events, {archived} archived; "
+        f"facts L1 {tiers['l1']}, L2 {tiers['l2']}, long-term {tiers['long_term']}."
+    )
+    parts = [a.digest for a in archives.reverse()[:3]][::-1]
+    parts.append(_summary_deterministic(recent, max_chars=2000))
+    overview = "\n".join(p for p in parts if p)[-4000:]
+    SessionState.objects.filter(pk=state.pk).update(abstract=abstract, overview=overview, summary_updated_at=now)
+    return True
+
+
+_WORD = re.compile(r"\w+")
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(word.casefold() for word in _WORD.findall(text))
+
+
+def _consolidate(scope: MemoryScope, *, now: datetime, call: CallContext) -> int:
+    """Near-duplicate turn facts (word Jaccard >= 0.85, same tier): the newest one stays,
+    the older ones go to the trash (restorable). One transaction; a re-run finds none."""
+    with transaction.atomic():
+        rows = engine_rows_owned(scope, containment=attrs_containment(tags=[FACT_TAG]))
+        rows = rows.order_by("-created")  # type: ignore[misc]
+        facts = [engine_memory_of(row) for row in rows[:CONSOLIDATE_MAX_FACTS]]
+        kept: list[tuple[EngineMemory, frozenset[str]]] = []
+        doomed: list[str] = []
+        for fact in facts:  # newest first
+            words = _words(fact.text)
+            tier = next((t for t in fact.attrs.tags if t.startswith("tier:")), "")
+            duplicate = any(
+                tier in other.attrs.tags and words and len(words & other_words) / len(words | other_words) >= 0.85
+                for other, other_words in kept
+            )
+            if duplicate:
+                doomed.append(fact.id)
+            else:
+                kept.append((fact, words))
+        if not doomed:
+            return 0
+        moved = engine_trash(
+            scope, memory_ids=doomed, at=now, request_id=call.request_id, operation=Operation.MEMORY_RUN_MAINTENANCE
+        )
+        ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=moved).delete()
+        return len(moved)
+
+
+def _guards_prune(scope: MemoryScope, *, project: str, session_id: str) -> int:
+    """Keep the newest max_processed_turns done guards of the session (seed 002 §9)."""
+    done = TurnGuard.objects.filter(
+        engine_user_id=scope.engine_user_id, project=project, session_id=session_id, state=TurnGuard.State.DONE
+    )
+    keep = list(done.order_by("-updated_at").values_list("pk", flat=True)[: settings.MCP_MEMORY_MAX_PROCESSED_TURNS])
+    deleted, _ = done.exclude(pk__in=keep).delete()
+    return deleted
+
+
+def turn_maintenance_run(
+    scope: MemoryScope, *, project: str, session_id: str, call: CallContext, billed: bool = True
+) -> dict[str, Any]:
+    """Compaction, tier retention, summary refresh, consolidation for one session (or all
+    the user's sessions in the project). Safe to re-run at any point."""
+    if billed:
+        rate_limit_consume(scope, operation=Operation.MEMORY_RUN_MAINTENANCE)
+    now = _now()
+    sessions = _sessions_of(scope, project=project, session_id=session_id)
+    counters = {"compacted_events": 0, "summaries_refreshed": 0, "pruned_turn_guards": 0}
+    try:
+        for name in sessions:
+            counters["compacted_events"] += _compact(scope, project=project, session_id=name, now=now)
+            counters["pruned_turn_guards"] += _guards_prune(scope, project=project, session_id=name)
+        expired = _retention_sweep(scope, now=now, call=call)
+        consolidated = _consolidate(scope, now=now, call=call)
+        for name in sessions:
+            counters["summaries_refreshed"] += _summary_refresh(
+                scope, project=project, session_id=name, now=now, force=bool(counters["compacted_events"])
+            )
+    except EngineError as exc:
+        raise backend_unavailable() from exc
+    result = {
+        "ok": True,
+        "sessions": len(sessions),
+        **counters,
+        "expired_facts": expired,
+        "consolidated_facts": consolidated,
+    }
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.MEMORY_RUN_MAINTENANCE,
+            detail={"project": project, "session_id": session_id, **result},
+        )
+    return result
+
+
+def turn_maintenance_nightly(*, active_days: int = 7) -> int:
+    """Maintenance of every session active in the last `active_days` (beat, nightly)."""
+    from core.choices import Channel
+
+    since = timezone.now() - timedelta(days=active_days)
+    done = 0
+    pairs = (
+        SessionState.objects.filter(last_active_at__gte=since)
+        .values("engine_user_id", "project")
+        .annotate(last=Max("last_active_at"))
+    )
+    for pair in pairs:
+        scope = MemoryScope.from_engine_user_id(pair["engine_user_id"])
+        if scope is None:
+            continue
+        try:
+            turn_maintenance_run(
+                scope, project=pair["project"], session_id="", call=CallContext(channel=Channel.INTERNAL), billed=False
+            )
+            done += 1
+        except ServiceError:
+            logger.warning("nightly maintenance: one user's run failed; the next night retries")
+    return done
+
+
+# --- introspection ----------------------------------------------------------------------------------
+def turn_dir_list(
+    scope: MemoryScope, *, project: str, session_id: str, path: str, depth: int, limit: int, call: CallContext
+) -> dict[str, Any]:
+    rate_limit_consume(scope, operation=Operation.MEMORY_LIST_DIR_WITH_ABSTRACT)
+    entries = memory_tree(scope, project=project, session_id=session_id, path=path, depth=depth, limit=limit)
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.MEMORY_LIST_DIR_WITH_ABSTRACT,
+            detail={"project": project, "session_id": session_id, "path": path, "entries": len(entries)},
+        )
+    return {"summaries": entries}
+
+
+# --- the session log as a person sees it ---------------------------------------------------------
+def session_events_delete(scope: MemoryScope, *, project: str, session_id: str, call: CallContext) -> int:
+    """Delete a session's raw events and archives (the facts stay: they are memories)."""
+    with transaction.atomic():
+        _session_lock(scope, project=project, session_id=session_id)
+        owned = {"engine_user_id": scope.engine_user_id, "project": project, "session_id": session_id}
+        events, _ = SessionEvent.objects.filter(**owned).delete()
+        archives, _ = SessionArchive.objects.filter(**owned).delete()
+        SessionState.objects.filter(**owned).update(abstract="", overview="", summary_updated_at=None)
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.DELETE_SESSION_EVENTS,
+            detail={"project": project, "session_id": session_id, "events": events, "archives": archives},
+        )
+    return events
+
+
+# --- prefetch (seed 001) -------------------------------------------------------------------------
+def memory_prefetch(
+    scope: MemoryScope,
+    *,
+    query: str,
+    messages: list[dict[str, str]],
+    limit: int | None,
+    project: str,
+    call: CallContext,
+) -> dict[str, Any]:
+    rate_limit_consume(scope, operation=Operation.MEMORY_PREFETCH)
+    items = [message(m["role"], m["content"]) for m in messages]
+    text = query if query.strip() else _query_of(items)
+    block = memory_block_build(scope, query=text, limit=limit or settings.MCP_MEMORY_SEARCH_LIMIT, project=project)
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.MEMORY_PREFETCH,
+            memory_ids=block.ids,
+            detail={"query": items_digest([message("user", text)]), "results": len(block.ids)},
+        )
+    return {
+        "notes": block.text(),
+        "memories": [memory_view(f, score=s).as_dict() for f, s in zip(block.facts, block.scores, strict=True)],
+    }
