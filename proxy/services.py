@@ -88,12 +88,16 @@ def session_id_clean(value: str | None, *, caller: ChatCaller) -> str:
     return value
 
 
-def chat_history_load(caller: ChatCaller, *, session_id: str) -> list[dict[str, Any]]:
-    """Rate limit (per user), then the session's last `session_window_size` items."""
+def chat_rate_limit_consume(caller: ChatCaller) -> None:
+    """The per-user limit on chat calls (RATE_LIMIT_CHAT_COMPLETION)."""
     try:
         rate_limit_consume(caller.scope, operation=Operation.CHAT_COMPLETION)
     except ServiceError as error:
         raise ProxyError(429, "rate_limited", error.message, retry_after_s=error.retry_after_s) from None
+
+
+def chat_history_load(caller: ChatCaller, *, session_id: str) -> list[dict[str, Any]]:
+    """The session's last `session_window_size` items, oldest first."""
     return session_events_recent(caller.scope, session_id=session_id, limit=caller.config.session_window_size)
 
 

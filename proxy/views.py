@@ -87,13 +87,13 @@ def _error_response(error: ProxyError) -> JsonResponse:
 
 
 def _prepare(authorization: str | None, raw_body: bytes, session_header: str | None, holder: dict) -> tuple:
-    """Auth and config (401), body (422), then rate limit (429) and the session history."""
+    """Auth and config (401), body (422), then the rate limit (429)."""
     caller = services.chat_caller_authenticate(authorization=authorization)
     holder["caller"] = caller
     body, messages = chat_body_parse(raw_body)
     session_id = services.session_id_clean(session_header, caller=caller)
-    history = services.chat_history_load(caller, session_id=session_id)
-    return caller, body, messages, session_id, history
+    services.chat_rate_limit_consume(caller)
+    return caller, body, messages, session_id
 
 
 @csrf_exempt
@@ -105,10 +105,12 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     call = call_context_from_request(request, channel=Channel.PROXY)
     holder: dict[str, Any] = {}
     try:
-        caller, body, messages, session_id, history_items = await _thread(
+        caller, body, messages, session_id = await _thread(
             _prepare, request.headers.get("Authorization"), request.body, request.headers.get(SESSION_HEADER), holder
         )
         call = services.chat_call_context(call, caller=caller)
+        # The session history and the memory search run side by side.
+        history_task = asyncio.ensure_future(_thread(services.chat_history_load, caller, session_id=session_id))
         try:
             memories = await asyncio.wait_for(
                 _thread(
@@ -121,6 +123,8 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             )
         except TimeoutError:
             raise memory_unavailable("Memory retrieval timed out; the request was not forwarded.") from None
+        finally:
+            history_items = await history_task
         block = memory_block_render([m.memory for m in memories]) if memories else None
         enriched = messages_enrich(messages, memory_block=block, history=history_messages(history_items))
         extra = {k: v for k, v in caller.config.extra_body.items() if k not in body}
