@@ -192,12 +192,15 @@ def _enqueue(turn_pk: int) -> None:
         logger.warning("could not enqueue turn extraction (%s); the sweep will pick it up", type(exc).__name__)
 
 
-def chat_call_failed(caller: ChatCaller | None, *, call: CallContext, error: ProxyError) -> None:
-    """Our own refusal (401/422/429/502): one audit row, no usage event."""
+def chat_call_failed(
+    caller: ChatCaller | None, *, call: CallContext, error: ProxyError, credential_presented: bool = True
+) -> None:
+    """Our own refusal (401/422/429/502): one audit row, no usage event (a 401 is counted
+    per client address with one sampled row, as on every surface)."""
     try:
         if caller is None:
             if error.status == 401:
-                auth_failure_record(call=call, credential_presented=True)
+                auth_failure_record(call=call, credential_presented=credential_presented)
             return
         with transaction.atomic():
             audit_failure(caller.scope, call=call, operation=Operation.CHAT_COMPLETION, error=error.as_service_error())

@@ -141,7 +141,13 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         )
     except ProxyError as error:
         logger.info("chat call refused: %s %s", error.status, error.code)
-        await _thread(services.chat_call_failed, holder.get("caller"), call=call, error=error)
+        await _thread(
+            services.chat_call_failed,
+            holder.get("caller"),
+            call=call,
+            error=error,
+            credential_presented=bool(request.headers.get("Authorization")),
+        )
         return _error_response(error)
 
 

@@ -479,3 +479,35 @@ def test_missing_template_fails_the_system_check(settings, tmp_path):
     from proxy.templates import memory_template_load
 
     memory_template_load.cache_clear()
+
+
+def test_api_key_page_section_saves_own_keys_only(client, alice, bob):
+    from django.urls import reverse
+
+    alice_key_row, _ = api_key_issue(user=alice, name="a")
+    bob_key_row, _ = api_key_issue(user=bob, name="b")
+    client.force_login(alice)
+    assert "Chat proxy settings" in client.get(reverse("web-keys")).content.decode()
+    url = reverse("proxy-key-config", args=[alice_key_row.key_id])
+    form = {
+        "upstream_base_url": "http://127.0.0.1:9",
+        "upstream_api_key": "sk-alice",
+        "memory_limit": "3",
+        "session_window_size": "10",
+        "extra_body": '{"seed": 1}',
+        "memory_llm": "{}",
+        "memory_prompt": "",
+    }
+    assert client.post(url, {**form, "memory_limit": "0"}).status_code == 400
+    assert client.post(url, form).status_code == 302
+    page = client.get(url).content.decode()
+    assert "sk-alice" not in page and "http://127.0.0.1:9" in page
+    assert client.post(url, {**form, "upstream_api_key": ""}).status_code == 302  # blank keeps the key
+    config = selectors.token_config_effective(api_key=alice_key_row)
+    assert config.api_key == "sk-alice" and config.memory_limit == 3 and config.extra_body == {"seed": 1}
+    # bob's key id behaves like a missing one
+    assert client.get(reverse("proxy-key-config", args=[bob_key_row.key_id])).status_code == 404
+    assert client.post(reverse("proxy-key-config", args=[bob_key_row.key_id]), form).status_code == 404
+    assert not TokenConfig.objects.filter(api_key=bob_key_row).exists()
+    assert client.post(url, {"delete": "1"}).status_code == 302
+    assert not TokenConfig.objects.exists()
