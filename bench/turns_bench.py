@@ -108,6 +108,7 @@ def main() -> int:
         results = {}
         try:
             url = f"http://127.0.0.1:{port}/engines/memory-lifecycle/mcp"
+            run(url, token, 5, 1)  # warm-up (model load, first connections), not reported
             for concurrency in args.concurrency:
                 print(f"  {args.turns} turns, {concurrency} concurrent client(s)", file=sys.stderr)
                 results[f"c{concurrency}"] = row = run(url, token, args.turns, concurrency)

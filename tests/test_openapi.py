@@ -14,6 +14,8 @@ def test_schema_lists_the_seven_operations(client):
         "forget_memories", "list_trash", "restore_memory", "purge_memory",
         "v1_memory_store", "v1_memory_list", "v1_memory_search", "v1_memory_update", "v1_memory_delete",
         "v1_memory_forget",
+        # issue 13: seed 001's prefetch
+        "v1_memory_prefetch",
     }  # fmt: skip
     assert schema["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
     remember = schema["paths"]["/v1/memories"]["post"]["requestBody"]["content"]["application/json"]["schema"]

@@ -370,3 +370,37 @@ def test_concurrent_turns_of_one_session_serialise(alice, clean_vectors):
     assert len(turn_ids) == 18
     # Each turn's three events are contiguous: the commits did not interleave.
     assert all(len(set(turn_ids[i : i + 3])) == 1 for i in range(0, 18, 3))
+
+
+def test_lifecycle_results_validate_against_their_output_schemas(alice, clean_vectors):
+    import jsonschema
+
+    from memories.interfaces.mcp.lifecycle import LIFECYCLE_TOOLSET
+
+    schemas = {tool.name: tool.output_schema for tool in LIFECYCLE_TOOLSET.tools}
+    calls = {
+        "memory_after_turn": {"session_id": "s", "turn_id": "t", "input_items": [user_msg("I prefer tea.")]},
+        "memory_before_turn": {"session_id": "s", "current_input": [user_msg("tea?")]},
+        "memory_run_turn": {"session_id": "s", "current_input": [user_msg("tea?")]},
+        "memory_run_maintenance": {"session_id": "s"},
+        "memory_list_dir_with_abstract": {},
+    }
+    assert set(calls) == set(schemas)
+    for name, arguments in calls.items():
+        jsonschema.validate(run(alice, name, **arguments), schemas[name])
+
+
+def test_nightly_maintenance_runs_every_active_session_unbilled(alice, bob, alice_scope, monkeypatch, clean_vectors):
+    from billing.models import UsageEvent
+    from memories.tasks import turns_maintenance_nightly
+
+    turn(alice, "a1", "t", "I prefer tea.")
+    turn(bob, "b1", "t", "I prefer coffee.")
+    SessionState.objects.filter(session_id="b1").update(last_active_at=timezone.now() - timedelta(days=30))
+    monkeypatch.setattr(turns, "_now", lambda: timezone.now() + timedelta(days=2))
+    usage = UsageEvent.objects.count()
+    assert turns_maintenance_nightly.apply().get() == 1  # bob's session is not active
+    assert UsageEvent.objects.count() == usage
+    assert AuditEvent.objects.filter(operation="memory_run_maintenance", outcome="ok").count() == 1
+    assert SessionArchive.objects.filter(session_id="a1").exists()
+    assert not SessionArchive.objects.filter(session_id="b1").exists()

@@ -25,6 +25,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from audit.services import audit_record
 from core.choices import MemoryType, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
 from core.locks import advisory_xact_lock
@@ -638,13 +639,12 @@ def turn_maintenance_run(
         "expired_facts": expired,
         "consolidated_facts": consolidated,
     }
+    detail = {"project": project, "session_id": session_id, **result}
     with transaction.atomic():
-        call_succeeded(
-            scope,
-            call=call,
-            operation=Operation.MEMORY_RUN_MAINTENANCE,
-            detail={"project": project, "session_id": session_id, **result},
-        )
+        if billed:
+            call_succeeded(scope, call=call, operation=Operation.MEMORY_RUN_MAINTENANCE, detail=detail)
+        else:  # the nightly job: audited, not billed
+            audit_record(scope, call=call, operation=Operation.MEMORY_RUN_MAINTENANCE, detail=detail)
     return result
 
 
@@ -698,7 +698,8 @@ def session_events_delete(scope: MemoryScope, *, project: str, session_id: str, 
         events, _ = SessionEvent.objects.filter(**owned).delete()
         archives, _ = SessionArchive.objects.filter(**owned).delete()
         SessionState.objects.filter(**owned).update(abstract="", overview="", summary_updated_at=None)
-        call_succeeded(
+        # A person tidying their data (like restore): audited, not billed.
+        audit_record(
             scope,
             call=call,
             operation=Operation.DELETE_SESSION_EVENTS,
