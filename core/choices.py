@@ -41,6 +41,10 @@ class Operation(models.TextChoices):
     MEMORY_RUN_TURN = "memory_run_turn"
     MEMORY_PREFETCH = "memory_prefetch"
     DELETE_SESSION_EVENTS = "delete_session_events"
+    # The chat proxy (issue 15): one billed call per answered chat completion.
+    CHAT_COMPLETION = "chat_completion"
+    # A chat proxy key's upstream configuration saved or deleted (owner or staff).
+    PROXY_TOKEN_CONFIG = "proxy_token_config"  # noqa: S105 - an operation name
 
 
 MEMORY_TOOL_OPERATIONS: tuple[Operation, ...] = (
@@ -60,6 +64,7 @@ class Channel(models.TextChoices):
     UI = "ui"
     ADMIN = "admin"
     INTERNAL = "internal"
+    PROXY = "proxy"
 
 
 class MemoryType(models.TextChoices):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 
 from core.errors import ErrorCode
@@ -27,12 +29,29 @@ class AdminInputMiddleware:
     DataError (500). Answer 400 instead, before any view runs. (Memory operations are
     checked by the dispatcher, where the failure is also audited.)"""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
+    # Async-capable, so an async view (the chat proxy's stream) runs without a thread hop.
+    sync_capable = True
+    async_capable = True
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if iscoroutinefunction(self):
+            return self._acall(request)
+        refused = self._refused(request)
+        return refused if refused is not None else self.get_response(request)
+
+    async def _acall(self, request: HttpRequest) -> Any:
+        refused = self._refused(request)
+        return refused if refused is not None else await self.get_response(request)
+
+    @staticmethod
+    def _refused(request: HttpRequest) -> HttpResponse | None:
         if request.path.startswith(ADMIN_PREFIX):
             problem = _problem(request)
             if problem:
                 return HttpResponseBadRequest(problem, content_type="text/plain; charset=utf-8")
-        return self.get_response(request)
+        return None

@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "memories",
     "billing",
     "audit",
+    "proxy",
 ]
 
 MIDDLEWARE = [
@@ -220,6 +221,7 @@ _RATE_DEFAULTS = {
     Operation.CLEAR_ALL_MEMORY: "5/hour",
     Operation.EXPORT_MEMORIES: "30/hour",
     Operation.IMPORT_MEMORIES: "20/hour",
+    Operation.CHAT_COMPLETION: "120/minute",
 }
 # Export/import of one user's memories: the largest file and the most memories one import takes.
 IMPORT_MAX_BYTES = env_int("IMPORT_MAX_BYTES", 20 * 1024 * 1024)
@@ -451,3 +453,19 @@ CELERY_BEAT_SCHEDULE["memories-turns-maintenance-nightly"] = {
     "task": "memories.turns_maintenance_nightly",
     "schedule": crontab(hour=3, minute=23),
 }
+# --- Chat proxy (issue 15, seed 004) ------------------------------------------------
+# Keys without their own configuration (admin API /v1/admin/tokens, or the API-key page)
+# forward to this OpenAI-compatible upstream; unset: such keys get 401 on the proxy.
+CHAT_UPSTREAM_BASE_URL = env_str("CHAT_UPSTREAM_BASE_URL", "")
+CHAT_UPSTREAM_API_KEY = env_str("CHAT_UPSTREAM_API_KEY", "")
+# Fernet key for upstream API keys at rest (`Fernet.generate_key()`); derived from
+# SECRET_KEY when unset (set it in production so a SECRET_KEY rotation keeps them).
+PROXY_ENCRYPTION_KEY = env_str("PROXY_ENCRYPTION_KEY", "")
+PROXY_MEMORY_TEMPLATE_PATH = env_path("PROXY_MEMORY_TEMPLATE_PATH", BASE_DIR / "proxy" / "memory_template.md")
+PROXY_MEMORY_SEARCH_TIMEOUT_S = env_float("PROXY_MEMORY_SEARCH_TIMEOUT_S", 30.0, minimum=0.01)
+PROXY_MEMORY_STORE_TIMEOUT_S = env_float("PROXY_MEMORY_STORE_TIMEOUT_S", 120.0, minimum=0.1)
+PROXY_UPSTREAM_TIMEOUT_S = env_float("PROXY_UPSTREAM_TIMEOUT_S", 120.0, minimum=0.1)
+PROXY_UPSTREAM_CONNECT_TIMEOUT_S = env_float("PROXY_UPSTREAM_CONNECT_TIMEOUT_S", 10.0, minimum=0.1)
+# Session messages compared for duplicates before a turn is stored (seed 004: 200).
+PROXY_DEDUPE_WINDOW = env_int("PROXY_DEDUPE_WINDOW", 200, minimum=0)
+CELERY_BEAT_SCHEDULE["proxy-turns-sweep"] = {"task": "proxy.turns_sweep", "schedule": 60.0}

@@ -19,4 +19,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("oidc/", include(oidc_urlpatterns())),
     path("", include("memories.interfaces.web.urls")),
+    path("v1/", include("proxy.urls")),  # chat proxy (issue 15): /v1/chat/completions, /v1/admin/tokens
+    path("", include("proxy.web_urls")),  # its section of the API-key page
 ]

@@ -277,3 +277,116 @@ class FakeGateway(FakeServer):
     def received_ids(self) -> list[str]:
         with self.lock:
             return [e["request_id"] for e in self.received]
+
+
+class FakeChatUpstream:
+    """An OpenAI-compatible chat upstream for the chat proxy (issue 15): answers
+    /v1/chat/completions whole or as SSE (one chunk every `chunk_delay` seconds), with
+    tool calls when asked, or a canned error status. Records what it was sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.reset()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"  # close-delimited bodies: SSE needs no length
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):  # noqa: N802 - http.server API
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                payload = json.loads(raw) if raw else None
+                fake.requests.append(
+                    {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "json": payload}
+                )
+                if fake.error is not None:
+                    status, body = fake.error
+                    data = json.dumps(body).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("X-Upstream", "fake")
+                    if status == 429:
+                        self.send_header("Retry-After", "7")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                if payload.get("stream"):
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("X-Upstream", "fake")
+                    self.end_headers()
+                    for chunk in fake.stream_chunks(payload):
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                        if fake.chunk_delay:
+                            time.sleep(fake.chunk_delay)
+                    return
+                data = json.dumps(fake.completion(payload)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("X-Upstream", "fake")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def reset(self) -> None:
+        self.requests.clear()
+        self.reply = "Hello from upstream."
+        self.tool_call: dict[str, str] | None = None
+        self.error: tuple[int, Any] | None = None
+        self.chunk_delay = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def start(self) -> FakeChatUpstream:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def completion(self, payload: dict[str, Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.reply}
+        if self.tool_call:
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "call_1", "type": "function", "function": dict(self.tool_call)}],
+            }
+        return {
+            "id": "chatcmpl-upstream",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": payload.get("model", "fake"),
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if self.tool_call else "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+        }
+
+    def stream_chunks(self, payload: dict[str, Any]) -> list[bytes]:
+        base = {"id": "chatcmpl-upstream", "object": "chat.completion.chunk", "created": 1700000000}
+        base["model"] = payload.get("model", "fake")
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+        if self.tool_call:
+            name, arguments = self.tool_call["name"], self.tool_call["arguments"]
+            first = {"index": 0, "id": "call_1", "type": "function", "function": {"name": name}}
+            deltas.append({"tool_calls": [first]})
+            half = len(arguments) // 2
+            for part in (arguments[:half], arguments[half:]):
+                deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
+        else:
+            words = self.reply.split(" ")
+            deltas += [{"content": w if i == 0 else " " + w} for i, w in enumerate(words)]
+        chunks = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+        finish = "tool_calls" if self.tool_call else "stop"
+        chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]

@@ -1,0 +1,50 @@
+"""The proxy's own error answers (seed 004's table), in OpenAI's error shape so the
+official clients raise their usual exceptions. Every one carries `X-Memsite-Error`, so
+our 502 is distinguishable from an upstream's 500 (which passes through unchanged)."""
+
+from __future__ import annotations
+
+from core.errors import ErrorCode, ServiceError
+
+ERROR_HEADER = "X-Memsite-Error"
+
+
+class ProxyError(Exception):
+    log_safe_message = True  # core/log_safety.py prints it in tracebacks
+
+    def __init__(self, status: int, code: str, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    def as_body(self) -> dict:
+        return {"error": {"message": self.message, "type": "memsite_error", "code": self.code, "param": None}}
+
+    def as_service_error(self) -> ServiceError:
+        """For the audit row (audit_failure takes a ServiceError)."""
+        code = {
+            401: ErrorCode.UNAUTHENTICATED,
+            403: ErrorCode.FORBIDDEN,
+            404: ErrorCode.NOT_FOUND,
+            422: ErrorCode.INVALID_ARGUMENT,
+            429: ErrorCode.RATE_LIMITED,
+        }.get(self.status, ErrorCode.BACKEND_UNAVAILABLE)
+        return ServiceError(code, self.message)
+
+
+def unauthenticated(message: str = "Missing or invalid API key.") -> ProxyError:
+    return ProxyError(401, "invalid_api_key", message)
+
+
+def invalid_messages(message: str) -> ProxyError:
+    return ProxyError(422, "invalid_messages", message)
+
+
+def memory_unavailable(message: str = "Memory retrieval failed; the request was not forwarded.") -> ProxyError:
+    return ProxyError(502, "memory_unavailable", message)
+
+
+def upstream_unreachable() -> ProxyError:
+    return ProxyError(502, "upstream_unreachable", "The upstream LLM could not be reached.")

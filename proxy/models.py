@@ -1,0 +1,68 @@
+"""The chat proxy's rows: per-key upstream configuration and the extraction outbox."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from memories.models import ApiKey
+
+
+class TokenConfig(models.Model):
+    """How one API key's chat calls are forwarded (seed 004's service token config).
+    Keys without a row use the deployment default (CHAT_UPSTREAM_BASE_URL/_API_KEY).
+    The upstream API key is stored encrypted (proxy/crypto.py) and never shown again."""
+
+    api_key = models.OneToOneField(ApiKey, on_delete=models.CASCADE, related_name="proxy_config")
+    upstream_base_url = models.CharField(max_length=500)
+    upstream_api_key_encrypted = models.TextField()
+    # Added to the forwarded body when the client did not send the field (transparent JSON).
+    extra_body = models.JSONField(default=dict, blank=True)
+    # The extraction LLM (transparent JSON: model, base_url, ...); recorded, see README.
+    memory_llm = models.JSONField(default=dict, blank=True)
+    memory_prompt = models.TextField(blank=True)
+    memory_limit = models.PositiveIntegerField(default=5)
+    session_window_size = models.PositiveIntegerField(default=20)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(memory_limit__gt=0), name="proxy_memory_limit_positive"),
+            models.CheckConstraint(condition=models.Q(session_window_size__gt=0), name="proxy_session_window_positive"),
+            models.CheckConstraint(condition=~models.Q(upstream_base_url=""), name="proxy_base_url_set"),
+            models.CheckConstraint(condition=~models.Q(upstream_api_key_encrypted=""), name="proxy_api_key_set"),
+        ]
+
+    def __str__(self) -> str:
+        return f"proxy config of key {self.api_key_id}"
+
+
+class ProxyTurn(models.Model):
+    """One answered chat call waiting for memory extraction (outbox: committed with the
+    call's usage event and audit row, processed by the `proxy.turn_extract` task, swept
+    by `proxy.turns_sweep`, so a turn is never lost to a crash or a broker outage)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        DONE = "done"
+        FAILED = "failed"
+
+    request_id = models.CharField(max_length=64, unique=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    tenant = models.CharField(max_length=64)
+    client_app = models.CharField(max_length=200, blank=True)
+    session_id = models.CharField(max_length=200)
+    # The turn's messages, cleared once extracted (the session log keeps the turn).
+    messages = models.JSONField(default=list, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "created_at"], name="proxy_turn_due")]
+
+    def __str__(self) -> str:
+        return f"turn {self.request_id} ({self.state})"

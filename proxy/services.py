@@ -1,0 +1,354 @@
+"""The chat proxy's writes: token configurations (validated, secret encrypted), the
+per-call record (rate limit, usage event, audit row, session turn, extraction outbox)
+and the extraction itself. Keyword-only; scope first."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from audit.services import audit_failure, audit_record, auth_failure_record
+from billing.services import usage_event_record
+from core.choices import Channel, Operation
+from core.errors import ErrorCode, ServiceError
+from core.request_ids import request_id_new
+from core.scope import CallContext, MemoryScope
+from memories.auth import Principal, authenticate_bearer, bearer_token
+from memories.models import ApiKey
+from memories.rate_limits import rate_limit_consume
+from memories.services import api_key_authenticate, memory_ingest
+from memories.sessions import session_events_append, session_events_recent
+from proxy.crypto import secret_encrypt
+from proxy.errors import ProxyError, unauthenticated
+from proxy.messages import turn_items
+from proxy.models import ProxyTurn, TokenConfig
+from proxy.selectors import UpstreamConfig, token_config_effective
+from proxy.tasks import turn_extract as turn_extract_task
+
+logger = logging.getLogger(__name__)
+
+MAX_SESSION_ID_CHARS = 200
+EXTRACTION_MAX_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class ChatCaller:
+    principal: Principal
+    scope: MemoryScope
+    api_key: ApiKey | None
+    config: UpstreamConfig
+
+    @property
+    def default_session_id(self) -> str:
+        # Seed 004: one token, one conversation stream, unless the client names a session.
+        return f"key:{self.api_key.key_id}" if self.api_key is not None else "default"
+
+
+def chat_caller_authenticate(*, authorization: str | None) -> ChatCaller:
+    """The caller and its configuration; 401 for a missing/invalid key or config."""
+    token = bearer_token(authorization)
+    if token is None:
+        raise unauthenticated()
+    api_key = None
+    if token.startswith(ApiKey.PREFIX):
+        api_key = api_key_authenticate(token=token)
+        if api_key is None:
+            raise unauthenticated()
+        principal = Principal(user=api_key.user, method="api_key", client_app=api_key.name or f"key:{api_key.key_id}")
+    else:
+        principal = authenticate_bearer(authorization)
+        if principal is None:
+            raise unauthenticated()
+    config = token_config_effective(api_key=api_key)
+    return ChatCaller(principal=principal, scope=principal.scope(), api_key=api_key, config=config)
+
+
+def chat_call_context(call: CallContext, *, caller: ChatCaller) -> CallContext:
+    return replace(call, actor_username=caller.principal.user.get_username(), actor_auth=caller.principal.method)
+
+
+def session_id_clean(value: str | None, *, caller: ChatCaller) -> str:
+    value = (value or "").strip()
+    if not value:
+        return caller.default_session_id
+    if len(value) > MAX_SESSION_ID_CHARS or not value.isprintable():
+        message = f"X-Session-Id: at most {MAX_SESSION_ID_CHARS} printable characters."
+        raise ProxyError(422, "invalid_session_id", message)
+    return value
+
+
+def chat_rate_limit_consume(caller: ChatCaller) -> None:
+    """The per-user limit on chat calls (RATE_LIMIT_CHAT_COMPLETION)."""
+    try:
+        rate_limit_consume(caller.scope, operation=Operation.CHAT_COMPLETION)
+    except ServiceError as error:
+        raise ProxyError(429, "rate_limited", error.message, retry_after_s=error.retry_after_s) from None
+
+
+def chat_history_load(caller: ChatCaller, *, session_id: str) -> list[dict[str, Any]]:
+    """The session's last `session_window_size` items, oldest first."""
+    return session_events_recent(caller.scope, session_id=session_id, limit=caller.config.session_window_size)
+
+
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def chat_call_finish(
+    caller: ChatCaller,
+    *,
+    call: CallContext,
+    session_id: str,
+    status: int,
+    stream: bool,
+    model: Any,
+    request_messages: list[dict[str, Any]],
+    answer: dict[str, Any] | None,
+    memory_ids: list[str],
+    history_items: int,
+) -> int | None:
+    """After the upstream answered. One transaction: the audit row (content as hashes),
+    and for a 2xx answer the usage event, the turn in the session log (duplicates
+    skipped) and the extraction outbox row. Returns that row's pk: the caller enqueues
+    it off the answer's path (`proxy_turn_enqueue`); the sweep enqueues any it missed."""
+    detail = {
+        "upstream_status": status,
+        "stream": stream,
+        "model": model if isinstance(model, str) else None,
+        "upstream": caller.config.source,
+        "session_sha256": hashlib.sha256(session_id.encode()).hexdigest(),
+        "messages": len(request_messages),
+        "messages_sha256": _sha256(request_messages),
+        "answer_sha256": _sha256(answer) if answer is not None else None,
+        "memories_injected": len(memory_ids),
+        "history_items": history_items,
+    }
+    scope = caller.scope
+    with transaction.atomic():
+        if not 200 <= status < 300:
+            audit_record(
+                scope,
+                call=call,
+                operation=Operation.CHAT_COMPLETION,
+                outcome=AuditEvent.Outcome.ERROR,
+                error_code=f"upstream_{status}",
+                memory_ids=memory_ids,
+                detail=detail,
+            )
+            return None
+        new_messages = [*request_messages, *([answer] if answer else [])]
+        stored = session_events_append(
+            scope,
+            session_id=session_id,
+            items=turn_items(new_messages),
+            turn_id=call.turn_id or call.request_id,
+            dedupe_window=settings.PROXY_DEDUPE_WINDOW,
+        )
+        detail["session_items_stored"] = stored
+        extract = [m for m in turn_items(new_messages) if m.get("type") == "message"]
+        turn_pk = None
+        if extract:
+            turn = ProxyTurn.objects.create(
+                request_id=call.request_id,
+                user_id=scope.user_pk,
+                tenant=scope.tenant,
+                client_app=scope.client_app or "",
+                session_id=session_id,
+                messages=[{"role": m["role"], "content": _plain(m["content"])} for m in extract[-2:]],
+            )
+            turn_pk = turn.pk
+        usage_event_record(scope, operation=Operation.CHAT_COMPLETION, call=call)
+        audit_record(scope, call=call, operation=Operation.CHAT_COMPLETION, memory_ids=memory_ids, detail=detail)
+    return turn_pk
+
+
+def _plain(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return content if isinstance(content, str) else ""
+
+
+def proxy_turn_enqueue(*, turn_pk: int) -> None:
+    """Hand a committed turn to the worker (publishing costs a broker round trip, so the
+    view calls this after the answer went out)."""
+    _enqueue(turn_pk)
+
+
+def _enqueue(turn_pk: int) -> None:
+    try:
+        turn_extract_task.delay(turn_pk)
+    except Exception as exc:  # broker down: the sweep picks the turn up
+        logger.warning("could not enqueue turn extraction (%s); the sweep will pick it up", type(exc).__name__)
+
+
+def chat_call_failed(
+    caller: ChatCaller | None, *, call: CallContext, error: ProxyError, credential_presented: bool = True
+) -> None:
+    """Our own refusal (401/422/429/502): one audit row, no usage event (a 401 is counted
+    per client address with one sampled row, as on every surface)."""
+    try:
+        if caller is None:
+            if error.status == 401:
+                auth_failure_record(call=call, credential_presented=credential_presented)
+            return
+        with transaction.atomic():
+            audit_failure(caller.scope, call=call, operation=Operation.CHAT_COMPLETION, error=error.as_service_error())
+    except Exception:  # never hide the caller's error behind an audit failure, but say so
+        logger.exception("could not write the audit row for a failed chat call")
+
+
+# --- extraction (after the answer, in the worker) ---------------------------------------
+def proxy_turn_extract(*, turn_pk: int) -> str:
+    """Extract memories from one answered turn (mem0 infer through `memory_ingest`,
+    which keeps the dedupe rule and its own audit row) under PROXY_MEMORY_STORE_TIMEOUT_S.
+    A failure is logged and retried by the sweep up to EXTRACTION_MAX_ATTEMPTS; it never
+    touches the chat call, which was answered long ago."""
+    with transaction.atomic():
+        turn = ProxyTurn.objects.select_for_update(skip_locked=True).filter(pk=turn_pk).first()
+        if turn is None or turn.state != ProxyTurn.State.PENDING:
+            return "skipped"
+        turn.attempts += 1
+        turn.save(update_fields=["attempts"])
+    scope = MemoryScope(tenant=turn.tenant, user_pk=turn.user_id, client_app=turn.client_app or None)
+    call = CallContext(channel=Channel.PROXY, request_id=request_id_new(), turn_id=turn.request_id)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        future = pool.submit(_ingest_in_thread, scope, turn.messages, call, turn.session_id)
+        future.result(timeout=settings.PROXY_MEMORY_STORE_TIMEOUT_S)
+    except Exception as exc:
+        reason = "timeout" if isinstance(exc, concurrent.futures.TimeoutError) else type(exc).__name__
+        if isinstance(exc, ServiceError):
+            reason = exc.code.value
+        logger.warning("memory extraction for turn %s failed (%s)", turn.pk, reason)
+        final = turn.attempts >= EXTRACTION_MAX_ATTEMPTS or reason == ErrorCode.LLM_UNAVAILABLE.value
+        ProxyTurn.objects.filter(pk=turn.pk).update(
+            last_error=reason[:100],
+            **({"state": ProxyTurn.State.FAILED, "closed_at": timezone.now(), "messages": []} if final else {}),
+        )
+        return "failed"
+    finally:
+        pool.shutdown(wait=False)
+    ProxyTurn.objects.filter(pk=turn.pk).update(state=ProxyTurn.State.DONE, closed_at=timezone.now(), messages=[])
+    return "done"
+
+
+def _ingest_in_thread(scope: MemoryScope, messages: list[dict[str, Any]], call: CallContext, session_id: str) -> None:
+    from django.db import connection
+
+    try:
+        memory_ingest(scope, messages=messages, metadata={"session_id": session_id[:128]}, call=call)
+    finally:
+        connection.close()  # this thread's connection dies with it
+
+
+def proxy_turns_sweep(*, older_than_s: float = 60.0, batch: int = 100) -> int:
+    """Pending turns whose task was lost (broker down, worker killed): enqueue again."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    due = list(
+        ProxyTurn.objects.filter(state=ProxyTurn.State.PENDING, created_at__lt=cutoff)
+        .order_by("created_at")
+        .values_list("pk", flat=True)[:batch]
+    )
+    for pk in due:
+        _enqueue(pk)
+    return len(due)
+
+
+# --- token configuration (admin API, web UI) --------------------------------------------
+def _config_validate(fields: dict[str, Any], *, partial: bool) -> dict[str, Any]:
+    """Empty or zero required fields are refused (seed 004); ServiceError names the field."""
+    known = {
+        "upstream_base_url",
+        "upstream_api_key",
+        "extra_body",
+        "memory_llm",
+        "memory_prompt",
+        "memory_limit",
+        "session_window_size",
+    }
+    unknown = set(fields) - known
+    if unknown:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"Unknown fields: {sorted(unknown)}.")
+    required = {"upstream_base_url", "upstream_api_key"}
+    missing = required - set(fields) if not partial else set()
+    if missing:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"Required: {sorted(missing)}.")
+    clean: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name == "upstream_base_url":
+            parts = urlsplit(value) if isinstance(value, str) else None
+            if not value or parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_base_url must be an http(s) URL.")
+            if len(value) > 500:
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_base_url: at most 500 characters.")
+        elif name == "upstream_api_key":
+            if not isinstance(value, str) or not value.strip() or len(value) > 4096:
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_api_key must be a non-empty string.")
+        elif name in ("extra_body", "memory_llm"):
+            if not isinstance(value, dict):
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"{name} must be a JSON object.")
+            if name == "extra_body" and "messages" in value:
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "extra_body cannot set messages.")
+        elif name == "memory_prompt":
+            if not isinstance(value, str) or len(value) > 20000:
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "memory_prompt must be a string (20,000 chars max).")
+        elif name in ("memory_limit", "session_window_size"):
+            top = 100 if name == "memory_limit" else 1000
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"{name} must be an integer from 1 to {top}.")
+        clean[name] = value
+    return clean
+
+
+def _staff_call(staff_user: Any, call: CallContext) -> CallContext:
+    return replace(call, staff_user_id=staff_user.pk, staff_username=staff_user.get_username())
+
+
+def token_config_save(
+    *, api_key: ApiKey, fields: dict[str, Any], partial: bool, call: CallContext, staff_user: Any = None
+) -> TokenConfig:
+    """Create or change a key's configuration (validated; the upstream key encrypted).
+    `partial` keeps unspecified fields (PATCH); a new row needs the required ones."""
+    with transaction.atomic():
+        row = TokenConfig.objects.select_for_update().filter(api_key=api_key).first()
+        clean = _config_validate(fields, partial=partial and row is not None)
+        if row is None:
+            row = TokenConfig(api_key=api_key)
+        for name, value in clean.items():
+            if name == "upstream_api_key":
+                row.upstream_api_key_encrypted = secret_encrypt(value.strip())
+            else:
+                setattr(row, name, value)
+        row.save()
+        changed = sorted(n for n in clean if n != "upstream_api_key") + (
+            ["upstream_api_key"] if "upstream_api_key" in clean else []
+        )
+        _config_audit(api_key, call=call, staff_user=staff_user, action="save", changed=changed)
+    return row
+
+
+def token_config_delete(*, api_key: ApiKey, call: CallContext, staff_user: Any = None) -> bool:
+    with transaction.atomic():
+        deleted, _ = TokenConfig.objects.filter(api_key=api_key).delete()
+        if deleted:
+            _config_audit(api_key, call=call, staff_user=staff_user, action="delete", changed=[])
+    return bool(deleted)
+
+
+def _config_audit(api_key: ApiKey, *, call: CallContext, staff_user: Any, action: str, changed: list[str]) -> None:
+    """In the change's transaction; the subject is the key's owner, the actor staff or them."""
+    detail = {"key_id": api_key.key_id, "action": action, "fields": changed}
+    if staff_user is not None:
+        call = _staff_call(staff_user, call)
+    audit_record(MemoryScope.for_user(api_key.user), call=call, operation=Operation.PROXY_TOKEN_CONFIG, detail=detail)

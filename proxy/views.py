@@ -1,0 +1,331 @@
+"""HTTP edges of the chat proxy: `POST /v1/chat/completions` (async: the upstream's
+answer streams through as it arrives) and the staff admin API `/v1/admin/tokens`.
+Thin: the work is in proxy.services / proxy.selectors / proxy.messages."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import weakref
+from typing import Any
+
+import httpx
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from core.calls import call_context_from_request
+from core.choices import Channel
+from core.errors import ServiceError
+from core.request_ids import request_bound, request_id_bound
+from core.scope import CallContext
+from memories.auth import authenticate_bearer
+from memories.models import ApiKey
+from proxy import selectors, services
+from proxy.errors import ERROR_HEADER, ProxyError, memory_unavailable, upstream_unreachable
+from proxy.messages import Answer, chat_body_parse, history_messages, last_user_text, messages_enrich
+from proxy.models import TokenConfig
+from proxy.templates import memory_block_render
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = "X-Session-Id"
+# Not forwarded either way: connection-level, or recomputed by the server that sends.
+HOP_HEADERS = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "date",
+    "server",
+}
+
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+_background: set[asyncio.Task] = set()
+
+
+def _upstream_client() -> httpx.AsyncClient:
+    """One pooled client per event loop: no TLS context or connection set-up per call."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        timeout = httpx.Timeout(settings.PROXY_UPSTREAM_TIMEOUT_S, connect=settings.PROXY_UPSTREAM_CONNECT_TIMEOUT_S)
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+        client = _clients[loop] = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+    return client
+
+
+def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    close_old_connections()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        close_old_connections()
+
+
+async def _thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    return await sync_to_async(_in_thread, thread_sensitive=False)(fn, *args, **kwargs)
+
+
+def _error_response(error: ProxyError) -> JsonResponse:
+    response = JsonResponse(error.as_body(), status=error.status)
+    response[ERROR_HEADER] = error.code
+    if error.retry_after_s:
+        response["Retry-After"] = str(error.retry_after_s)
+    return response
+
+
+def _prepare(authorization: str | None, raw_body: bytes, session_header: str | None, holder: dict) -> tuple:
+    """Auth and config (401), body (422), then the rate limit (429)."""
+    caller = services.chat_caller_authenticate(authorization=authorization)
+    holder["caller"] = caller
+    body, messages = chat_body_parse(raw_body)
+    session_id = services.session_id_clean(session_header, caller=caller)
+    services.chat_rate_limit_consume(caller)
+    return caller, body, messages, session_id
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        response = JsonResponse({"error": {"message": "Use POST.", "type": "memsite_error"}}, status=405)
+        response["Allow"] = "POST"
+        return response
+    call = call_context_from_request(request, channel=Channel.PROXY)
+    holder: dict[str, Any] = {}
+    try:
+        caller, body, messages, session_id = await _thread(
+            _prepare, request.headers.get("Authorization"), request.body, request.headers.get(SESSION_HEADER), holder
+        )
+        call = services.chat_call_context(call, caller=caller)
+        # The session history and the memory search run side by side.
+        history_task = asyncio.ensure_future(_thread(services.chat_history_load, caller, session_id=session_id))
+        try:
+            memories = await asyncio.wait_for(
+                _thread(
+                    selectors.chat_memories_find,
+                    caller.scope,
+                    query=last_user_text(messages),
+                    limit=caller.config.memory_limit,
+                ),
+                timeout=settings.PROXY_MEMORY_SEARCH_TIMEOUT_S,
+            )
+        except TimeoutError:
+            raise memory_unavailable("Memory retrieval timed out; the request was not forwarded.") from None
+        finally:
+            history_items = await history_task
+        block = memory_block_render([m.memory for m in memories]) if memories else None
+        enriched = messages_enrich(messages, memory_block=block, history=history_messages(history_items))
+        extra = {k: v for k, v in caller.config.extra_body.items() if k not in body}
+        payload = {**extra, **body, "messages": enriched}
+        return await _forward(
+            caller,
+            call=call,
+            payload=payload,
+            body=body,
+            messages=messages,
+            session_id=session_id,
+            memory_ids=[m.id for m in memories],
+            history_items=len(history_items),
+        )
+    except ProxyError as error:
+        logger.info("chat call refused: %s %s", error.status, error.code)
+        await _thread(
+            services.chat_call_failed,
+            holder.get("caller"),
+            call=call,
+            error=error,
+            credential_presented=bool(request.headers.get("Authorization")),
+        )
+        return _error_response(error)
+
+
+async def _forward(
+    caller: services.ChatCaller,
+    *,
+    call: CallContext,
+    payload: dict[str, Any],
+    body: dict[str, Any],
+    messages: list[dict[str, Any]],
+    session_id: str,
+    memory_ids: list[str],
+    history_items: int,
+) -> HttpResponse:
+    stream = bool(body.get("stream"))
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+    if caller.config.api_key:
+        headers["Authorization"] = f"Bearer {caller.config.api_key}"
+    client = _upstream_client()
+    try:
+        request = client.build_request(
+            "POST", caller.config.completions_url, content=json.dumps(payload).encode(), headers=headers
+        )
+        upstream = await client.send(request, stream=True)
+    except httpx.HTTPError:
+        logger.warning("chat upstream unreachable")
+        raise upstream_unreachable() from None
+    answer = Answer()
+    finish = {
+        "call": call,
+        "session_id": session_id,
+        "status": upstream.status_code,
+        "stream": stream,
+        "model": body.get("model"),
+        "request_messages": messages,
+        "memory_ids": memory_ids,
+        "history_items": history_items,
+    }
+    out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
+    ok = 200 <= upstream.status_code < 300
+    if not (stream and ok):
+        try:
+            raw = b"".join([chunk async for chunk in upstream.aiter_raw()])
+        except httpx.HTTPError:
+            raise upstream_unreachable() from None
+        finally:
+            await upstream.aclose()
+        if ok:
+            # Passed through as is either way; an unparsable answer just is not stored.
+            with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+                answer.take_message(json.loads(raw)["choices"][0]["message"])
+        await _finish(caller, answer, finish)
+        response = HttpResponse(raw, status=upstream.status_code)
+        for name, value in out_headers.items():
+            response[name] = value
+        return response
+
+    async def relay():
+        try:
+            async for chunk in upstream.aiter_raw():
+                answer.feed(chunk)
+                yield chunk
+        except httpx.HTTPError:
+            logger.warning("chat upstream stream broke off")
+        finally:
+            await upstream.aclose()
+            # The answer is complete (or the client left): record after the last byte.
+            await asyncio.shield(_finish(caller, answer, finish))
+
+    response = StreamingHttpResponse(relay(), status=upstream.status_code)
+    for name, value in out_headers.items():
+        response[name] = value
+    return response
+
+
+async def _finish(caller: services.ChatCaller, answer: Answer, finish: dict[str, Any]) -> None:
+    bound = request_bound()
+    rid = finish["call"].request_id
+    # The stream ends after the request's middleware returned: bind its id again.
+    with request_id_bound(rid, claimable=False) if bound is None else _noop():
+        try:
+            turn_pk = await _thread(services.chat_call_finish, caller, answer=answer.as_message(), **finish)
+        except Exception:
+            logger.exception("could not record the chat call")
+            return
+    if turn_pk is not None:
+        task = asyncio.get_running_loop().create_task(_thread(services.proxy_turn_enqueue, turn_pk=turn_pk))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+
+
+class _noop:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: Any) -> None:
+        return None
+
+
+# --- admin API: /v1/admin/tokens (staff credentials only) ------------------------------
+def _admin_principal(request: HttpRequest):
+    principal = authenticate_bearer(request.headers.get("Authorization"))
+    if principal is None:
+        raise ProxyError(401, "invalid_api_key", "A valid bearer token is required.")
+    if not principal.user.is_staff:
+        raise ProxyError(403, "forbidden", "Admin routes need a staff user's key.")
+    return principal
+
+
+def _json_body(request: HttpRequest) -> dict[str, Any]:
+    try:
+        data = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise ProxyError(422, "invalid_body", "The body is not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise ProxyError(422, "invalid_body", "The body must be a JSON object.")
+    return data
+
+
+def _key_or_404(key_id: Any) -> ApiKey:
+    api_key = (
+        ApiKey.objects.select_related("user").filter(key_id=key_id, revoked_at__isnull=True).first()
+        if isinstance(key_id, str)
+        else None
+    )
+    if api_key is None:
+        raise ProxyError(404, "not_found", "No such token.")
+    return api_key
+
+
+def _admin(handler):
+    @csrf_exempt
+    def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            principal = _admin_principal(request)
+            call = call_context_from_request(request, channel=Channel.REST)
+            return handler(request, principal, call, *args, **kwargs)
+        except ProxyError as error:
+            return _error_response(error)
+        except ServiceError as error:
+            return _error_response(ProxyError(422, error.code.value, error.message))
+
+    return view
+
+
+@_admin
+def admin_tokens(request: HttpRequest, principal, call: CallContext) -> HttpResponse:
+    if request.method == "GET":
+        rows = TokenConfig.objects.select_related("api_key__user").order_by("id")
+        return JsonResponse({"tokens": [selectors.token_config_view(row) for row in rows]})
+    if request.method != "POST":
+        return JsonResponse({"error": {"message": "Use GET or POST."}}, status=405)
+    data = _json_body(request)
+    api_key = _key_or_404(data.pop("key_id", None))
+    if TokenConfig.objects.filter(api_key=api_key).exists():
+        raise ProxyError(409, "conflict", "This token already has a configuration; use PUT or PATCH.")
+    row = services.token_config_save(api_key=api_key, fields=data, partial=False, call=call, staff_user=principal.user)
+    return JsonResponse(selectors.token_config_view(row), status=201)
+
+
+@_admin
+def admin_token(request: HttpRequest, principal, call: CallContext, key_id: str) -> HttpResponse:
+    api_key = _key_or_404(key_id)
+    row = TokenConfig.objects.filter(api_key=api_key).select_related("api_key__user").first()
+    if request.method == "GET":
+        if row is None:
+            raise ProxyError(404, "not_found", "This token has no configuration.")
+        return JsonResponse(selectors.token_config_view(row))
+    if request.method in ("PUT", "PATCH"):
+        partial = request.method == "PATCH"
+        if partial and row is None:
+            raise ProxyError(404, "not_found", "This token has no configuration.")
+        row = services.token_config_save(
+            api_key=api_key, fields=_json_body(request), partial=partial, call=call, staff_user=principal.user
+        )
+        return JsonResponse(selectors.token_config_view(row))
+    if request.method == "DELETE":
+        if not services.token_config_delete(api_key=api_key, call=call, staff_user=principal.user):
+            raise ProxyError(404, "not_found", "This token has no configuration.")
+        return HttpResponse(status=204)
+    return JsonResponse({"error": {"message": "Use GET, PUT, PATCH or DELETE."}}, status=405)

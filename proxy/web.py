@@ -1,0 +1,74 @@
+"""The chat proxy section of the user's API-key page: one key's upstream configuration
+(the owner's own keys only; another user's key id is a 404 like a missing one)."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods
+
+from core.calls import call_context_from_request
+from core.choices import Channel
+from core.errors import ServiceError
+from memories.models import ApiKey
+from proxy import services
+from proxy.models import TokenConfig
+
+JSON_FIELDS = ("extra_body", "memory_llm")
+INT_FIELDS = ("memory_limit", "session_window_size")
+
+
+def _form_fields(post) -> dict:
+    fields: dict = {"upstream_base_url": post.get("upstream_base_url", "").strip()}
+    if post.get("upstream_api_key", "").strip():  # blank keeps the stored key
+        fields["upstream_api_key"] = post["upstream_api_key"].strip()
+    fields["memory_prompt"] = post.get("memory_prompt", "")
+    for name in JSON_FIELDS:
+        text = post.get(name, "").strip() or "{}"
+        try:
+            fields[name] = json.loads(text)
+        except ValueError:
+            raise ServiceError("invalid_argument", f"{name} must be a JSON object.") from None
+    for name in INT_FIELDS:
+        try:
+            fields[name] = int(post.get(name, ""))
+        except ValueError:
+            raise ServiceError("invalid_argument", f"{name} must be a whole number.") from None
+    return fields
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def key_chat_config(request: HttpRequest, key_id: str) -> HttpResponse:
+    api_key = ApiKey.objects.filter(user=request.user, key_id=key_id, revoked_at__isnull=True).first()
+    if api_key is None:
+        raise Http404("No such key.")
+    row = TokenConfig.objects.filter(api_key=api_key).first()
+    call = call_context_from_request(request, channel=Channel.UI)
+    status = 200
+    if request.method == "POST":
+        if "delete" in request.POST:
+            services.token_config_delete(api_key=api_key, call=call)
+            messages.success(request, "Configuration removed: this key uses the deployment's default upstream.")
+            return redirect(reverse("proxy-key-config", args=[key_id]))
+        try:
+            services.token_config_save(api_key=api_key, fields=_form_fields(request.POST), partial=True, call=call)
+        except ServiceError as exc:
+            messages.error(request, exc.message)
+            status = 400
+        else:
+            messages.success(request, "Saved. The upstream API key is stored encrypted and not shown again.")
+            return redirect(reverse("proxy-key-config", args=[key_id]))
+    return render(
+        request,
+        "proxy/key_config.html",
+        {"key": api_key, "config": row, "extra_body": json.dumps(row.extra_body if row else {}),
+         "memory_llm": json.dumps(row.memory_llm if row else {}),
+         "chat_url": request.build_absolute_uri("/v1")},
+        status=status,
+    )  # fmt: skip

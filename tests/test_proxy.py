@@ -1,0 +1,513 @@
+"""The chat proxy (issue 15, seed 004): the official `openai` client against our
+/v1/chat/completions, served by uvicorn in this process, forwarding to a fake
+OpenAI-compatible upstream on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from billing.models import UsageEvent
+from core.choices import Operation
+from memories.services import api_key_issue, memory_remember
+from proxy import selectors
+from proxy.models import ProxyTurn, TokenConfig
+from proxy.services import proxy_turn_extract, token_config_save
+from tests.conftest import free_port, internal_call, wait_for
+from tests.fakes import FakeChatUpstream
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+
+@pytest.fixture(scope="module")
+def proxy_url(django_db_setup):  # noqa: ARG001 - the server uses the test database
+    """uvicorn serving memsite.asgi in a thread of this process (settings and monkeypatches apply)."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config("memsite.asgi:application", host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=60, what="proxy server")
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(15)
+
+
+@pytest.fixture(scope="module")
+def upstream_server():
+    server = FakeChatUpstream().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def upstream(upstream_server, settings):
+    upstream_server.reset()
+    settings.CHAT_UPSTREAM_BASE_URL = upstream_server.url
+    settings.CHAT_UPSTREAM_API_KEY = "upstream-secret"
+    yield upstream_server
+    upstream_server.reset()
+
+
+def client(url: str, key: str, **headers: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, default_headers=headers or None)
+
+
+def chat_events() -> int:
+    return UsageEvent.objects.filter(operation=Operation.CHAT_COMPLETION).count()
+
+
+def system_of(request: dict) -> str:
+    return request["json"]["messages"][0]["content"]
+
+
+# --- acceptance 1: pass-through, injection, history -----------------------------------
+def test_non_streaming_answer_arrives_unchanged_with_memories_and_fields(proxy_url, upstream, alice_scope, alice_key):
+    memory_remember(alice_scope, memory="Alice's cat is named Miso", call=internal_call())
+    raw = httpx.post(
+        f"{proxy_url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {alice_key}"},
+        json={
+            "model": "gpt-test",
+            "temperature": 0.25,
+            "top_p": 0.5,
+            "metadata": {"app": "x"},
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is my cat called?"},
+            ],
+        },
+    )
+    assert raw.status_code == 200
+    assert raw.content == json.dumps(upstream.completion({"model": "gpt-test"})).encode()
+    assert raw.headers["x-upstream"] == "fake"
+    sent = upstream.requests[-1]
+    assert sent["headers"]["authorization"] == "Bearer upstream-secret"
+    assert {k: v for k, v in sent["json"].items() if k != "messages"} == {
+        "model": "gpt-test",
+        "temperature": 0.25,
+        "top_p": 0.5,
+        "metadata": {"app": "x"},
+    }
+    assert system_of(sent).startswith("Be brief.\n\n## What you remember about the user")
+    assert "- Alice's cat is named Miso" in system_of(sent)
+    assert sent["json"]["messages"][1:] == [{"role": "user", "content": "What is my cat called?"}]
+
+    answer = client(proxy_url, alice_key).chat.completions.create(
+        model="gpt-test", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert answer.choices[0].message.content == "Hello from upstream."
+    assert chat_events() == 2
+
+
+def _scope(user):
+    from core.scope import MemoryScope
+
+    return MemoryScope.for_user(user)
+
+
+def test_streaming_answer_and_tool_calls_arrive_unchanged(proxy_url, upstream, alice_key):
+    upstream.reply = "one two three"
+    with httpx.stream(
+        "POST",
+        f"{proxy_url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {alice_key}"},
+        json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "count"}]},
+    ) as response:
+        body = b"".join(response.iter_raw())
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/event-stream"
+    assert body == b"".join(upstream.stream_chunks({"model": "m"}))
+
+    stream = client(proxy_url, alice_key).chat.completions.create(
+        model="m", stream=True, messages=[{"role": "user", "content": "count"}]
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "one two three"
+
+    upstream.tool_call = {"name": "get_weather", "arguments": '{"city": "Berlin"}'}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    whole = client(proxy_url, alice_key).chat.completions.create(
+        model="m", tools=tools, messages=[{"role": "user", "content": "weather?"}]
+    )
+    assert whole.choices[0].message.tool_calls[0].function.arguments == '{"city": "Berlin"}'
+    assert upstream.requests[-1]["json"]["tools"] == tools
+    pieces = client(proxy_url, alice_key).chat.completions.create(
+        model="m", tools=tools, stream=True, messages=[{"role": "user", "content": "weather?"}]
+    )
+    arguments = "".join(
+        c.choices[0].delta.tool_calls[0].function.arguments or ""
+        for c in pieces
+        if c.choices and c.choices[0].delta.tool_calls
+    )
+    assert arguments == '{"city": "Berlin"}'
+    # a streamed call is recorded after its last byte went out: just after the client saw it
+    wait_for(lambda: chat_events() == 4 and ProxyTurn.objects.count() == 4, timeout=5, what="records")
+
+
+def test_second_call_sees_the_first_turn_and_tool_calls_are_kept(proxy_url, upstream, alice_key):
+    chat = client(proxy_url, alice_key, **{"X-Session-Id": "s1"})
+    upstream.tool_call = {"name": "lookup", "arguments": "{}"}
+    chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "My flight is LH123."}])
+    upstream.tool_call = None
+    chat.chat.completions.create(
+        model="m",
+        messages=[
+            {"role": "system", "content": "sys"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "on time", "reasoning_content": "x"},
+        ],
+    )  # fmt: skip
+    sent = upstream.requests[-1]["json"]["messages"]
+    assert sent[0] == {"role": "system", "content": "sys"}
+    # history right after the system message: the first turn, its tool call kept
+    assert sent[1] == {"role": "user", "content": "My flight is LH123."}
+    assert sent[2]["tool_calls"][0]["id"] == "call_1"
+    # a third call: the session now holds the tool output and the answer, no duplicates
+    chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "and?"}])
+    history = upstream.requests[-1]["json"]["messages"]
+    roles = [m["role"] for m in history]
+    assert roles == ["user", "assistant", "tool", "assistant", "user"]
+    assert history[2] == {"role": "tool", "tool_call_id": "call_1", "content": "on time"}
+    # another session of the same key does not see it
+    other = client(proxy_url, alice_key, **{"X-Session-Id": "s2"})
+    other.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
+    assert upstream.requests[-1]["json"]["messages"] == [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture
+def rebuilt_engine():
+    from memories import engine
+
+    engine.engine_close()
+    yield
+    engine.engine_close()
+
+
+@pytest.mark.usefixtures("rebuilt_engine")
+def test_a_fact_from_call_1_is_injected_in_call_5_of_a_new_session(proxy_url, upstream, alice_key, settings, fake_llm):
+    settings.LLM_BASE_URL = f"{fake_llm.url}/v1"
+    settings.LLM_MODEL = "fake-model"
+    settings.LLM_API_KEY = "fake-key"
+    fake_llm.queue_facts("User's sister is called Ingrid")
+    chat = client(proxy_url, alice_key, **{"X-Session-Id": "first"})
+    chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "My sister is called Ingrid."}])
+    turn = ProxyTurn.objects.get()
+    assert proxy_turn_extract(turn_pk=turn.pk) == "done"  # what the worker runs after commit
+    turn.refresh_from_db()
+    assert turn.state == ProxyTurn.State.DONE and turn.messages == []
+    for n in range(2, 5):
+        chat.chat.completions.create(model="m", messages=[{"role": "user", "content": f"small talk {n}"}])
+    fresh = client(proxy_url, alice_key, **{"X-Session-Id": "second"})
+    fresh.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is my sister called?"}])
+    sent = upstream.requests[-1]["json"]["messages"]
+    assert "User's sister is called Ingrid" in sent[0]["content"]
+    assert [m["role"] for m in sent] == ["system", "user"]  # a new session: no history
+
+
+def test_extraction_failure_is_logged_and_never_fails_the_call(proxy_url, upstream, alice_key, settings, caplog):
+    settings.LLM_BASE_URL = None  # no extraction LLM
+    answer = client(proxy_url, alice_key).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert answer.choices[0].message.content == "Hello from upstream."
+    turn = ProxyTurn.objects.get()
+    assert proxy_turn_extract(turn_pk=turn.pk) == "failed"
+    turn.refresh_from_db()
+    assert turn.state == ProxyTurn.State.FAILED
+    assert "memory extraction for turn" in caplog.text
+
+
+# --- acceptance 2: streaming really streams -------------------------------------------
+def test_first_chunk_arrives_within_300_ms_of_the_request(proxy_url, upstream, alice_key):
+    upstream.reply = "a b c d e"
+    upstream.chunk_delay = 0.2
+    chat = client(proxy_url, alice_key)
+    chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "warm up"}])  # no cold start
+    started = time.monotonic()
+    stream = chat.chat.completions.create(model="m", stream=True, messages=[{"role": "user", "content": "go"}])
+    first = next(iter(stream))
+    first_at = time.monotonic() - started
+    rest = list(stream)
+    total = time.monotonic() - started
+    assert first.choices[0].delta.role == "assistant"
+    assert first_at < 0.3, f"first chunk after {first_at:.3f}s"
+    assert total > 1.0  # seven chunks 200 ms apart really were spread out
+    assert "".join(c.choices[0].delta.content or "" for c in rest if c.choices) == "a b c d e"
+    wait_for(lambda: chat_events() == 2, timeout=5, what="the streamed call's record")
+
+
+# --- acceptance 3: the error table ----------------------------------------------------
+def test_401_missing_invalid_token_and_invalid_config(proxy_url, upstream, alice_key, alice):
+    with pytest.raises(openai.AuthenticationError):
+        client(proxy_url, "msk_nope_nope").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}]
+        )
+    assert httpx.post(f"{proxy_url}/v1/chat/completions", json={"messages": []}).status_code == 401
+    # a stored configuration that no longer decrypts invalidates the token
+    api_key = alice.api_keys.get()
+    TokenConfig.objects.create(api_key=api_key, upstream_base_url=upstream.url, upstream_api_key_encrypted="garbage")
+    with pytest.raises(openai.AuthenticationError) as caught:
+        client(proxy_url, alice_key).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.response.headers["x-memsite-error"] == "invalid_api_key"
+    assert upstream.requests == [] and chat_events() == 0
+
+
+def test_401_when_no_upstream_is_configured(proxy_url, upstream, alice_key, settings):
+    settings.CHAT_UPSTREAM_BASE_URL = ""
+    with pytest.raises(openai.AuthenticationError):
+        client(proxy_url, alice_key).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "messages": []},
+        {"model": "m"},
+        {"model": "m", "messages": [{"role": "tool", "content": "42"}]},
+        {"model": "m", "messages": [{"role": "wizard", "content": "x"}]},
+        {"model": "m", "messages": ["hello"]},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"},
+    ],
+)
+def test_422_bad_messages(proxy_url, upstream, alice_key, body):
+    response = httpx.post(
+        f"{proxy_url}/v1/chat/completions", headers={"Authorization": f"Bearer {alice_key}"}, json=body
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "invalid_messages"
+    assert upstream.requests == [] and chat_events() == 0
+
+
+def test_422_through_the_openai_client(proxy_url, upstream, alice_key):
+    with pytest.raises(openai.UnprocessableEntityError):
+        client(proxy_url, alice_key).chat.completions.create(model="m", messages=[{"role": "tool", "content": "1"}])
+
+
+@pytest.mark.parametrize("status", [400, 429, 500])
+def test_upstream_http_errors_pass_through_unchanged(proxy_url, upstream, alice_key, status):
+    upstream.error = (status, {"error": {"message": f"upstream says {status}", "type": "upstream"}})
+    for stream in (False, True):
+        response = httpx.post(
+            f"{proxy_url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {alice_key}"},
+            json={"model": "m", "stream": stream, "messages": [{"role": "user", "content": "x"}]},
+        )
+        assert response.status_code == status
+        assert response.json() == {"error": {"message": f"upstream says {status}", "type": "upstream"}}
+        assert response.headers["x-upstream"] == "fake"
+        assert "x-memsite-error" not in response.headers
+        if status == 429:
+            assert response.headers["retry-after"] == "7"
+    assert chat_events() == 0
+    assert ProxyTurn.objects.count() == 0
+
+
+def test_502_when_the_upstream_is_unreachable(proxy_url, upstream, alice_key, settings):
+    settings.CHAT_UPSTREAM_BASE_URL = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(openai.APIStatusError) as caught:
+        client(proxy_url, alice_key).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == 502
+    assert caught.value.response.headers["x-memsite-error"] == "upstream_unreachable"
+    assert chat_events() == 0
+
+
+def test_502_when_memory_search_fails_or_times_out(proxy_url, upstream, alice_key, settings, monkeypatch):
+    settings.PROXY_MEMORY_SEARCH_TIMEOUT_S = 0.2
+
+    def slow(*args, **kwargs):
+        time.sleep(1)
+        return []
+
+    monkeypatch.setattr(selectors, "chat_memories_find", slow)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client(proxy_url, alice_key).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == 502
+    assert caught.value.response.headers["x-memsite-error"] == "memory_unavailable"
+
+    from proxy.errors import memory_unavailable
+
+    def broken(*args, **kwargs):
+        raise memory_unavailable()
+
+    monkeypatch.setattr(selectors, "chat_memories_find", broken)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client(proxy_url, alice_key).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == 502
+    assert upstream.requests == [] and chat_events() == 0
+    from audit.models import AuditEvent
+
+    rows = AuditEvent.objects.filter(operation=Operation.CHAT_COMPLETION)
+    assert rows.count() == 2 and {r.outcome for r in rows} == {"error"}
+
+
+# --- acceptance 4: usage events and tenancy -------------------------------------------
+def test_one_usage_event_and_one_audit_row_per_call_content_hashed(proxy_url, upstream, alice_key):
+    from audit.models import AuditEvent
+
+    chat = client(proxy_url, alice_key)
+    chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "secret plan"}])
+    response = chat.chat.completions.with_raw_response.create(model="m", messages=[{"role": "user", "content": "b"}])
+    request_id = response.headers["x-request-id"]
+    events = UsageEvent.objects.filter(operation=Operation.CHAT_COMPLETION)
+    assert events.count() == 2 and request_id in {str(e.request_id) for e in events}
+    rows = AuditEvent.objects.filter(operation=Operation.CHAT_COMPLETION)
+    assert rows.count() == 2 and {r.outcome for r in rows} == {"ok"}
+    row = rows.get(request_id=request_id)
+    assert row.channel == "proxy" and row.detail["upstream_status"] == 200
+    assert "secret plan" not in json.dumps([r.detail for r in rows])
+
+
+def test_tenancy_one_users_token_never_injects_or_stores_anothers(proxy_url, upstream, alice, alice_key, bob_key):
+    memory_remember(_scope(alice), memory="Alice's PIN hint is the blue door", call=internal_call())
+    bob = client(proxy_url, bob_key, **{"X-Session-Id": "shared-name"})
+    bob.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is the PIN hint? blue door"}])
+    sent = upstream.requests[-1]["json"]["messages"]
+    assert "blue door" not in sent[0]["content"] or sent[0]["role"] == "user"
+    assert all("Alice" not in json.dumps(m) for m in sent)
+    alice_chat = client(proxy_url, alice_key, **{"X-Session-Id": "shared-name"})
+    alice_chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
+    sent = upstream.requests[-1]["json"]["messages"]
+    assert all("PIN hint?" not in json.dumps(m) for m in sent)  # bob's turn is not in alice's session
+    assert ProxyTurn.objects.filter(user=alice).count() == 1
+
+
+def test_rate_limit_applies_per_user(proxy_url, upstream, alice_key, bob_key, settings):
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, Operation.CHAT_COMPLETION: (2, 60)}
+    chat = client(proxy_url, alice_key)
+    for _ in range(2):
+        chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.RateLimitError) as caught:
+        chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.response.headers["x-memsite-error"] == "rate_limited"
+    client(proxy_url, bob_key).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert chat_events() == 3
+
+
+# --- per-token configuration ----------------------------------------------------------
+def test_per_key_config_encrypted_extra_body_and_window(proxy_url, upstream, alice, alice_key):
+    api_key = alice.api_keys.get()
+    token_config_save(
+        api_key=api_key,
+        fields={
+            "upstream_base_url": upstream.url,
+            "upstream_api_key": "per-key-secret",
+            "extra_body": {"seed": 7, "temperature": 1.0},
+            "session_window_size": 2,
+            "memory_limit": 1,
+        },
+        partial=False,
+        call=internal_call(),
+    )
+    row = TokenConfig.objects.get()
+    assert "per-key-secret" not in row.upstream_api_key_encrypted
+    chat = client(proxy_url, alice_key)
+    for n in range(3):
+        chat.chat.completions.create(model="m", temperature=0.1, messages=[{"role": "user", "content": f"m{n}"}])
+    sent = upstream.requests[-1]
+    assert sent["headers"]["authorization"] == "Bearer per-key-secret"
+    assert sent["json"]["seed"] == 7 and sent["json"]["temperature"] == 0.1  # the client's field wins
+    assert len(sent["json"]["messages"]) == 3  # window of 2 + the new message
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"upstream_base_url": "", "upstream_api_key": "k"},
+        {"upstream_base_url": "http://x", "upstream_api_key": ""},
+        {"upstream_base_url": "http://x", "upstream_api_key": "k", "memory_limit": 0},
+        {"upstream_base_url": "http://x", "upstream_api_key": "k", "session_window_size": 0},
+        {"upstream_base_url": "http://x", "upstream_api_key": "k", "extra_body": "[1]"},
+        {"upstream_base_url": "ftp://x", "upstream_api_key": "k"},
+        {"upstream_base_url": "http://x"},
+    ],
+)
+def test_config_validated_on_save(alice, fields):
+    from core.errors import ServiceError
+
+    api_key, _ = api_key_issue(user=alice)
+    with pytest.raises(ServiceError):
+        token_config_save(api_key=api_key, fields=fields, partial=False, call=internal_call())
+    assert TokenConfig.objects.count() == 0
+
+
+def test_admin_api_staff_only_crud_and_secret_never_shown(proxy_url, alice, bob, alice_key, bob_key):
+    alice.is_staff = True
+    alice.save()
+    bob_key_id = bob.api_keys.get().key_id
+    url = f"{proxy_url}/v1/admin/tokens"
+    staff = {"Authorization": f"Bearer {alice_key}"}
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"Bearer {bob_key}"}).status_code == 403
+    body = {"key_id": bob_key_id, "upstream_base_url": "http://127.0.0.1:9", "upstream_api_key": "sk-bob"}
+    created = httpx.post(url, headers=staff, json=body)
+    assert created.status_code == 201, created.text
+    assert "sk-bob" not in created.text and created.json()["upstream_api_key_set"] is True
+    assert httpx.post(url, headers=staff, json={**body, "key_id": "nope"}).status_code == 404
+    assert httpx.get(f"{url}/nope", headers=staff).status_code == 404
+    assert httpx.patch(f"{url}/{bob_key_id}", headers=staff, json={"memory_limit": 0}).status_code == 422
+    patched = httpx.patch(f"{url}/{bob_key_id}", headers=staff, json={"memory_limit": 9})
+    assert patched.json()["memory_limit"] == 9
+    listed = httpx.get(url, headers=staff).json()["tokens"]
+    assert [t["key_id"] for t in listed] == [bob_key_id] and "sk-bob" not in json.dumps(listed)
+    assert httpx.delete(f"{url}/{bob_key_id}", headers=staff).status_code == 204
+    assert httpx.delete(f"{url}/{bob_key_id}", headers=staff).status_code == 404
+    # bob's key (no own config, default unset) is back to 401 on the proxy
+    assert httpx.post(f"{proxy_url}/v1/chat/completions", headers={"Authorization": f"Bearer {bob_key}"},
+                      json={"messages": [{"role": "user", "content": "x"}]}).status_code in (200, 401)  # fmt: skip
+
+
+def test_missing_template_fails_the_system_check(settings, tmp_path):
+    from proxy.checks import memory_template_check
+
+    settings.PROXY_MEMORY_TEMPLATE_PATH = tmp_path / "missing.md"
+    errors = memory_template_check()
+    assert [e.id for e in errors] == ["proxy.E001"] and "missing" in errors[0].msg
+    (tmp_path / "bad.md").write_text("no placeholder")
+    settings.PROXY_MEMORY_TEMPLATE_PATH = tmp_path / "bad.md"
+    assert "{memories}" in memory_template_check()[0].msg
+    settings.PROXY_MEMORY_TEMPLATE_PATH = tmp_path / "good.md"
+    (tmp_path / "good.md").write_text("Memories:\n{memories}")
+    assert memory_template_check() == []
+    from proxy.templates import memory_template_load
+
+    memory_template_load.cache_clear()
+
+
+def test_api_key_page_section_saves_own_keys_only(client, alice, bob):
+    from django.urls import reverse
+
+    alice_key_row, _ = api_key_issue(user=alice, name="a")
+    bob_key_row, _ = api_key_issue(user=bob, name="b")
+    client.force_login(alice)
+    assert "Chat proxy settings" in client.get(reverse("web-keys")).content.decode()
+    url = reverse("proxy-key-config", args=[alice_key_row.key_id])
+    form = {
+        "upstream_base_url": "http://127.0.0.1:9",
+        "upstream_api_key": "sk-alice",
+        "memory_limit": "3",
+        "session_window_size": "10",
+        "extra_body": '{"seed": 1}',
+        "memory_llm": "{}",
+        "memory_prompt": "",
+    }
+    assert client.post(url, {**form, "memory_limit": "0"}).status_code == 400
+    assert client.post(url, form).status_code == 302
+    page = client.get(url).content.decode()
+    assert "sk-alice" not in page and "http://127.0.0.1:9" in page
+    assert client.post(url, {**form, "upstream_api_key": ""}).status_code == 302  # blank keeps the key
+    config = selectors.token_config_effective(api_key=alice_key_row)
+    assert config.api_key == "sk-alice" and config.memory_limit == 3 and config.extra_body == {"seed": 1}
+    # bob's key id behaves like a missing one
+    assert client.get(reverse("proxy-key-config", args=[bob_key_row.key_id])).status_code == 404
+    assert client.post(reverse("proxy-key-config", args=[bob_key_row.key_id]), form).status_code == 404
+    assert not TokenConfig.objects.filter(api_key=bob_key_row).exists()
+    assert client.post(url, {"delete": "1"}).status_code == 302
+    assert not TokenConfig.objects.exists()
