@@ -30,6 +30,23 @@ class Operation(models.TextChoices):
     ADMIN_RETRY_USAGE_EVENTS = "admin_retry_usage_events"
     # A request without a valid credential (sampled: the first per ip per minute).
     AUTHENTICATE = "authenticate"
+    # Issue 14: seed 003's toolkit (/engines/memory-toolkit/mcp; its delete_memory is DELETE_MEMORY).
+    STORE_MEMORY = "store_memory"
+    RECALL_MEMORY = "recall_memory"
+    HYBRID_SEARCH = "hybrid_search"
+    CHECK_CACHE = "check_cache"
+    STORE_CACHE = "store_cache"
+    CACHE_INVALIDATE = "cache_invalidate"
+    SEARCH_WEB = "search_web"
+    MEMORY_HEALTH = "memory_health"
+    WIPE_USER_DATA = "wipe_user_data"
+    STORE_DECISION = "store_decision"
+    RECALL_DECISION = "recall_decision"
+    # Background enrichment of long-term candidates; a person deleting a decision in the UI.
+    ENRICH_MEMORY = "enrich_memory"
+    DELETE_DECISION = "delete_decision"
+    # Support handling an erasure request in the admin.
+    ADMIN_WIPE_USER_DATA = "admin_wipe_user_data"
 
 
 MEMORY_TOOL_OPERATIONS: tuple[Operation, ...] = (

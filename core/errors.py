@@ -18,6 +18,8 @@ class ErrorCode(models.TextChoices):
     CONFLICT = "conflict"
     UNAUTHENTICATED = "unauthenticated"
     FORBIDDEN = "forbidden"
+    # Issue 14: search_web without a configured provider (seed 003's error result).
+    WEB_SEARCH_UNAVAILABLE = "web_search_unavailable"
 
 
 HTTP_STATUS = {
@@ -31,6 +33,7 @@ HTTP_STATUS = {
     ErrorCode.CONFLICT: 409,
     ErrorCode.UNAUTHENTICATED: 401,
     ErrorCode.FORBIDDEN: 403,
+    ErrorCode.WEB_SEARCH_UNAVAILABLE: 503,
 }
 
 

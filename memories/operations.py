@@ -56,6 +56,9 @@ class OperationDef:
     read_only: bool = False
     destructive: bool = False
     idempotent: bool = False
+    # Issue 14: the MCP tool's name when it differs from `name` (seed 003's delete_memory).
+    tool_name: str = ""
+    open_world: bool = False
 
 
 def _search(scope: MemoryScope, args: schemas.SearchInput, call: CallContext) -> dict[str, Any]:
@@ -338,3 +341,9 @@ def _turn_id(arguments: Any) -> str:
         return ""
     value = metadata.get("turn_id") or metadata.get("session_id")
     return value[:128] if isinstance(value, str) and not text_problem(value) else ""
+
+
+# Issue 14: seed 003's toolkit operations (memories/toolkit/), served at /engines/memory-toolkit/mcp.
+from memories.toolkit.operations import toolkit_operation_defs  # noqa: E402
+
+OPERATIONS.update({op.name: op for op in toolkit_operation_defs(OperationDef)})

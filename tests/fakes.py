@@ -253,3 +253,23 @@ class FakeGateway(FakeServer):
     def received_ids(self) -> list[str]:
         with self.lock:
             return [e["request_id"] for e in self.received]
+
+
+class FakeTavily(FakeServer):
+    """Tavily's search endpoint (issue 14): answers with `results`, records what it got."""
+
+    def __init__(self, *, status: int = 200) -> None:
+        super().__init__()
+        self.status = status
+
+    def handle(self, method, path, headers, payload):
+        if self.status != 200:
+            return self.status, {"detail": "nope"}
+        query = (payload or {}).get("query", "")
+        return 200, {
+            "query": query,
+            "results": [
+                {"title": f"About {query}", "url": "https://example.com/a", "content": "Snippet A", "score": 0.9},
+                {"title": "Second", "url": "https://example.com/b", "content": "Snippet B", "score": 0.5},
+            ],
+        }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from memories.interfaces.mcp.memory import MEMORY_TOOLSET
+from memories.interfaces.mcp.toolkit import TOOLKIT_TOOLSET
 from memories.interfaces.mcp.toolset import Toolset
 
-TOOLSETS: tuple[Toolset, ...] = (MEMORY_TOOLSET,)
+TOOLSETS: tuple[Toolset, ...] = (MEMORY_TOOLSET, TOOLKIT_TOOLSET)
