@@ -353,3 +353,19 @@ def test_tenancy_on_all_twelve(alice, bob):
     assert health["total_memories"] == 2 and health["cache_entries"] == 1 and health["decisions"] == 1
     assert run(alice, "recall_decision", {"key": "theme"})["decision"]["value"] == "dark"
     assert run(alice, "check_cache", {"query": "secret question"})["response"] == "alice's answer"
+
+
+@pytest.mark.slow
+def test_enrichment_runs_in_a_real_worker_after_commit(celery_worker_process, alice):
+    from memsite.celery import app
+    from tests.conftest import wait_for
+
+    app.control.purge()  # earlier tests' queued deliveries would delay ours
+    store(alice, ("human", "Please never schedule meetings before 10am, it is important to me"))
+
+    def completed() -> bool:
+        return run(alice, "memory_health")["enrichment_stats"] == {"pending": 0, "completed": 1}
+
+    wait_for(completed, timeout=90, what=lambda: f"the worker to enrich; log:\n{celery_worker_process.log()}")
+    ltm = run(alice, "recall_memory", {"query": "meetings", "tier": ["ltm"]})["results"][0]
+    assert ltm["memory_type"] == "feedback" and ltm["summary"]
