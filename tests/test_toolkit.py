@@ -369,3 +369,47 @@ def test_enrichment_runs_in_a_real_worker_after_commit(celery_worker_process, al
     wait_for(completed, timeout=90, what=lambda: f"the worker to enrich; log:\n{celery_worker_process.log()}")
     ltm = run(alice, "recall_memory", {"query": "meetings", "tier": ["ltm"]})["results"][0]
     assert ltm["memory_type"] == "feedback" and ltm["summary"]
+
+
+# --- web UI and admin ------------------------------------------------------------------------
+def test_web_decisions_are_visible_and_deletable_only_by_their_owner(client, alice, bob):
+    run(alice, "store_decision", {"key": "theme", "value": "solarized-dark"})
+    run(bob, "store_decision", {"key": "theme", "value": "bob-light"})
+    client.force_login(alice)
+    page = client.get("/decisions/")
+    assert b"solarized-dark" in page.content and b"bob-light" not in page.content
+    response = client.post("/decisions/delete/", {"key": "theme"}, follow=True)
+    assert b"Deleted the decision theme" in response.content
+    assert run(alice, "recall_decision", {"key": "theme"})["found"] is False
+    assert run(bob, "recall_decision", {"key": "theme"})["decision"]["value"] == "bob-light"
+    assert b"No such decision" in client.post("/decisions/delete/", {"key": "theme"}, follow=True).content
+    assert AuditEvent.objects.filter(operation="delete_decision", subject_user_id=alice.pk, channel="ui").count() == 2
+
+
+def test_web_erase_all_needs_the_typed_phrase(client, alice, bob):
+    store(alice, ("human", HUMAN_LONG))
+    store(bob, ("human", "Bob likes his coffee black and strong every morning"))
+    client.force_login(alice)
+    response = client.post("/erase/", {"confirmation": "yes"}, follow=True)
+    assert b"to confirm" in response.content and run(alice, "memory_health")["total_memories"] == 2
+    response = client.post("/erase/", {"confirmation": "Erase all my data"}, follow=True)
+    assert b"Erased 2 memories" in response.content
+    assert run(alice, "memory_health")["total_memories"] == 0 and run(bob, "memory_health")["total_memories"] == 2
+    assert AuditEvent.objects.get(operation="wipe_user_data", outcome="ok").channel == "ui"
+
+
+def test_admin_erasure_action_is_audited_as_staff(client, django_user_model, alice, bob):
+    store(alice, ("human", HUMAN_LONG))
+    run(alice, "store_decision", {"key": "k", "value": "v"})
+    store(bob, ("ai", AI_REPLY))
+    staff = django_user_model.objects.create_superuser("sam", "sam@example.com", "sam-password-1")
+    client.force_login(staff)
+    listing = client.get("/admin/toolkit/erasuresubject/")
+    assert listing.status_code == 200 and b"alice" in listing.content
+    response = client.post("/admin/toolkit/erasuresubject/", {"action": "erase", "_selected_action": [alice.pk]})
+    assert response.status_code == 302
+    assert run(alice, "memory_health")["total_memories"] == 0
+    assert run(bob, "memory_health")["total_memories"] == 1
+    row = AuditEvent.objects.get(operation="admin_wipe_user_data")
+    assert row.staff_username == "sam" and row.subject_user_id == alice.pk and row.channel == "admin"
+    assert row.detail["memories"] == 2 and row.detail["decisions"] == 1

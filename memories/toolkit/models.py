@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import models
 from pgvector.django import VectorField
 
@@ -44,3 +45,14 @@ class Decision(models.Model):
 
     def __str__(self) -> str:
         return f"decision {self.key}"
+
+
+class ErasureSubject(get_user_model()):  # type: ignore[misc]
+    """Users as support sees them when handling an erasure request (the admin's
+    "erase all data" action); a proxy, no table of its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "erasure request"
+        verbose_name_plural = "erasure requests"
+        permissions = [("erase_user_data", "Can erase all data of a user")]

@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from memories.interfaces.web import toolkit_views
 from memories.interfaces.web import views as web
 
 urlpatterns = [
@@ -21,4 +22,8 @@ urlpatterns = [
     path("keys/", web.api_keys, name="web-keys"),
     path("keys/<str:key_id>/revoke/", web.api_key_revoke_view, name="web-key-revoke"),
     path("usage/", web.usage, name="web-usage"),
+    # Issue 14: decisions and erasure.
+    path("decisions/", toolkit_views.decisions, name="web-decisions"),
+    path("decisions/delete/", toolkit_views.decision_delete, name="web-decision-delete"),
+    path("erase/", toolkit_views.erase_all, name="web-erase"),
 ]
