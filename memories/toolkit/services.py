@@ -88,7 +88,14 @@ def toolkit_memory_store(
     stm_expires = engine_timestamp(datetime.now(UTC) + timedelta(hours=settings.STM_TTL_HOURS))
     stm_ids: list[str] = []
     ltm_ids: list[str] = []
+    candidates = {
+        content_sha256(m["content"].strip())
+        for m in messages
+        if m["role"] in HUMAN_ROLES and len(m["content"].strip()) > LTM_MIN_CHARS
+    }
     with _engine_errors(), transaction.atomic():
+        for digest in sorted(candidates):  # one order for every caller: no deadlock between two calls
+            advisory_xact_lock(_text_lock_key(scope, digest))
         for message in messages:
             text = message["content"].strip()
             base = {"conversation_id": conversation_id, "message_role": message["role"]}
@@ -103,7 +110,6 @@ def toolkit_memory_store(
             if message["role"] not in HUMAN_ROLES or len(text) <= LTM_MIN_CHARS:
                 continue
             digest = content_sha256(text)
-            advisory_xact_lock(_text_lock_key(scope, digest))
             if _hash_owner(scope, digest=digest) is not None:
                 continue
             candidate = {**base, TIER_KEY: "ltm", ENRICHMENT_KEY: "pending", "stm_id": stm_id}
