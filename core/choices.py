@@ -45,6 +45,23 @@ class Operation(models.TextChoices):
     CHAT_COMPLETION = "chat_completion"
     # A chat proxy key's upstream configuration saved or deleted (owner or staff).
     PROXY_TOKEN_CONFIG = "proxy_token_config"  # noqa: S105 - an operation name
+    # Issue 14: seed 003's toolkit (/engines/memory-toolkit/mcp; its delete_memory is DELETE_MEMORY).
+    STORE_MEMORY = "store_memory"
+    RECALL_MEMORY = "recall_memory"
+    HYBRID_SEARCH = "hybrid_search"
+    CHECK_CACHE = "check_cache"
+    STORE_CACHE = "store_cache"
+    CACHE_INVALIDATE = "cache_invalidate"
+    SEARCH_WEB = "search_web"
+    MEMORY_HEALTH = "memory_health"
+    WIPE_USER_DATA = "wipe_user_data"
+    STORE_DECISION = "store_decision"
+    RECALL_DECISION = "recall_decision"
+    # Background enrichment of long-term candidates; a person deleting a decision in the UI.
+    ENRICH_MEMORY = "enrich_memory"
+    DELETE_DECISION = "delete_decision"
+    # Support handling an erasure request in the admin.
+    ADMIN_WIPE_USER_DATA = "admin_wipe_user_data"
 
 
 MEMORY_TOOL_OPERATIONS: tuple[Operation, ...] = (

@@ -19,6 +19,8 @@ class ErrorCode(models.TextChoices):
     UNAUTHENTICATED = "unauthenticated"
     FORBIDDEN = "forbidden"
     RESOURCE_BUSY = "resource_busy"  # retryable: the same turn or session is being processed
+    # Issue 14: search_web without a configured provider (seed 003's error result).
+    WEB_SEARCH_UNAVAILABLE = "web_search_unavailable"
 
 
 HTTP_STATUS = {
@@ -33,6 +35,7 @@ HTTP_STATUS = {
     ErrorCode.UNAUTHENTICATED: 401,
     ErrorCode.FORBIDDEN: 403,
     ErrorCode.RESOURCE_BUSY: 409,
+    ErrorCode.WEB_SEARCH_UNAVAILABLE: 503,
 }
 
 

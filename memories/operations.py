@@ -58,6 +58,9 @@ class OperationDef:
     read_only: bool = False
     destructive: bool = False
     idempotent: bool = False
+    # Issue 14: the MCP tool's name when it differs from `name` (seed 003's delete_memory).
+    tool_name: str = ""
+    open_world: bool = False
 
 
 def _search(scope: MemoryScope, args: schemas.SearchInput, call: CallContext) -> dict[str, Any]:
@@ -529,3 +532,9 @@ def _turn_operations() -> list[OperationDef]:
 
 
 OPERATIONS.update({op.name: op for op in _turn_operations()})
+
+
+# Issue 14: seed 003's toolkit operations (memories/toolkit/), served at /engines/memory-toolkit/mcp.
+from memories.toolkit.operations import toolkit_operation_defs  # noqa: E402
+
+OPERATIONS.update({op.name: op for op in toolkit_operation_defs(OperationDef)})

@@ -705,7 +705,8 @@ def memory_recalls_fold(*, batch: int = 5000, settle_seconds: int | None = None)
             rows = list(
                 AuditEvent.objects.filter(
                     id__gt=mark.position,
-                    operation=Operation.SEARCH_MEMORY,
+                    # Issue 14: seed 003's recall_memory counts as an access too.
+                    operation__in=(Operation.SEARCH_MEMORY, Operation.RECALL_MEMORY),
                     occurred_at__lt=datetime.now(UTC) - timedelta(seconds=settle),
                 )
                 .order_by("id")

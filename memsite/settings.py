@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "billing",
     "audit",
     "proxy",
+    "memories.toolkit",
 ]
 
 MIDDLEWARE = [
@@ -469,3 +470,47 @@ PROXY_UPSTREAM_CONNECT_TIMEOUT_S = env_float("PROXY_UPSTREAM_CONNECT_TIMEOUT_S",
 # Session messages compared for duplicates before a turn is stored (seed 004: 200).
 PROXY_DEDUPE_WINDOW = env_int("PROXY_DEDUPE_WINDOW", 200, minimum=0)
 CELERY_BEAT_SCHEDULE["proxy-turns-sweep"] = {"task": "proxy.turns_sweep", "schedule": 60.0}
+# --- Seed 003's toolkit (issue 14: /engines/memory-toolkit/mcp) -------------------------------
+# store_memory: one short-term memory per message, expiring after STM_TTL_HOURS.
+STM_TTL_HOURS = env_float("STM_TTL_HOURS", 24.0, minimum=0.001)
+# recall_memory / hybrid_search return at most this many results.
+MAX_RESULTS_PER_QUERY = env_int("MAX_RESULTS_PER_QUERY", 50, minimum=1)
+# recall_memory: score = a*recency + b*importance + c*relevance (recency halves every
+# RECALL_RECENCY_HALF_LIFE_HOURS; relevance is the hybrid retrieval's score, scaled to [0, 1]).
+RECALL_WEIGHT_RECENCY = env_float("RECALL_WEIGHT_RECENCY", 0.2, minimum=0.0)
+RECALL_WEIGHT_IMPORTANCE = env_float("RECALL_WEIGHT_IMPORTANCE", 0.2, minimum=0.0)
+RECALL_WEIGHT_RELEVANCE = env_float("RECALL_WEIGHT_RELEVANCE", 0.6, minimum=0.0)
+RECALL_RECENCY_HALF_LIFE_HOURS = env_float("RECALL_RECENCY_HALF_LIFE_HOURS", 72.0, minimum=0.01)
+# hybrid_search: weighted reciprocal rank fusion of the vector and full-text rankings.
+RRF_VECTOR_WEIGHT = env_float("RRF_VECTOR_WEIGHT", 1.0, minimum=0.0)
+RRF_TEXT_WEIGHT = env_float("RRF_TEXT_WEIGHT", 1.0, minimum=0.0)
+RRF_K = env_int("RRF_K", 60, minimum=1)
+# The semantic cache (check_cache / store_cache).
+CACHE_SIMILARITY_THRESHOLD = env_float("CACHE_SIMILARITY_THRESHOLD", 0.95, minimum=0.0)
+CACHE_TTL_SECONDS = env_int("CACHE_TTL_SECONDS", 3600, minimum=1)
+# search_web: off unless a provider key is set. Results are never stored as memories.
+WEB_SEARCH_PROVIDER = env_choice("WEB_SEARCH_PROVIDER", "tavily", ("tavily",))
+TAVILY_API_KEY = env_str("TAVILY_API_KEY", "")
+TAVILY_ENDPOINT = env_str("TAVILY_ENDPOINT", "https://api.tavily.com/search")
+WEB_SEARCH_TIMEOUT_S = env_float("WEB_SEARCH_TIMEOUT_S", 10.0, minimum=0.1)
+WEB_SEARCH_MAX_RESULTS = env_int("WEB_SEARCH_MAX_RESULTS", 5, minimum=1)
+RATE_LIMITS.update(
+    {
+        op: env_rate(f"RATE_LIMIT_{op.upper()}", default)
+        for op, default in {
+            "store_memory": "60/minute",
+            "recall_memory": "120/minute",
+            "hybrid_search": "120/minute",
+            "check_cache": "240/minute",
+            "store_cache": "120/minute",
+            "cache_invalidate": "60/minute",
+            "search_web": "30/minute",
+            "memory_health": "60/minute",
+            "wipe_user_data": "5/hour",
+            "store_decision": "120/minute",
+            "recall_decision": "240/minute",
+        }.items()
+    }
+)
+CELERY_BEAT_SCHEDULE["toolkit-cache-purge"] = {"task": "toolkit.cache_purge_expired", "schedule": 600.0}
+CELERY_BEAT_SCHEDULE["toolkit-enrich-pending"] = {"task": "toolkit.enrich_pending", "schedule": 300.0}

@@ -390,3 +390,23 @@ class FakeChatUpstream:
         finish = "tool_calls" if self.tool_call else "stop"
         chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+
+
+class FakeTavily(FakeServer):
+    """Tavily's search endpoint (issue 14): answers with `results`, records what it got."""
+
+    def __init__(self, *, status: int = 200) -> None:
+        super().__init__()
+        self.status = status
+
+    def handle(self, method, path, headers, payload):
+        if self.status != 200:
+            return self.status, {"detail": "nope"}
+        query = (payload or {}).get("query", "")
+        return 200, {
+            "query": query,
+            "results": [
+                {"title": f"About {query}", "url": "https://example.com/a", "content": "Snippet A", "score": 0.9},
+                {"title": "Second", "url": "https://example.com/b", "content": "Snippet B", "score": 0.5},
+            ],
+        }

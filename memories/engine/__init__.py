@@ -23,6 +23,7 @@ from memories.engine.mem0_adapter import (
     engine_embed_query,
     engine_get,
     engine_ingest,
+    engine_llm_json,
     engine_ping,
     engine_purge_user,
     engine_update,
@@ -58,6 +59,13 @@ from memories.engine.reembed import (
     engine_reembed_switch,
 )
 from memories.engine.retrieval import hybrid_search
+from memories.engine.toolkit_rows import (
+    ENRICHMENT_KEY,
+    TIER_KEY,
+    engine_enrichment_apply,
+    engine_health_counts,
+    engine_rows_with_metadata,
+)
 from memories.engine.writes import (
     EmbeddedText,
     engine_delete_row,
@@ -131,4 +139,11 @@ __all__ = [
     "hybrid_search",
     "llm_configured",
     "engine_expired_owned",
+    # Issue 14: seed 003's toolkit.
+    "ENRICHMENT_KEY",
+    "TIER_KEY",
+    "engine_enrichment_apply",
+    "engine_health_counts",
+    "engine_rows_with_metadata",
+    "engine_llm_json",
 ]

@@ -10,6 +10,7 @@ Any failure inside mem0 or its vendors surfaces as `EngineError`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -335,3 +336,25 @@ def engine_ping() -> None:
             f"vector table {settings.MEMORY_COLLECTION!r} holds {dims}-d vectors but the embedder "
             f"makes {spec.dims}-d ones; re-embed (manage.py reembed)"
         )
+
+
+def engine_llm_json(prompt: str) -> dict[str, Any]:
+    """One JSON answer from the engine's LLM (issue 14's enrichment). Raises LlmUnavailable
+    without an LLM and EngineError when the call fails or the answer is not a JSON object."""
+    if not llm_configured():
+        raise LlmUnavailable("no LLM configured")
+    memory = get_memory()
+    text = _call(
+        "llm",
+        memory.llm.generate_response,
+        messages=[{"role": "user", "content": prompt}],
+        response_format={"type": "json_object"},
+    )
+    try:
+        start, end = str(text).index("{"), str(text).rindex("}") + 1
+        answer = json.loads(str(text)[start:end])
+    except ValueError as exc:
+        raise EngineError("the LLM's answer is not JSON") from exc
+    if not isinstance(answer, dict):
+        raise EngineError("the LLM's answer is not a JSON object")
+    return answer

@@ -299,24 +299,60 @@ def fuse_scores(
 
 
 @engine_timed_function("hybrid_search")  # memsite_engine_duration_seconds
-def hybrid_search(scope: MemoryScope, *, query: str, limit: int, filters: Filters = None) -> list[EngineMemory]:
-    """The best `limit` memories for `query`, each with its fused score. A search that
-    raced a re-embedding switch (query vector of the old size) is retried once."""
+def hybrid_search(
+    scope: MemoryScope,
+    *,
+    query: str,
+    limit: int,
+    filters: Filters = None,
+    fusion: str | None = None,
+    vector_weight: float | None = None,
+    lexical_weight: float | None = None,
+    rrf_k: int | None = None,
+) -> list[EngineMemory]:
+    """The best `limit` memories for `query`, each with its fused score. `fusion` and the
+    weights default to the SEARCH_* settings (seed 003's hybrid_search passes its own).
+    A search that raced a re-embedding switch (query vector of the old size) is retried once."""
+
+    def search() -> list[EngineMemory]:
+        return _hybrid_search(
+            scope,
+            query=query,
+            limit=limit,
+            filters=filters,
+            fusion=fusion,
+            vector_weight=vector_weight,
+            lexical_weight=lexical_weight,
+            rrf_k=rrf_k,
+        )
+
     try:
-        return _hybrid_search(scope, query=query, limit=limit, filters=filters)
+        return search()
     except DataError as exc:
         if "dimensions" not in str(exc) or connection.in_atomic_block:
             raise
         embedder_spec_refresh()
-        return _hybrid_search(scope, query=query, limit=limit, filters=filters)
+        return search()
 
 
-def _hybrid_search(scope: MemoryScope, *, query: str, limit: int, filters: Filters) -> list[EngineMemory]:
+def _hybrid_search(
+    scope: MemoryScope,
+    *,
+    query: str,
+    limit: int,
+    filters: Filters,
+    fusion: str | None,
+    vector_weight: float | None,
+    lexical_weight: float | None,
+    rrf_k: int | None,
+) -> list[EngineMemory]:
     candidates = max(limit, settings.SEARCH_CANDIDATES)
-    use_vector = settings.SEARCH_VECTOR_WEIGHT > 0
-    use_lexical = settings.SEARCH_LEXICAL_WEIGHT > 0
+    vector_weight = settings.SEARCH_VECTOR_WEIGHT if vector_weight is None else vector_weight
+    lexical_weight = settings.SEARCH_LEXICAL_WEIGHT if lexical_weight is None else lexical_weight
+    use_vector = vector_weight > 0
+    use_lexical = lexical_weight > 0
     vector = engine_embed_query(query) if use_vector else None
-    if settings.SEARCH_FUSION == "score":
+    if (fusion or settings.SEARCH_FUSION) == "score":
         fused = fuse_scores(
             vector_scores(scope, vector, limit=candidates, filters=filters) if vector is not None else [],
             lexical_scores(scope, query, limit=candidates, filters=filters, vector=vector) if use_lexical else [],
@@ -325,13 +361,9 @@ def _hybrid_search(scope: MemoryScope, *, query: str, limit: int, filters: Filte
     else:
         rankings = []
         if vector is not None:
-            rankings.append(
-                (vector_ranking(scope, vector, limit=candidates, filters=filters), settings.SEARCH_VECTOR_WEIGHT)
-            )
+            rankings.append((vector_ranking(scope, vector, limit=candidates, filters=filters), vector_weight))
         if use_lexical:
-            rankings.append(
-                (lexical_ranking(scope, query, limit=candidates, filters=filters), settings.SEARCH_LEXICAL_WEIGHT)
-            )
-        fused = fuse(rankings, k=settings.SEARCH_RRF_K)[:limit]
+            rankings.append((lexical_ranking(scope, query, limit=candidates, filters=filters), lexical_weight))
+        fused = fuse(rankings, k=rrf_k or settings.SEARCH_RRF_K)[:limit]
     loaded = _load([memory_id for memory_id, _ in fused])
     return [replace(loaded[memory_id], score=score) for memory_id, score in fused if memory_id in loaded]

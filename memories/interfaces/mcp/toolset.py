@@ -71,7 +71,7 @@ def output_schema_of(model: type[Any]) -> dict[str, Any]:
 def tool_of(operation: OperationDef) -> types.Tool:
     """The MCP tool for one operation: input and output schemas from its pydantic models."""
     return types.Tool(
-        name=operation.name,
+        name=operation.tool_name or operation.name,
         title=operation.title,
         description=operation.description,
         input_schema=operation.input_model.model_json_schema(),
@@ -81,7 +81,7 @@ def tool_of(operation: OperationDef) -> types.Tool:
             read_only_hint=operation.read_only,
             destructive_hint=operation.destructive,
             idempotent_hint=operation.idempotent,
-            open_world_hint=False,
+            open_world_hint=operation.open_world,
         ),
     )
 
@@ -111,13 +111,20 @@ class Toolset:
     instructions: str
     operations: tuple[str, ...]
     version: str = "1"
+    # Issue 14: seed 003's clients read `error` as a string: {"error": message, "code": ...}.
+    flat_errors: bool = False
     tools: list[types.Tool] = field(init=False, repr=False, compare=False)
+    by_tool: dict[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.operations if name not in OPERATIONS]
         if unknown:
             raise ValueError(f"toolset {self.id!r} names unknown operations {unknown}")
         object.__setattr__(self, "tools", [tool_of(OPERATIONS[name]) for name in self.operations])
+        by_tool = {OPERATIONS[name].tool_name or name: name for name in self.operations}
+        if len(by_tool) != len(self.operations):
+            raise ValueError(f"toolset {self.id!r} has two tools of the same name")
+        object.__setattr__(self, "by_tool", by_tool)
 
     @property
     def path(self) -> str:
@@ -127,7 +134,8 @@ class Toolset:
         return types.ListToolsResult(tools=self.tools)
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name not in self.operations:
+        operation = self.by_tool.get(params.name)
+        if operation is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
         principal = (ctx.request.scope if ctx.request is not None else {}).get(PRINCIPAL_KEY)
         if principal is None:  # the middleware lets nothing unauthenticated through
@@ -135,15 +143,20 @@ class Toolset:
         call = call_context_from_request(ctx.request, channel=Channel.MCP)
         try:
             data = await sync_to_async(_run_in_thread, thread_sensitive=False)(
-                principal, params.name, params.arguments, call
+                principal, operation, params.arguments, call
             )
         except ServiceError as exc:
-            return _result({"error": exc.as_dict()}, is_error=True)
+            return self._error(exc)
         except Exception:
             logger.exception("tool %s failed unexpectedly", params.name)
-            error = ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "The memory service failed; retry later.")
-            return _result({"error": error.as_dict()}, is_error=True)
+            return self._error(ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "The memory service failed; retry later."))
         return _result(data)
+
+    def _error(self, error: ServiceError) -> types.CallToolResult:
+        if self.flat_errors:
+            detail = error.as_dict()
+            return _result({"error": detail.pop("message"), **detail}, is_error=True)
+        return _result({"error": error.as_dict()}, is_error=True)
 
     def server(self) -> Server[Any]:
         return Server(

@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from memories.interfaces.web import sessions as web_sessions
+from memories.interfaces.web import toolkit_views
 from memories.interfaces.web import views as web
 
 urlpatterns = [
@@ -28,4 +29,8 @@ urlpatterns = [
     # Issue 13: agent sessions.
     path("sessions/", web_sessions.sessions, name="web-sessions"),
     path("sessions/delete-events/", web_sessions.session_events_delete, name="web-session-events-delete"),
+    # Issue 14: decisions and erasure.
+    path("decisions/", toolkit_views.decisions, name="web-decisions"),
+    path("decisions/delete/", toolkit_views.decision_delete, name="web-decision-delete"),
+    path("erase/", toolkit_views.erase_all, name="web-erase"),
 ]

@@ -1,0 +1,61 @@
+"""Issue 14 in the web UI: my decisions (view, delete) and "erase all my data"."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from core.calls import call_context_from_request
+from core.choices import Channel
+from core.errors import ErrorCode, ServiceError
+from memories.interfaces.web.views import _execute, _scope
+from memories.toolkit.schemas import DECISION_KEY_MAX_CHARS
+from memories.toolkit.selectors import decision_list
+from memories.toolkit.services import toolkit_decision_delete
+
+ERASE_PHRASE = "erase all my data"
+
+
+@login_required
+@require_GET
+def decisions(request):
+    return render(request, "web/decisions.html", {"decisions": decision_list(_scope(request))})
+
+
+@login_required
+@require_POST
+def decision_delete(request):
+    key = request.POST.get("key", "")
+    if not key or len(key) > DECISION_KEY_MAX_CHARS or "\x00" in key:
+        messages.error(request, "No such decision.")
+        return redirect("web-decisions")
+    call = call_context_from_request(request, channel=Channel.UI)
+    if toolkit_decision_delete(_scope(request), key=key, call=call):
+        messages.success(request, f"Deleted the decision {key}.")
+    else:
+        messages.error(request, "No such decision.")
+    return redirect("web-decisions")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def erase_all(request):
+    """Typed confirmation, then seed 003's wipe_user_data through the dispatcher (audited)."""
+    if request.method == "POST":
+        confirmed = request.POST.get("confirmation", "").strip().lower() == ERASE_PHRASE
+        try:
+            wiped = _execute(request, "wipe_user_data", {"confirm": confirmed})
+            messages.success(
+                request,
+                f"Erased {wiped['memories_deleted']} memories, {wiped['cache_deleted']} cached answers and "
+                f"{wiped['decisions_deleted']} decisions. This cannot be undone.",
+            )
+            return redirect("web-memories")
+        except ServiceError as exc:
+            if exc.code == ErrorCode.CONFIRMATION_REQUIRED:
+                messages.error(request, f'Type "{ERASE_PHRASE}" to confirm.')
+            else:
+                messages.error(request, exc.message)
+    return render(request, "web/erase_all.html", {"phrase": ERASE_PHRASE})

@@ -1,0 +1,231 @@
+"""Enrichment of a long-term candidate: summary, importance, tags and type. Heuristics
+always work (no LLM, no network); the LLM is only a refinement when one is configured
+and its answer parses."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from memories.engine import engine_llm_json, llm_configured
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_MAX_CHARS = 200
+MAX_TAGS = 5
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9+#.-]{2,}")
+_STOP = frozenset(
+    [
+        "about",
+        "above",
+        "after",
+        "again",
+        "against",
+        "all",
+        "also",
+        "and",
+        "any",
+        "are",
+        "because",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "but",
+        "can",
+        "could",
+        "did",
+        "does",
+        "doing",
+        "down",
+        "during",
+        "each",
+        "few",
+        "for",
+        "from",
+        "further",
+        "had",
+        "has",
+        "have",
+        "having",
+        "her",
+        "here",
+        "hers",
+        "herself",
+        "him",
+        "himself",
+        "his",
+        "how",
+        "into",
+        "its",
+        "itself",
+        "just",
+        "let",
+        "like",
+        "more",
+        "most",
+        "much",
+        "must",
+        "myself",
+        "nor",
+        "not",
+        "now",
+        "off",
+        "once",
+        "only",
+        "other",
+        "our",
+        "ours",
+        "out",
+        "over",
+        "own",
+        "really",
+        "same",
+        "she",
+        "should",
+        "some",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "too",
+        "under",
+        "until",
+        "very",
+        "was",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+        "yours",
+        "yourself",
+        "want",
+        "wants",
+        "need",
+        "needs",
+        "know",
+        "think",
+        "thing",
+        "things",
+        "make",
+        "made",
+        "get",
+        "got",
+        "going",
+        "use",
+        "used",
+        "using",
+        "one",
+        "two",
+        "please",
+        "thanks",
+        "thank",
+        "okay",
+        "yes",
+        "sure",
+    ]
+)
+_IMPORTANT = ("always", "never", "important", "must", "remember", "don't", "do not", "allergic", "deadline")
+_PREFERENCE = ("prefer", "like", "love", "hate", "favorite", "favourite", "dislike", "rather")
+_FEEDBACK = ("don't", "do not", "stop", "instead", "should", "please", "wrong", "too ")
+_PROJECT = ("project", "deadline", "release", "repo", "repository", "sprint", "deploy", "milestone", "ticket", "bug")
+_REFERENCE = ("http://", "https://", "www.", "docs", "documentation", "link", "see ")
+
+
+@dataclass(frozen=True)
+class Enrichment:
+    summary: str
+    importance: float
+    tags: list[str]
+    memory_type: str
+    method: str  # "heuristic" or "llm"
+
+
+def _summary(text: str) -> str:
+    first = re.split(r"(?<=[.!?])\s+", " ".join(text.split()), maxsplit=1)[0]
+    return first if len(first) <= SUMMARY_MAX_CHARS else first[: SUMMARY_MAX_CHARS - 1].rstrip() + "…"
+
+
+def _memory_type(lower: str) -> str:
+    if any(marker in lower for marker in _REFERENCE):
+        return "reference"
+    if any(marker in lower for marker in _PROJECT):
+        return "project"
+    if any(marker in lower for marker in _FEEDBACK):
+        return "feedback"
+    return "user"
+
+
+def _importance(lower: str, length: int) -> float:
+    score = 0.4
+    score += 0.1 * sum(marker in lower for marker in _IMPORTANT)
+    score += 0.1 if any(marker in lower for marker in _PREFERENCE) else 0.0
+    score += 0.1 if length > 120 else 0.0
+    return round(min(1.0, score), 2)
+
+
+def _tags(text: str) -> list[str]:
+    words = [w.lower().strip(".-") for w in _WORD.findall(text)]
+    counts = Counter(w for w in words if w not in _STOP and len(w) > 2)
+    return [word for word, _ in counts.most_common(MAX_TAGS)]
+
+
+def enrich_heuristic(text: str) -> Enrichment:
+    lower = text.lower()
+    return Enrichment(
+        summary=_summary(text),
+        importance=_importance(lower, len(text)),
+        tags=_tags(text),
+        memory_type=_memory_type(lower),
+        method="heuristic",
+    )
+
+
+def enrich_text(text: str) -> Enrichment:
+    """Heuristics; with an LLM configured, its answer where it parses (else heuristics)."""
+    heuristic = enrich_heuristic(text)
+    if not llm_configured():
+        return heuristic
+    try:
+        answer = engine_llm_json(
+            "Summarise this memory about a user in one sentence, rate its long-term importance from 0 to 1, "
+            "give up to 5 short lowercase tags and its type (user, feedback, project or reference). Answer JSON "
+            '{"summary": str, "importance": float, "tags": [str], "memory_type": str}.\nMemory: ' + text
+        )
+    except Exception:  # the LLM is a refinement: never lose the enrichment over it
+        logger.warning("LLM enrichment failed; heuristics used", exc_info=False)
+        return heuristic
+    try:
+        memory_type = answer.get("memory_type")
+        importance = float(answer.get("importance", -1))
+        tags = [str(t)[:64].lower() for t in answer.get("tags", [])][:MAX_TAGS]
+        summary = str(answer.get("summary") or "")[:SUMMARY_MAX_CHARS] or heuristic.summary
+        if memory_type not in ("user", "feedback", "project", "reference") or not 0 <= importance <= 1:
+            return heuristic
+    except (TypeError, ValueError, AttributeError):
+        return heuristic
+    return Enrichment(summary=summary, importance=importance, tags=tags, memory_type=memory_type, method="llm")

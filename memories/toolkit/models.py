@@ -1,0 +1,58 @@
+"""The toolkit's own tables: the semantic cache and keyed decisions (seed 003)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import models
+from pgvector.django import VectorField
+
+
+class CacheEntry(models.Model):
+    """A cached query/response pair. The query's embedding is a pgvector column without a
+    fixed dimension (the embedder decides it); lookups are an exact scan of one user's
+    live rows, which are few."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    query = models.TextField()
+    response = models.TextField()
+    embedding = VectorField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "expires_at"], name="cache_user_expires")]
+
+    def __str__(self) -> str:
+        return f"cache {self.id}"
+
+
+class Decision(models.Model):
+    """A keyed decision (preference, choice, sticky setting), one per (user, key)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=128)
+    value = models.TextField()
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="decision_unique_user_key")]
+
+    def __str__(self) -> str:
+        return f"decision {self.key}"
+
+
+class ErasureSubject(get_user_model()):  # type: ignore[misc]
+    """Users as support sees them when handling an erasure request (the admin's
+    "erase all data" action); a proxy, no table of its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "erasure request"
+        verbose_name_plural = "erasure requests"
+        permissions = [("erase_user_data", "Can erase all data of a user")]

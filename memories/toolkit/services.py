@@ -1,0 +1,594 @@
+"""Seed 003's toolkit (issue 14): short/long-term memories, recall ranking, the semantic
+cache, decisions, web search, health and erasure. Writes and billed/audited reads, each
+rate limited and recorded like the seven memory tools (`call_succeeded` in the
+transaction of the call's own writes; failures are audited by the dispatcher).
+
+Memories are ordinary engine rows: tier (`stm`/`ltm`), enrichment status, summary and
+conversation id are metadata keys this module owns; short-term ones expire through the
+memory model's `expires_at` (hidden at once, purged by `memories.purge_due`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from pgvector.django import CosineDistance
+
+from audit.services import audit_record, audit_text
+from core.choices import Channel, Operation
+from core.errors import ErrorCode, ServiceError, backend_unavailable
+from core.locks import advisory_xact_lock
+from core.scope import CallContext, MemoryScope
+from memories.call_record import call_succeeded
+from memories.engine import (
+    ENRICHMENT_KEY,
+    TIER_KEY,
+    EngineError,
+    EngineMemory,
+    MemoryAttrs,
+    attrs_containment,
+    engine_delete_user_rows,
+    engine_embed_query,
+    engine_embed_text,
+    engine_enrichment_apply,
+    engine_health_counts,
+    engine_insert_text,
+    engine_purge_messages,
+    engine_rows_with_metadata,
+    engine_timestamp,
+    hybrid_search,
+)
+from memories.models import ContentHash
+from memories.rate_limits import rate_limit_consume
+from memories.selectors import memory_get_owned
+from memories.services import (
+    _attributed,
+    _engine_errors,
+    _hash_owner,
+    _system_metadata,
+    _text_lock_key,
+    content_sha256,
+)
+from memories.toolkit import enrichment
+from memories.toolkit.models import CacheEntry, Decision
+from memories.toolkit.tasks import enrich_memories as enrich_memories_task
+from memories.toolkit.websearch import WebSearchUnavailable, web_search_provider
+
+HUMAN_ROLES = frozenset({"human", "user"})
+LTM_MIN_CHARS = 30  # seed 003: human messages longer than this become long-term candidates
+SOURCE = "store_memory"
+
+
+def _user_label(call: CallContext) -> str:
+    """Seed 003's `user_id` in results: the authenticated user's name (never an argument)."""
+    return call.actor_username
+
+
+# --- store_memory / enrichment --------------------------------------------------------------
+def toolkit_memory_store(
+    scope: MemoryScope, *, conversation_id: str, messages: list[dict[str, str]], call: CallContext
+) -> dict[str, Any]:
+    """One short-term memory per message (expiring after STM_TTL_HOURS); human messages
+    over 30 characters also become long-term candidates (`enrichment_status: pending`),
+    enriched by a background task after commit. A candidate whose text the user already
+    has as a memory is not made again (the one dedupe rule). Embeddings are computed
+    before the transaction; all rows, hashes, the usage event and audit row commit together."""
+    rate_limit_consume(scope, operation=Operation.STORE_MEMORY)
+    embedded = {}
+    with _engine_errors():
+        for message in messages:
+            text = message["content"].strip()
+            if text not in embedded:
+                embedded[text] = engine_embed_text(text)
+    stm_expires = engine_timestamp(datetime.now(UTC) + timedelta(hours=settings.STM_TTL_HOURS))
+    stm_ids: list[str] = []
+    ltm_ids: list[str] = []
+    candidates = {
+        content_sha256(m["content"].strip())
+        for m in messages
+        if m["role"] in HUMAN_ROLES and len(m["content"].strip()) > LTM_MIN_CHARS
+    }
+    with _engine_errors(), transaction.atomic():
+        for digest in sorted(candidates):  # one order for every caller: no deadlock between two calls
+            advisory_xact_lock(_text_lock_key(scope, digest))
+        for message in messages:
+            text = message["content"].strip()
+            base = {"conversation_id": conversation_id, "message_role": message["role"]}
+            with _attributed(call):
+                stm_id = engine_insert_text(
+                    scope,
+                    embedded=embedded[text],
+                    metadata=_system_metadata(scope, source=SOURCE, pinned=False, metadata={**base, TIER_KEY: "stm"}),
+                    attrs=MemoryAttrs(session_id=conversation_id[:128], expires_at=stm_expires),
+                )
+            stm_ids.append(stm_id)
+            if message["role"] not in HUMAN_ROLES or len(text) <= LTM_MIN_CHARS:
+                continue
+            digest = content_sha256(text)
+            if _hash_owner(scope, digest=digest) is not None:
+                continue
+            candidate = {**base, TIER_KEY: "ltm", ENRICHMENT_KEY: "pending", "stm_id": stm_id}
+            with _attributed(call):
+                ltm_id = engine_insert_text(
+                    scope,
+                    embedded=embedded[text],
+                    metadata=_system_metadata(scope, source=SOURCE, pinned=False, metadata=candidate),
+                    attrs=MemoryAttrs(session_id=conversation_id[:128]),
+                )
+            ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=ltm_id)
+            ltm_ids.append(ltm_id)
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.STORE_MEMORY,
+            memory_ids=stm_ids + ltm_ids,
+            after={"messages": [audit_text(m["content"]) for m in messages]},
+            detail={"conversation_id": conversation_id, "stm": len(stm_ids), "ltm_candidates": len(ltm_ids)},
+        )
+        if ltm_ids:
+            transaction.on_commit(lambda: enrich_memories_task.delay(ltm_ids))
+    return {"stm_ids": stm_ids, "count": len(stm_ids)}
+
+
+def toolkit_candidates_enrich(*, memory_ids: list[str] | None = None, limit: int = 100) -> int:
+    """Enrich pending long-term candidates (these ids, or the oldest `limit` of anyone's):
+    summary, importance, tags and type, by the LLM when configured, heuristics otherwise
+    (and when the LLM fails). Marks them `completed`. One transaction per memory; rows
+    are locked SKIP LOCKED so two workers never enrich the same one. Returns how many."""
+    done = 0
+    call = CallContext(channel=Channel.INTERNAL, actor_username="system:enrich")
+    while True:
+        with _engine_errors(), transaction.atomic():
+            rows = engine_rows_with_metadata(
+                containment={TIER_KEY: "ltm", ENRICHMENT_KEY: "pending"}, memory_ids=memory_ids, limit=1
+            )
+            if not rows:
+                return done
+            item = rows[0]
+            scope = MemoryScope.from_engine_user_id(item.user_id)
+            if scope is None:  # not one of ours; never loop on it
+                return done
+            result = enrichment.enrich_text(item.text)
+            attrs = replace(
+                item.attrs, memory_type=result.memory_type, tags=tuple(result.tags), importance=result.importance
+            )
+            metadata = {ENRICHMENT_KEY: "completed", "summary": result.summary, "enriched_by": result.method}
+            engine_enrichment_apply(scope, memory_id=item.id, metadata=metadata, attrs=attrs)
+            audit_record(
+                scope,
+                call=call,
+                operation=Operation.ENRICH_MEMORY,
+                memory_ids=[item.id],
+                detail={"method": result.method, "memory_type": result.memory_type, "importance": result.importance},
+            )
+        done += 1
+        if done >= limit:
+            return done
+
+
+# --- recall_memory / hybrid_search ----------------------------------------------------------
+def _filters(*, tier: Sequence[str] | None, memory_type: str | None, tags: list[str] | None) -> dict[str, Any]:
+    wanted: dict[str, Any] = attrs_containment(memory_type=memory_type, tags=tags)
+    tiers = set(tier or ("stm", "ltm"))
+    if len(tiers) == 1:
+        wanted[TIER_KEY] = next(iter(tiers))
+    return wanted
+
+
+def _tier_of(item: EngineMemory) -> str:
+    return str(item.metadata.get(TIER_KEY) or "ltm")  # other surfaces' memories are long-term
+
+
+def _memory_dict(item: EngineMemory, *, user: str) -> dict[str, Any]:
+    return {
+        "_id": item.id,
+        "user_id": user,
+        "tier": _tier_of(item),
+        "content": item.text,
+        "summary": item.metadata.get("summary"),
+        "importance": item.attrs.importance,
+        "created_at": item.created_at,
+        "memory_type": item.attrs.memory_type,
+        "tags": list(item.attrs.tags),
+    }
+
+
+def _recency(item: EngineMemory, now: datetime) -> float:
+    try:
+        created = datetime.fromisoformat(item.created_at or "")
+    except ValueError:
+        return 0.0
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=UTC)
+    hours = max(0.0, (now - created).total_seconds() / 3600)
+    return 0.5 ** (hours / settings.RECALL_RECENCY_HALF_LIFE_HOURS)
+
+
+def _limit(limit: int) -> int:
+    return min(limit, settings.MAX_RESULTS_PER_QUERY)
+
+
+def _search(scope: MemoryScope, **kwargs: Any) -> list[EngineMemory]:
+    try:
+        return hybrid_search(scope, **kwargs)
+    except EngineError as exc:
+        raise backend_unavailable() from exc
+
+
+def toolkit_memory_recall(
+    scope: MemoryScope,
+    *,
+    query: str,
+    memory_type: str | None = None,
+    tags: list[str] | None = None,
+    limit: int = 10,
+    tier: Sequence[str] | None = None,
+    call: CallContext,
+) -> dict[str, Any]:
+    """Rank the user's live memories by a*recency + b*importance + c*relevance (weights:
+    RECALL_WEIGHT_*; relevance is the hybrid retrieval's score divided by the best
+    candidate's, recency halves every RECALL_RECENCY_HALF_LIFE_HOURS). A short-term
+    memory and the long-term candidate made from it count once (the higher score). The
+    access counters are folded in later from this call's audit row (memory_recalls_fold)."""
+    rate_limit_consume(scope, operation=Operation.RECALL_MEMORY)
+    limit = _limit(limit)
+    candidates = _search(
+        scope,
+        query=query,
+        limit=min(200, limit * settings.SEARCH_CANDIDATE_FACTOR * 2),
+        filters=_filters(tier=tier, memory_type=memory_type, tags=tags) or None,
+    )
+    now = datetime.now(UTC)
+    best = max((c.score or 0.0 for c in candidates), default=0.0)
+    a, b, c = settings.RECALL_WEIGHT_RECENCY, settings.RECALL_WEIGHT_IMPORTANCE, settings.RECALL_WEIGHT_RELEVANCE
+    by_pair: dict[str, tuple[float, EngineMemory]] = {}
+    for item in candidates:
+        relevance = max(0.0, (item.score or 0.0) / best) if best > 0 else 0.0
+        score = a * _recency(item, now) + b * item.attrs.importance + c * relevance
+        pair = str(item.metadata.get("stm_id") or item.id)
+        if pair not in by_pair or score > by_pair[pair][0]:
+            by_pair[pair] = (score, item)
+    ranked = sorted(by_pair.values(), key=lambda pair: (-pair[0], pair[1].id))[:limit]
+    user = _user_label(call)
+    results = [
+        {
+            **_memory_dict(item, user=user),
+            "access_count": item.access_count,
+            "last_accessed": item.last_recalled_at,
+            "enrichment_status": item.metadata.get(ENRICHMENT_KEY),
+            "conversation_id": item.metadata.get("conversation_id"),
+            "final_score": round(score, 6),
+        }
+        for score, item in ranked
+    ]
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.RECALL_MEMORY,
+            memory_ids=[r["_id"] for r in results],
+            detail={
+                "query": audit_text(query),
+                "limit": limit,
+                "filters": {"memory_type": memory_type, "tags": tags or [], "tier": list(tier or [])},
+                "results": len(results),
+            },
+        )
+    return {"results": results, "count": len(results)}
+
+
+def toolkit_hybrid_search(
+    scope: MemoryScope,
+    *,
+    query: str,
+    memory_type: str | None = None,
+    tags: list[str] | None = None,
+    limit: int = 10,
+    tier: Sequence[str] | None = None,
+    vector_weight: float | None = None,
+    text_weight: float | None = None,
+    call: CallContext,
+) -> dict[str, Any]:
+    """Our hybrid retrieval with weighted reciprocal rank fusion of the vector and
+    full-text rankings (weights: arguments, else RRF_VECTOR_WEIGHT / RRF_TEXT_WEIGHT)."""
+    rate_limit_consume(scope, operation=Operation.HYBRID_SEARCH)
+    vector_weight = settings.RRF_VECTOR_WEIGHT if vector_weight is None else vector_weight
+    text_weight = settings.RRF_TEXT_WEIGHT if text_weight is None else text_weight
+    if vector_weight == 0 and text_weight == 0:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "vector_weight and text_weight cannot both be 0")
+    limit = _limit(limit)
+    found = _search(
+        scope,
+        query=query,
+        limit=limit,
+        filters=_filters(tier=tier, memory_type=memory_type, tags=tags) or None,
+        fusion="rrf",
+        vector_weight=vector_weight,
+        lexical_weight=text_weight,
+        rrf_k=settings.RRF_K,
+    )
+    user = _user_label(call)
+    results = [{**_memory_dict(item, user=user), "rrf_score": round(item.score or 0.0, 6)} for item in found]
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.HYBRID_SEARCH,
+            memory_ids=[r["_id"] for r in results],
+            detail={
+                "query": audit_text(query),
+                "limit": limit,
+                "weights": {"vector": vector_weight, "text": text_weight},
+                "results": len(results),
+            },
+        )
+    return {"results": results, "count": len(results)}
+
+
+# --- the semantic cache ---------------------------------------------------------------------
+def _embed_query(text: str) -> list[float]:
+    try:
+        return engine_embed_query(text)
+    except EngineError as exc:
+        raise backend_unavailable() from exc
+
+
+def toolkit_cache_check(
+    scope: MemoryScope, *, query: str, similarity_threshold: float | None = None, call: CallContext
+) -> dict[str, Any]:
+    """The most similar live cached query of the user: a hit at or above the threshold
+    (cosine similarity of the query embeddings; CACHE_SIMILARITY_THRESHOLD by default)."""
+    rate_limit_consume(scope, operation=Operation.CHECK_CACHE)
+    threshold = settings.CACHE_SIMILARITY_THRESHOLD if similarity_threshold is None else similarity_threshold
+    vector = _embed_query(query)
+    nearest = (
+        CacheEntry.objects.filter(user_id=scope.user_pk, expires_at__gt=timezone.now())
+        .annotate(distance=CosineDistance("embedding", vector))
+        .order_by("distance", "-created_at")
+        .first()
+    )
+    score = None if nearest is None else round(1.0 - float(nearest.distance), 6)
+    hit = nearest is not None and score is not None and score >= threshold
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.CHECK_CACHE,
+            detail={
+                "query": audit_text(query),
+                "hit": hit,
+                "score": score,
+                "threshold": threshold,
+                "cache_id": str(nearest.id) if hit and nearest else None,
+            },
+        )
+    if not hit or nearest is None:
+        return {"cache_hit": False}
+    return {"cache_hit": True, "query": nearest.query, "response": nearest.response, "score": score}
+
+
+def toolkit_cache_store(scope: MemoryScope, *, query: str, response: str, call: CallContext) -> dict[str, Any]:
+    """Cache a query/response pair for CACHE_TTL_SECONDS (expired rows are hidden at
+    once and deleted by `toolkit.cache_purge_expired`)."""
+    rate_limit_consume(scope, operation=Operation.STORE_CACHE)
+    vector = _embed_query(query)
+    with transaction.atomic():
+        entry = CacheEntry.objects.create(
+            user_id=scope.user_pk,
+            query=query,
+            response=response,
+            embedding=vector,
+            expires_at=timezone.now() + timedelta(seconds=settings.CACHE_TTL_SECONDS),
+        )
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.STORE_CACHE,
+            after={"query": audit_text(query), "response": audit_text(response)},
+            detail={"cache_id": str(entry.id), "ttl_s": settings.CACHE_TTL_SECONDS},
+        )
+    return {"cache_id": str(entry.id)}
+
+
+def toolkit_cache_invalidate(
+    scope: MemoryScope, *, pattern: str | None = None, invalidate_all: bool = False, call: CallContext
+) -> dict[str, Any]:
+    """Delete the user's cached entries: all, or those whose query contains `pattern`
+    (case-insensitive substring; no regular expressions)."""
+    if not invalidate_all and not pattern:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "give pattern, or invalidate_all: true")
+    rate_limit_consume(scope, operation=Operation.CACHE_INVALIDATE)
+    with transaction.atomic():
+        entries = CacheEntry.objects.filter(user_id=scope.user_pk)
+        if not invalidate_all:
+            entries = entries.filter(query__icontains=pattern or "")
+        deleted, _ = entries.delete()
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.CACHE_INVALIDATE,
+            detail={"pattern": audit_text(pattern), "all": invalidate_all, "deleted": deleted},
+        )
+    return {"user_id": _user_label(call), "deleted_count": deleted}
+
+
+def toolkit_expired_purge(*, now: datetime | None = None) -> dict[str, int]:
+    """The periodic purge of expired cache entries and decisions (hidden already)."""
+    now = now or timezone.now()
+    cache, _ = CacheEntry.objects.filter(expires_at__lte=now).delete()
+    decisions, _ = Decision.objects.filter(expires_at__lte=now).delete()
+    return {"cache": cache, "decisions": decisions}
+
+
+# --- decisions ------------------------------------------------------------------------------
+def _iso(when: datetime) -> str:
+    return when.astimezone(UTC).isoformat()
+
+
+def decision_as_dict(decision: Decision, *, user: str) -> dict[str, Any]:
+    return {
+        "key": decision.key,
+        "value": decision.value,
+        "user_id": user,
+        "created_at": _iso(decision.created_at),
+        "updated_at": _iso(decision.updated_at),
+        "expires_at": _iso(decision.expires_at) if decision.expires_at else None,
+    }
+
+
+def toolkit_decision_store(
+    scope: MemoryScope, *, key: str, value: str, ttl_days: int | None = None, call: CallContext
+) -> dict[str, Any]:
+    """Upsert by (user, key): `created` for a new key (or one whose decision had
+    expired), `updated` otherwise. `ttl_days` sets the expiry; omitted, none."""
+    rate_limit_consume(scope, operation=Operation.STORE_DECISION)
+    now = timezone.now()
+    expires_at = now + timedelta(days=ttl_days) if ttl_days else None
+    with transaction.atomic():
+        advisory_xact_lock(f"decision:{scope.user_pk}:{key}")
+        existing = Decision.objects.select_for_update().filter(user_id=scope.user_pk, key=key).first()
+        before = None
+        if existing is not None and (existing.expires_at is None or existing.expires_at > now):
+            before = {"value": audit_text(existing.value)}
+            existing.value, existing.updated_at, existing.expires_at = value, now, expires_at
+            existing.save(update_fields=["value", "updated_at", "expires_at"])
+            action = "updated"
+        else:
+            if existing is not None:
+                existing.delete()  # expired: as if it were gone
+            Decision.objects.create(
+                user_id=scope.user_pk, key=key, value=value, created_at=now, updated_at=now, expires_at=expires_at
+            )
+            action = "created"
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.STORE_DECISION,
+            before=before,
+            after={"value": audit_text(value)},
+            detail={"key": key, "action": action, "ttl_days": ttl_days},
+        )
+    return {"key": key, "action": action, "user_id": _user_label(call)}
+
+
+def toolkit_decision_recall(scope: MemoryScope, *, key: str, call: CallContext) -> dict[str, Any]:
+    """The user's live decision for `key`, or `found: false` (missing or expired)."""
+    rate_limit_consume(scope, operation=Operation.RECALL_DECISION)
+    decision = Decision.objects.filter(user_id=scope.user_pk, key=key).first()
+    if decision is not None and decision.expires_at is not None and decision.expires_at <= timezone.now():
+        decision = None
+    with transaction.atomic():
+        call_succeeded(
+            scope, call=call, operation=Operation.RECALL_DECISION, detail={"key": key, "found": decision is not None}
+        )
+    if decision is None:
+        return {"key": key, "found": False}
+    return {"key": key, "found": True, "decision": decision_as_dict(decision, user=_user_label(call))}
+
+
+def toolkit_decision_delete(scope: MemoryScope, *, key: str, call: CallContext) -> bool:
+    """A person deleting one of their decisions in the web UI (audited, not billed)."""
+    with transaction.atomic():
+        deleted, _ = Decision.objects.filter(user_id=scope.user_pk, key=key).delete()
+        audit_record(
+            scope, call=call, operation=Operation.DELETE_DECISION, detail={"key": key, "deleted": bool(deleted)}
+        )
+    return bool(deleted)
+
+
+# --- search_web -----------------------------------------------------------------------------
+WEB_UNAVAILABLE = "Web search service unavailable: Tavily API key not configured"
+
+
+def toolkit_web_search(scope: MemoryScope, *, query: str, call: CallContext) -> dict[str, Any]:
+    """Search the web through the configured provider (Tavily). Off without a key (seed
+    003's error). The results are returned, never stored as memories."""
+    provider = web_search_provider()
+    if provider is None:
+        raise ServiceError(ErrorCode.WEB_SEARCH_UNAVAILABLE, WEB_UNAVAILABLE)
+    rate_limit_consume(scope, operation=Operation.SEARCH_WEB)
+    try:
+        results = provider.search(query, max_results=settings.WEB_SEARCH_MAX_RESULTS)
+    except WebSearchUnavailable as exc:
+        raise ServiceError(ErrorCode.WEB_SEARCH_UNAVAILABLE, f"Web search service unavailable: {exc}") from None
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.SEARCH_WEB,
+            detail={"query": audit_text(query), "provider": provider.name, "results": len(results)},
+        )
+    return {"results": results, "query": query}
+
+
+# --- delete_memory (seed 003) ----------------------------------------------------------------
+def toolkit_delete_preview(scope: MemoryScope, *, memory_id: str, call: CallContext) -> dict[str, Any]:
+    """delete_memory by id with dry_run: what would be deleted (1, or not_found), nothing changed."""
+    rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
+    memory_get_owned(scope, memory_id=memory_id)
+    with transaction.atomic():
+        call_succeeded(
+            scope, call=call, operation=Operation.DELETE_MEMORY, memory_ids=[memory_id], detail={"dry_run": True}
+        )
+    return {"deleted_count": 1, "dry_run": True}
+
+
+# --- memory_health / wipe_user_data ---------------------------------------------------------
+def toolkit_memory_health(scope: MemoryScope, *, call: CallContext) -> dict[str, Any]:
+    rate_limit_consume(scope, operation=Operation.MEMORY_HEALTH)
+    counts = engine_health_counts(scope)
+    now = timezone.now()
+    cache = CacheEntry.objects.filter(user_id=scope.user_pk, expires_at__gt=now).count()
+    decisions = Decision.objects.filter(user_id=scope.user_pk).exclude(expires_at__lte=now).count()
+    with transaction.atomic():
+        call_succeeded(scope, call=call, operation=Operation.MEMORY_HEALTH, detail={"total": counts["total"]})
+    return {
+        "user_id": _user_label(call),
+        "total_memories": counts["total"],
+        "tier_stats": {"stm": 0, "ltm": 0, **counts["tiers"]},
+        "enrichment_stats": {"pending": 0, "completed": 0, **counts["enrichment"]},
+        "type_stats": counts["types"],
+        "trash": counts["trash"],
+        "cache_entries": cache,
+        "decisions": decisions,
+    }
+
+
+WIPE_CONFIRM = "wipe_user_data requires confirm=true. This will permanently delete ALL user data."
+
+
+def toolkit_user_data_wipe(scope: MemoryScope, *, confirm: bool, call: CallContext, operation: str = "") -> dict:
+    """Erase everything of the user: memories (trash included), cache, decisions, mem0's
+    raw messages and dedupe hashes, in one transaction with the audit row and usage event.
+    The audit trail itself is append-only and stays (see the report of issue 14 on
+    crypto-shredding): `audit_deleted` counts the audit rows made unreadable (0 here)."""
+    if confirm is not True:
+        raise ServiceError(ErrorCode.CONFIRMATION_REQUIRED, WIPE_CONFIRM)
+    operation = operation or Operation.WIPE_USER_DATA
+    if operation == Operation.WIPE_USER_DATA:
+        rate_limit_consume(scope, operation=Operation.WIPE_USER_DATA)
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        with _attributed(call):
+            memory_ids = engine_delete_user_rows(scope)
+        engine_purge_messages(scope)
+        ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
+        cache, _ = CacheEntry.objects.filter(user_id=scope.user_pk).delete()
+        decisions, _ = Decision.objects.filter(user_id=scope.user_pk).delete()
+        counts = {"memories": len(memory_ids), "cache": cache, "decisions": decisions, "audit": 0}
+        if operation == Operation.WIPE_USER_DATA:
+            call_succeeded(scope, call=call, operation=operation, memory_ids=memory_ids, detail=counts)
+        else:
+            audit_record(scope, call=call, operation=operation, memory_ids=memory_ids, detail=counts)
+    return {
+        "user_id": call.actor_username,
+        "memories_deleted": len(memory_ids),
+        "cache_deleted": cache,
+        "audit_deleted": 0,
+        "decisions_deleted": decisions,
+    }
