@@ -404,3 +404,29 @@ def test_nightly_maintenance_runs_every_active_session_unbilled(alice, bob, alic
     assert AuditEvent.objects.filter(operation="memory_run_maintenance", outcome="ok").count() == 1
     assert SessionArchive.objects.filter(session_id="a1").exists()
     assert not SessionArchive.objects.filter(session_id="b1").exists()
+
+
+def test_seed_002_metrics_count_facts_busy_turns_and_compactions(
+    alice, alice_scope, monkeypatch, clean_vectors, django_capture_on_commit_callbacks
+):
+    from core import metrics
+
+    def value(counter, **labels) -> float:
+        return (counter.labels(**labels) if labels else counter)._value.get()
+
+    facts = value(metrics.TURN_FACT_WRITE, tier="long_term")
+    with django_capture_on_commit_callbacks(execute=True):
+        turn(alice, "s", "t1", "I prefer tea over coffee.")
+    assert value(metrics.TURN_FACT_WRITE, tier="long_term") == facts + 1
+    TurnGuard.objects.create(
+        engine_user_id=alice_scope.engine_user_id, project="", session_id="s", turn_id="t2", owner="someone"
+    )
+    conflicts = value(metrics.TURN_IDEMPOTENCY_CONFLICTS)
+    fails(alice, "memory_after_turn", session_id="s", turn_id="t2", input_items=[user_msg("I live in Oslo.")])
+    assert value(metrics.TURN_IDEMPOTENCY_CONFLICTS) == conflicts + 1
+    later = timezone.now() + timedelta(days=2)
+    monkeypatch.setattr(turns, "_now", lambda: later)
+    compactions = value(metrics.TURN_COMPACTION)
+    with django_capture_on_commit_callbacks(execute=True):
+        run(alice, "memory_run_maintenance", session_id="s")
+    assert value(metrics.TURN_COMPACTION) > compactions

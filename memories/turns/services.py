@@ -29,6 +29,7 @@ from audit.services import audit_record
 from core.choices import MemoryType, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
 from core.locks import advisory_xact_lock
+from core.metrics import turn_compaction_record, turn_fact_write_record, turn_idempotency_conflict_record
 from core.scope import CallContext, MemoryScope
 from memories.call_record import call_succeeded
 from memories.engine import (
@@ -86,6 +87,12 @@ NEAR_DUPLICATE_JACCARD = 0.85
 def _now() -> datetime:
     """The clock of this module (tests move it to time-travel past retention)."""
     return timezone.now()
+
+
+def _facts_written_record(tiers: dict[str, int]) -> None:
+    for tier, count in tiers.items():
+        if count:
+            turn_fact_write_record(tier=tier, count=count)
 
 
 def _busy(message: str) -> ServiceError:
@@ -306,6 +313,7 @@ def _guard_claim(scope: MemoryScope, *, project: str, session_id: str, turn_id: 
         if created or guard.state == TurnGuard.State.DONE:
             return guard
         if guard.updated_at > now - timedelta(seconds=settings.MCP_MEMORY_TURN_LEASE_S):
+            turn_idempotency_conflict_record()  # seed 002: mcp_memory_idempotency_conflicts
             raise _busy("This turn is being processed by another call; retry.")
         guard.owner, guard.updated_at = owner, now
         guard.save(update_fields=["owner", "updated_at"])
@@ -406,6 +414,7 @@ def turn_after(
             if current.state == TurnGuard.State.DONE:
                 return _turn_duplicate(scope, guard=current, detail=detail, call=call)
             if current.owner != owner:
+                turn_idempotency_conflict_record()  # seed 002: mcp_memory_idempotency_conflicts
                 raise _busy("This turn is being processed by another call; retry.")
             stored = session_events_append(
                 scope, session_id=session_id, project=project, turn_id=turn_id, items=[*input_items, *output_items]
@@ -420,6 +429,7 @@ def turn_after(
             current.save(update_fields=["state", "fact_ids", "updated_at"])
             _session_touch(scope, project=project, session_id=session_id)
             tiers = {tier: sum(1 for fact, _ in embedded if fact.tier == tier) for tier in TIERS}
+            transaction.on_commit(lambda: _facts_written_record(tiers))  # seed 002: mcp_memory_fact_write
             call_succeeded(
                 scope,
                 call=call,
@@ -502,6 +512,7 @@ def _compact(scope: MemoryScope, *, project: str, session_id: str, now: datetime
             if not events:
                 return moved
             items = [event.item for event in events]
+            transaction.on_commit(turn_compaction_record)  # seed 002: mcp_memory_compaction
             SessionArchive.objects.create(
                 engine_user_id=scope.engine_user_id,
                 project=project,
