@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from core.choices import Operation
+from core.choices import ALL_PERMISSIONS, Operation, Permission
 from core.errors import ErrorCode, ServiceError
 from core.inputs import text_problem
 from core.metrics import call_observed
@@ -37,6 +37,7 @@ from memories.services import (
     memory_search,
     memory_update,
 )
+from memories.tenancy import subject_parse, subject_resolve
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,12 @@ class OperationDef:
     read_only: bool = False
     destructive: bool = False
     idempotent: bool = False
+    # Issue 12: the one permission (core.choices.Permission) a credential needs to call it.
+    # Undeclared ("") fails closed: only a credential holding every permission may call it.
+    permission: str = ""
+
+    def permitted(self, permissions: frozenset[str]) -> bool:
+        return self.permission in permissions if self.permission else permissions >= ALL_PERMISSIONS
 
 
 def _search(scope: MemoryScope, args: schemas.SearchInput, call: CallContext) -> dict[str, Any]:
@@ -158,6 +165,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _search,
             read_only=True,
             idempotent=True,
+            permission=Permission.READ,
         ),
         OperationDef(
             "remember",
@@ -169,6 +177,7 @@ OPERATIONS: dict[str, OperationDef] = {
             schemas.RememberOutput,
             _remember,
             idempotent=True,
+            permission=Permission.WRITE,
         ),
         OperationDef(
             "ingest",
@@ -178,6 +187,7 @@ OPERATIONS: dict[str, OperationDef] = {
             schemas.IngestInput,
             schemas.IngestOutput,
             _ingest,
+            permission=Permission.WRITE,
         ),
         OperationDef(
             "update_memory",
@@ -189,6 +199,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _update,
             destructive=True,
             idempotent=True,
+            permission=Permission.WRITE,
         ),
         OperationDef(
             "delete_memory",
@@ -202,6 +213,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _delete,
             destructive=True,
             idempotent=True,
+            permission=Permission.DELETE,
         ),
         OperationDef(
             "list_memory",
@@ -213,6 +225,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _list,
             read_only=True,
             idempotent=True,
+            permission=Permission.READ,
         ),
         OperationDef(
             "clear_all_memory",
@@ -224,6 +237,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _clear_all,
             destructive=True,
             idempotent=True,
+            permission=Permission.DELETE,
         ),
         # For people, in the web UI (not MCP tools).
         OperationDef(
@@ -236,6 +250,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _get,
             read_only=True,
             idempotent=True,
+            permission=Permission.READ,
         ),
         OperationDef(
             "forget_memory",
@@ -247,6 +262,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _forget,
             destructive=True,
             idempotent=True,
+            permission=Permission.DELETE,
         ),
         OperationDef(
             "restore_memory",
@@ -256,6 +272,7 @@ OPERATIONS: dict[str, OperationDef] = {
             schemas.RestoreInput,
             schemas.RestoreOutput,
             _restore,
+            permission=Permission.WRITE,
         ),
         OperationDef(
             "purge_memory",
@@ -266,6 +283,7 @@ OPERATIONS: dict[str, OperationDef] = {
             schemas.PurgeOutput,
             _purge,
             destructive=True,
+            permission=Permission.DELETE,
         ),
         OperationDef(
             "list_memory_dated",
@@ -277,6 +295,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _list,
             read_only=True,
             idempotent=True,
+            permission=Permission.READ,
         ),
     ]
 }
@@ -299,11 +318,12 @@ def operation_execute(
     Whatever happens, the call leaves exactly one audit row. A call that returns has
     also recorded exactly one usage event (billed operations); one that raises, none."""
     definition = OPERATIONS[name]
-    scope = principal.scope()
     call = replace(
         call,
         actor_username=principal.user.get_username(),
         actor_auth=principal.method,
+        actor_user_id=principal.user.pk,
+        actor_role=principal.role,
         turn_id=call.turn_id or _turn_id(arguments),
     )
     memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
@@ -311,9 +331,20 @@ def operation_execute(
         memory_id = None  # the audit row of a bad call must still be writable (no NUL)
     with call_observed(operation=definition.operation, channel=call.channel) as observed:  # metrics
         try:
+            # Whose memories: the principal's own, or a subject it may act for (audited
+            # under the caller's own scope when refused).
+            with failures_audited(principal.scope(), call=call, operation=definition.operation, memory_id=memory_id):
+                effective = principal_effective(principal, subject=call.subject, claimed=claimed_scope)
+            scope = effective.scope()
             with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
+                if not definition.permitted(principal.permissions):
+                    raise ServiceError(
+                        ErrorCode.FORBIDDEN,
+                        f"This credential lacks the {definition.permission or 'every'} permission {name} needs.",
+                        denied=True,
+                    )
                 if claimed_scope is not None:
-                    principal_claim_check(principal, claimed_scope)
+                    principal_claim_check(effective, claimed_scope)
                 validated = schemas.validate_input(definition.input_model, arguments)
                 return definition.run(scope, validated, call)
         except ServiceError as error:
@@ -321,14 +352,41 @@ def operation_execute(
             raise
 
 
+def principal_effective(principal: Principal, *, subject: str = "", claimed: dict[str, Any] | None = None) -> Principal:
+    """The principal a call runs as: the caller itself, or (issue 12) the subject named by
+    the `X-Memory-Subject` header or seed 001's `scope.tenant_id`/`scope.user_id`, when
+    the caller's role allows it (`memories.tenancy.subject_resolve`). Raises ServiceError."""
+    if principal.actor is not None:
+        return principal  # already resolved
+    if subject:
+        tenant, username = subject_parse(subject)
+    elif claimed and isinstance(claimed.get("user_id"), str):
+        tenant, username = str(claimed.get("tenant_id") or principal.tenant_name), claimed["user_id"]
+    else:
+        return principal
+    user = subject_resolve(
+        actor_tenant=principal.tenant_name,
+        actor_user=principal.user,
+        role=principal.role,
+        tenant=tenant,
+        username=username,
+    )
+    return principal.acting_for(user, tenant=tenant)
+
+
 def principal_claim_check(principal: Principal, claimed: dict[str, Any]) -> None:
-    """A named tenant and user must be the caller's own (delegation is a later issue)."""
-    scope = principal.scope()
+    """A named tenant and user must be those the call runs as (its own, or the subject
+    it acts for)."""
     tenant, user = claimed.get("tenant_id"), claimed.get("user_id")
-    if tenant is not None and tenant != scope.tenant:
+    if tenant is not None and tenant != principal.tenant_name:
         raise ServiceError(ErrorCode.FORBIDDEN, "scope.tenant_id must be your own tenant.", denied=True)
     if user is not None and user != principal.user.get_username():
         raise ServiceError(ErrorCode.FORBIDDEN, "scope.user_id must be your own user id.", denied=True)
+
+
+def operations_permitted(permissions: frozenset[str]) -> set[str]:
+    """The operation names a credential with `permissions` may call (MCP tools/list)."""
+    return {name for name, definition in OPERATIONS.items() if definition.permitted(permissions)}
 
 
 def _turn_id(arguments: Any) -> str:

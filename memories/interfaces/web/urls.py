@@ -21,4 +21,5 @@ urlpatterns = [
     path("keys/", web.api_keys, name="web-keys"),
     path("keys/<str:key_id>/revoke/", web.api_key_revoke_view, name="web-key-revoke"),
     path("usage/", web.usage, name="web-usage"),
+    path("activity/", web.activity, name="web-activity"),
 ]
