@@ -377,6 +377,9 @@ def _call_record(call: CallContext) -> dict[str, Any]:
         "actor_username": call.actor_username,
         "actor_auth": call.actor_auth,
         "turn_id": call.turn_id,
+        "actor_user_id": call.actor_user_id,
+        "actor_role": call.actor_role,
+        "subject": call.subject,
     }
 
 

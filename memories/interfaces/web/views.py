@@ -361,6 +361,8 @@ def api_keys(request):
         # Least privilege (issue 12): permissions and an optional expiry. A key made here
         # acts only for its own user (roles are given by staff, in the admin or the CLI).
         chosen = frozenset(request.POST.getlist("permissions")) & ALL_PERMISSIONS
+        if "permissions_shown" not in request.POST:
+            chosen = ALL_PERMISSIONS  # a form without the choice: today's default
         expires_days = request.POST.get("expires_days", "").strip()
         if not chosen:
             messages.error(request, "Choose at least one permission.")
