@@ -320,9 +320,9 @@ def operation_execute(
     definition = OPERATIONS[name]
     call = replace(
         call,
-        actor_username=principal.user.get_username(),
+        actor_username=principal.acting_user.get_username(),
         actor_auth=principal.method,
-        actor_user_id=principal.user.pk,
+        actor_user_id=principal.acting_user.pk,
         actor_role=principal.role,
         turn_id=call.turn_id or _turn_id(arguments),
     )

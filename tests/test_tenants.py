@@ -170,6 +170,20 @@ def test_create_tenant_and_issue_api_key_with_tenant_role_permissions_expiry():
 
 
 # --- least privilege --------------------------------------------------------------------
+def test_every_operation_declares_its_permission():
+    from memories.operations import OPERATIONS, operations_permitted
+
+    assert {
+        name: op.permission for name, op in OPERATIONS.items() if op.permission not in ("read", "write", "delete")
+    } == {}
+    assert operations_permitted(frozenset({"read"})) == {
+        "search_memory", "list_memory", "get_memory", "list_memory_dated"
+    }  # fmt: skip
+    assert operations_permitted(frozenset({"delete"})) == {
+        "delete_memory", "clear_all_memory", "forget_memory", "purge_memory"
+    }  # fmt: skip
+
+
 WRITE_AND_DELETE_CALLS = [
     ("remember", {"memory": "should not be stored"}),
     ("ingest", {"messages": [{"role": "user", "content": "I like tea"}]}),
