@@ -66,6 +66,9 @@ class AuditEvent(models.Model):
     actor_username = models.CharField(max_length=150, blank=True)
     actor_auth = models.CharField(max_length=16, blank=True)
     actor_client_app = models.CharField(max_length=200, blank=True)
+    # Issue 12: the actor's role (user, tenant_admin, platform). actor_user_id differs from
+    # subject_user_id when a service acted for the subject.
+    actor_role = models.CharField(max_length=16, blank=True)
     staff_user_id = models.BigIntegerField(null=True, blank=True)
     staff_username = models.CharField(max_length=150, blank=True)
     tenant = models.CharField(max_length=64, blank=True)

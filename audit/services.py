@@ -58,16 +58,25 @@ def audit_record(
     after: Any = None,
     detail: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    """One audit row. Inside the transaction of the change it records, if there is one."""
+    """One audit row. Inside the transaction of the change it records, if there is one.
+    The actor is the authenticated principal (`call.actor_user_id`: a service acting for
+    the scope's user, issue 12), the subject the scope's user."""
+    if call.actor_user_id is not None and not call.staff_username:
+        actor_user_id: int | None = call.actor_user_id
+    else:
+        actor_user_id = scope.user_pk if scope and not call.staff_username else None
+    if call.subject:
+        detail = {**(detail or {}), "subject_claim": call.subject}
     return AuditEvent.objects.create(
         request_id=call.request_id,
         channel=call.channel,
         operation=operation,
         outcome=outcome,
         error_code=error_code,
-        actor_user_id=scope.user_pk if scope and not call.staff_username else None,
+        actor_user_id=actor_user_id,
         actor_username=call.actor_username,
         actor_auth=call.actor_auth,
+        actor_role=call.actor_role,
         actor_client_app=(scope.client_app or "") if scope else "",
         staff_user_id=call.staff_user_id,
         staff_username=call.staff_username,
@@ -108,11 +117,12 @@ def audit_staff_action(
     subject_user_id: int | None = None,
     memory_ids: list[str] | tuple[str, ...] = (),
     detail: dict[str, Any] | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> AuditEvent:
     """Staff actions in the admin are audited like any other call. Call it inside the
     transaction of the change it records."""
     call = call_context_from_request(request, channel=Channel.ADMIN, staff=True)
-    scope = MemoryScope(tenant=DEFAULT_TENANT, user_pk=subject_user_id) if subject_user_id is not None else None
+    scope = MemoryScope(tenant=tenant, user_pk=subject_user_id) if subject_user_id is not None else None
     return audit_record(scope, call=call, operation=operation, memory_ids=memory_ids, detail=detail)
 
 

@@ -13,6 +13,9 @@ USER_AGENT_MAX_CHARS = 300
 # An agent's turn: the header groups the call's audit rows as turn events.
 TURN_ID_HEADER = "X-Turn-Id"
 TURN_ID_MAX_CHARS = 128
+# A tenant_admin or platform credential names whose memories it acts on (issue 12).
+SUBJECT_HEADER = "X-Memory-Subject"
+SUBJECT_MAX_CHARS = 300
 # Reserved for the turn lifecycle (not read yet).
 REQUEST_ID_HEADER = "X-Request-Id"
 
@@ -22,6 +25,14 @@ def _turn_id_of(request: Any) -> str:
     headers = getattr(request, "headers", None) or {}
     value = headers.get(TURN_ID_HEADER) or ""
     return value.strip()[:TURN_ID_MAX_CHARS] if isinstance(value, str) else ""
+
+
+def _subject_of(request: Any) -> str:
+    """The X-Memory-Subject header ('' when absent). Only a claim: the dispatcher checks it
+    against the principal's role; it never selects anything by itself."""
+    headers = getattr(request, "headers", None) or {}
+    value = headers.get(SUBJECT_HEADER) or ""
+    return value.strip()[:SUBJECT_MAX_CHARS] if isinstance(value, str) else ""
 
 
 def _client_of(request: Any) -> tuple[str | None, str]:
@@ -42,6 +53,9 @@ def call_context_from_request(request: Any, *, channel: Channel, staff: bool = F
     turn_id = "" if request is None else _turn_id_of(request)
     if turn_id:
         extra["turn_id"] = turn_id
+    subject = "" if request is None else _subject_of(request)
+    if subject:
+        extra["subject"] = subject
     if staff:
         extra = {"staff_user_id": request.user.pk, "staff_username": request.user.get_username()}
     return CallContext(

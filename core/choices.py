@@ -91,3 +91,33 @@ class MemoryType(models.TextChoices):
     FEEDBACK = "feedback"
     PROJECT = "project"
     REFERENCE = "reference"
+
+
+class Permission(models.TextChoices):
+    """What a credential may do (issue 12). Every operation declares the one it needs."""
+
+    READ = "read"
+    WRITE = "write"
+    DELETE = "delete"
+
+
+ALL_PERMISSIONS: frozenset[str] = frozenset(Permission.values)
+
+
+class Role(models.TextChoices):
+    """Who a credential may act for (issue 12): itself, any user of its tenant, anyone."""
+
+    USER = "user"
+    TENANT_ADMIN = "tenant_admin"
+    PLATFORM = "platform"
+
+
+def permissions_parse(raw: str) -> frozenset[str]:
+    """`read,write` -> {"read", "write"}; ValueError names the first unknown one."""
+    names = {part.strip().lower() for part in raw.split(",") if part.strip()}
+    unknown = sorted(names - ALL_PERMISSIONS)
+    if unknown:
+        raise ValueError(f"unknown permission {unknown[0][:40]!r} (choose from read, write, delete)")
+    if not names:
+        raise ValueError("give at least one permission (read, write, delete)")
+    return frozenset(names)

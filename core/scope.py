@@ -15,6 +15,10 @@ class MemoryScope:
     tenant: str
     user_pk: int
     client_app: str | None = None
+    # Set when a service credential acts for this user (issue 12): the credential's own
+    # rate limit is counted too. Never part of the partition key.
+    credential: str = ""
+    credential_user_pk: int | None = None  # the credential's own user (its counters' owner)
 
     @property
     def engine_user_id(self) -> str:
@@ -28,10 +32,18 @@ class MemoryScope:
         return cls(tenant=tenant, user_pk=int(pk)) if tenant and pk.isdigit() else None
 
     @classmethod
-    def for_user(cls, user: Any, *, client_app: str | None = None) -> MemoryScope:
+    def for_user(cls, user: Any, *, client_app: str | None = None, tenant: str | None = None) -> MemoryScope:
         if user is None or not user.is_authenticated or user.pk is None:
             raise PermissionError("a MemoryScope needs an authenticated user")
-        return cls(tenant=DEFAULT_TENANT, user_pk=user.pk, client_app=client_app)
+        return cls(tenant=tenant or user_tenant(user), user_pk=user.pk, client_app=client_app)
+
+
+def user_tenant(user: Any) -> str:
+    """The tenant a user belongs to: its `memories.TenantMembership` (a one-to-one named
+    `tenant_membership`, whose key is the tenant's name); a user without one is in the
+    default tenant (every user before issue 12, and users created without a tenant)."""
+    membership = getattr(user, "tenant_membership", None)  # a missing row raises AttributeError
+    return membership.tenant_id if membership is not None else DEFAULT_TENANT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +57,11 @@ class CallContext:
     user_agent: str | None = None
     actor_username: str = ""
     actor_auth: str = ""  # "api_key", "oidc", "session"
+    # Issue 12: who really called (the service principal) when it acts for a subject,
+    # its role, and the subject it named (`X-Memory-Subject: <tenant>/<username>`).
+    actor_user_id: int | None = None
+    actor_role: str = ""
+    subject: str = ""
     staff_user_id: int | None = None
     staff_username: str = ""
     turn_id: str = ""  # groups one agent turn's memory activity
@@ -53,4 +70,7 @@ class CallContext:
     @property
     def changed_by(self) -> str:
         who = f"staff:{self.staff_username}" if self.staff_username else (self.actor_username or "?")
+        if self.actor_role in ("tenant_admin", "platform") and not self.staff_username:
+            # A service acting for the user (issue 12): "support-bot, tenant admin (mcp)".
+            who = f"{who}, {self.actor_role.replace('_', ' ')}"
         return f"{who} ({self.channel})"

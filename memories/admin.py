@@ -4,8 +4,9 @@ from django.db import transaction
 from audit.admin import EstimatedCountPaginator, ReadOnlyAdmin, history_table
 from audit.services import audit_staff_action
 from core.choices import Operation
+from core.scope import DEFAULT_TENANT
 from memories.engine import EngineMemory, engine_memory_of, engine_rows_matching, engine_rows_newest_first
-from memories.models import ApiKey, EngineMemoryRow, ExternalIdentity, RateWindow
+from memories.models import ApiKey, EngineMemoryRow, ExternalIdentity, RateWindow, Tenant, TenantMembership
 from memories.selectors import SYSTEM_KEYS
 from memories.services import api_key_revoke
 
@@ -64,6 +65,7 @@ class MemoryAdmin(ReadOnlyAdmin):
                 operation=Operation.ADMIN_VIEW_MEMORY,
                 subject_user_id=_user_pk(engine_memory_of(memory).user_id),
                 memory_ids=[str(memory.id)],
+                tenant=(engine_memory_of(memory).user_id or "").rpartition(":")[0] or DEFAULT_TENANT,
             )
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -137,11 +139,15 @@ class MemoryAdmin(ReadOnlyAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(ReadOnlyAdmin):
-    list_display = ("key_id", "user", "name", "created_at", "last_used_at", "revoked_at")
-    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    list_display = (
+        "key_id", "user", "name", "role", "permissions", "expires_at", "created_at", "last_used_at", "revoked_at"
+    )  # fmt: skip
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter), "role")
     search_fields = ("=key_id", "user__username")
     actions = ("revoke",)
-    readonly_fields = ("user", "name", "key_id", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = (
+        "user", "name", "key_id", "role", "permissions", "expires_at", "created_at", "last_used_at", "revoked_at"
+    )  # fmt: skip
     exclude = ("secret_hash",)
 
     @admin.action(description="Revoke the selected keys", permissions=["revoke"])
@@ -176,3 +182,34 @@ class RateWindowAdmin(ReadOnlyAdmin):
 class ExternalIdentityAdmin(ReadOnlyAdmin):
     list_display = ("user", "issuer", "subject", "created_at")
     search_fields = ("=subject", "user__username")
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    """Organisations (issue 12). The name is the first half of every partition key of
+    the tenant's users, so it is fixed once created."""
+
+    list_display = ("name", "display_name", "created_at")
+    search_fields = ("name", "display_name")
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("name", "created_at") if obj is not None else ("created_at",)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # users (and their partitions) point at it
+
+
+@admin.register(TenantMembership)
+class TenantMembershipAdmin(admin.ModelAdmin):
+    """Which tenant a user is in. Set once: moving a user would orphan its memories."""
+
+    list_display = ("user", "tenant")
+    list_filter = ("tenant",)
+    search_fields = ("user__username",)
+    raw_id_fields = ("user",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("user", "tenant") if obj is not None else ()
+
+    def has_delete_permission(self, request, obj=None):
+        return False

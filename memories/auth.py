@@ -5,23 +5,61 @@ or a header other than `Authorization` selects whose memories are touched."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from django.conf import settings
 
-from core.scope import MemoryScope
+from core.choices import ALL_PERMISSIONS, Role
+from core.scope import MemoryScope, user_tenant
 from memories.services import api_key_authenticate
 
 
 @dataclass(frozen=True)
 class Principal:
+    """Who is calling. `user` is whose memories a call touches. When a service credential
+    acts for someone (`X-Memory-Subject`), `user`/`tenant` are the subject's and `actor`
+    is the authenticated principal itself; role and permissions stay the credential's."""
+
     user: Any
     method: Literal["api_key", "oidc", "session"]
     client_app: str | None = None
+    # Issue 12. `tenant` None: looked up from the user (web sessions).
+    tenant: str | None = None
+    role: str = Role.USER
+    permissions: frozenset[str] = ALL_PERMISSIONS
+    credential: str = ""  # "key:<key_id>" or "oidc:<azp>": its own rate limit when delegating
+    actor: Principal | None = None
+
+    @property
+    def tenant_name(self) -> str:
+        return self.tenant or user_tenant(self.user)
+
+    @property
+    def acting_user(self) -> Any:
+        """The authenticated user (the service account when delegating)."""
+        return self.actor.user if self.actor is not None else self.user
 
     def scope(self) -> MemoryScope:
-        return MemoryScope.for_user(self.user, client_app=self.client_app)
+        return MemoryScope(
+            tenant=self.tenant_name,
+            user_pk=self._user_pk(),
+            client_app=self.client_app,
+            credential=self.credential if self.actor is not None else "",
+            credential_user_pk=self.actor.user.pk if self.actor is not None else None,
+        )
+
+    def _user_pk(self) -> int:
+        user = self.user
+        if user is None or not user.is_authenticated or user.pk is None:
+            raise PermissionError("a MemoryScope needs an authenticated user")
+        return int(user.pk)
+
+    def acting_for(self, subject: Any, *, tenant: str) -> Principal:
+        """The same credential acting for `subject` (resolved by `memories.tenancy`)."""
+        if subject.pk == self.user.pk:
+            return self
+        return replace(self, user=subject, tenant=tenant, actor=self)
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -48,6 +86,10 @@ def authenticate_bearer(authorization: str | None) -> Principal | None:
             user=api_key.user,
             method="api_key",
             client_app=api_key.name or f"key:{api_key.key_id}",
+            tenant=user_tenant(api_key.user),
+            role=api_key.role,
+            permissions=api_key.permission_set,
+            credential=f"key:{api_key.key_id}",
         )
     if settings.OIDC_ISSUER:
         from memories.oidc import oidc_principal

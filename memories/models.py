@@ -4,6 +4,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from core.choices import ALL_PERMISSIONS, Role
+
 
 class EngineMessage(models.Model):
     """mem0's raw-message store: the last turns per session scope, fed back into the
@@ -35,16 +37,32 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Issue 12: least privilege. Defaults keep the old behaviour (acts as its own user,
+    # may read, write and delete, never expires).
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.USER)
+    permissions = models.CharField(max_length=32, default="read,write,delete")
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["user", "revoked_at"])]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(role__in=Role.values), name="api_key_role_known"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.PREFIX}{self.key_id}… ({self.user})"
 
     @property
     def is_active(self) -> bool:
-        return self.revoked_at is None
+        return self.revoked_at is None and not self.is_expired
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    @property
+    def permission_set(self) -> frozenset[str]:
+        return frozenset(p for p in self.permissions.split(",") if p in ALL_PERMISSIONS)
 
 
 class ContentHash(models.Model):
@@ -70,7 +88,8 @@ class RateWindow(models.Model):
     (INSERT ... ON CONFLICT DO UPDATE), so limits hold across processes and hosts."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="rate_windows")
-    operation = models.CharField(max_length=32)
+    # An operation, or `operation@credential` for a service credential's own limit (issue 12).
+    operation = models.CharField(max_length=96)
     window_start = models.DateTimeField()
     window_seconds = models.PositiveIntegerField()
     count = models.PositiveIntegerField(default=0)
@@ -92,7 +111,7 @@ class RateEvent(models.Model):
     window counts, so "5 per hour" holds in any 60-minute span, not per clock hour."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="rate_events")
-    operation = models.CharField(max_length=32)
+    operation = models.CharField(max_length=96)
     at = models.DateTimeField()
 
     class Meta:
@@ -289,3 +308,28 @@ class SessionArchive(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} archive {self.first_event_id}-{self.last_event_id}"
+
+
+class Tenant(models.Model):
+    """An organisation (issue 12). Its name is the first half of every partition key
+    (`{tenant}:{user}`), so it is the primary key and never changes."""
+
+    name = models.SlugField(max_length=63, primary_key=True)
+    display_name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TenantMembership(models.Model):
+    """The one tenant a user belongs to. A user without a row is in the default tenant
+    (`core.scope.user_tenant`); migration 0010 gives every existing user a row there."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True, related_name="tenant_membership"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="memberships")
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.user_id}"

@@ -7,13 +7,17 @@ from __future__ import annotations
 import hashlib
 import logging
 from functools import lru_cache
+from typing import Any
 
 import jwt
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
-from memories.models import ExternalIdentity
+from core.choices import Role
+from core.scope import DEFAULT_TENANT, user_tenant
+from memories.models import ExternalIdentity, Tenant, TenantMembership
+from memories.tenancy import tenant_ensure
 
 logger = logging.getLogger(__name__)
 JWKS_TIMEOUT_S = 5
@@ -64,7 +68,9 @@ def _username_for(issuer: str, subject: str, claims: dict) -> str:
     return "oidc-" + hashlib.sha256(f"{issuer}|{subject}".encode()).hexdigest()[:24]
 
 
-def user_for_subject(*, issuer: str, subject: str, claims: dict):
+def user_for_subject(*, issuer: str, subject: str, claims: dict, tenant: str | None = None):
+    """The local user of an OIDC subject, created (in `tenant`, default: the default
+    tenant) on first sight."""
     identity = ExternalIdentity.objects.select_related("user").filter(issuer=issuer, subject=subject).first()
     if identity:
         return identity.user
@@ -74,10 +80,47 @@ def user_for_subject(*, issuer: str, subject: str, claims: dict):
             user = User.objects.create_user(
                 username=_username_for(issuer, subject, claims), email=str(claims.get("email") or "")[:254]
             )
+            if tenant is not None:
+                TenantMembership.objects.create(user=user, tenant=tenant_ensure(name=tenant))
             ExternalIdentity.objects.create(user=user, issuer=issuer, subject=subject)
             return user
     except IntegrityError:  # a concurrent first request created it
         return ExternalIdentity.objects.select_related("user").get(issuer=issuer, subject=subject).user
+
+
+def claim_at(claims: dict, path: str | None) -> Any:
+    """A claim by dotted path (`realm_access.roles`), or None."""
+    node: Any = claims
+    for part in (path or "").split("."):
+        if not part or not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def tenant_from_claims(claims: dict) -> str | None:
+    """The tenant an access token names: the configured claim (mapped), or the fixed
+    OIDC_TENANT. None when the token names no tenant we know: the token is refused."""
+    if not settings.OIDC_TENANT_CLAIM:
+        return settings.OIDC_TENANT
+    value = claim_at(claims, settings.OIDC_TENANT_CLAIM)
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, str) or not value:
+        return None
+    tenant = settings.OIDC_TENANT_MAP.get(value, value)
+    return tenant if Tenant.objects.filter(name=tenant).exists() or tenant == DEFAULT_TENANT else None
+
+
+def role_from_claims(claims: dict) -> str:
+    """The highest role the roles claim grants (a list, or a space-separated string)."""
+    value = claim_at(claims, settings.OIDC_ROLES_CLAIM)
+    names = set(value.split()) if isinstance(value, str) else {str(v) for v in value or () if isinstance(v, str)}
+    if settings.OIDC_ROLE_PLATFORM in names:
+        return Role.PLATFORM
+    if settings.OIDC_ROLE_TENANT_ADMIN in names:
+        return Role.TENANT_ADMIN
+    return Role.USER
 
 
 def oidc_principal(token: str):
@@ -86,8 +129,23 @@ def oidc_principal(token: str):
     claims = verify_access_token(token)
     if claims is None:
         return None
-    user = user_for_subject(issuer=claims["iss"], subject=str(claims["sub"]), claims=claims)
+    tenant = tenant_from_claims(claims)
+    if tenant is None:
+        logger.info("rejected an OIDC access token: unknown tenant")
+        return None
+    user = user_for_subject(issuer=claims["iss"], subject=str(claims["sub"]), claims=claims, tenant=tenant)
     if not user.is_active:
         return None
+    if user_tenant(user) != tenant:
+        # A user belongs to one tenant (its partition key); a token naming another is refused.
+        logger.info("rejected an OIDC access token: tenant differs from the user's")
+        return None
     client_app = claims.get("azp") or claims.get("client_id")
-    return Principal(user=user, method="oidc", client_app=str(client_app) if client_app else None)
+    return Principal(
+        user=user,
+        method="oidc",
+        client_app=str(client_app) if client_app else None,
+        tenant=tenant,
+        role=role_from_claims(claims),
+        credential=f"oidc:{str(client_app or 'token')[:80]}",
+    )

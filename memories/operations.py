@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from core.choices import Operation
+from core.choices import ALL_PERMISSIONS, Operation, Permission
 from core.errors import ErrorCode, ServiceError
 from core.inputs import text_problem
 from core.metrics import call_observed
@@ -39,6 +39,7 @@ from memories.services import (
     memory_search,
     memory_update,
 )
+from memories.tenancy import subject_parse, subject_resolve
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,12 @@ class OperationDef:
     # Issue 14: the MCP tool's name when it differs from `name` (seed 003's delete_memory).
     tool_name: str = ""
     open_world: bool = False
+    # Issue 12: the one permission (core.choices.Permission) a credential needs to call it.
+    # Undeclared ("") fails closed: only a credential holding every permission may call it.
+    permission: str = ""
+
+    def permitted(self, permissions: frozenset[str]) -> bool:
+        return self.permission in permissions if self.permission else permissions >= ALL_PERMISSIONS
 
 
 def _search(scope: MemoryScope, args: schemas.SearchInput, call: CallContext) -> dict[str, Any]:
@@ -171,6 +178,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _search,
             read_only=True,
             idempotent=True,
+            permission=Permission.READ,
         ),
         OperationDef(
             "remember",
@@ -182,6 +190,7 @@ OPERATIONS: dict[str, OperationDef] = {
             schemas.RememberOutput,
             _remember,
             idempotent=True,
+            permission=Permission.WRITE,
         ),
         OperationDef(
             "ingest",
@@ -191,6 +200,7 @@ OPERATIONS: dict[str, OperationDef] = {
             schemas.IngestInput,
             schemas.IngestOutput,
             _ingest,
+            permission=Permission.WRITE,
         ),
         OperationDef(
             "update_memory",
@@ -202,6 +212,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _update,
             destructive=True,
             idempotent=True,
+            permission=Permission.WRITE,
         ),
         OperationDef(
             "delete_memory",
@@ -215,6 +226,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _delete,
             destructive=True,
             idempotent=True,
+            permission=Permission.DELETE,
         ),
         OperationDef(
             "list_memory",
@@ -226,6 +238,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _list,
             read_only=True,
             idempotent=True,
+            permission=Permission.READ,
         ),
         OperationDef(
             "clear_all_memory",
@@ -237,6 +250,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _clear_all,
             destructive=True,
             idempotent=True,
+            permission=Permission.DELETE,
         ),
         # For people, in the web UI (not MCP tools).
         OperationDef(
@@ -249,6 +263,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _get,
             read_only=True,
             idempotent=True,
+            permission=Permission.READ,
         ),
         # Taking memories out and bringing them in (REST and the web UI; not MCP tools).
         OperationDef(
@@ -283,6 +298,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _forget,
             destructive=True,
             idempotent=True,
+            permission=Permission.DELETE,
         ),
         OperationDef(
             "restore_memory",
@@ -292,6 +308,7 @@ OPERATIONS: dict[str, OperationDef] = {
             schemas.RestoreInput,
             schemas.RestoreOutput,
             _restore,
+            permission=Permission.WRITE,
         ),
         OperationDef(
             "purge_memory",
@@ -302,6 +319,7 @@ OPERATIONS: dict[str, OperationDef] = {
             schemas.PurgeOutput,
             _purge,
             destructive=True,
+            permission=Permission.DELETE,
         ),
         OperationDef(
             "list_memory_dated",
@@ -313,6 +331,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _list,
             read_only=True,
             idempotent=True,
+            permission=Permission.READ,
         ),
     ]
 }
@@ -335,11 +354,12 @@ def operation_execute(
     Whatever happens, the call leaves exactly one audit row. A call that returns has
     also recorded exactly one usage event (billed operations); one that raises, none."""
     definition = OPERATIONS[name]
-    scope = principal.scope()
     call = replace(
         call,
-        actor_username=principal.user.get_username(),
+        actor_username=principal.acting_user.get_username(),
         actor_auth=principal.method,
+        actor_user_id=principal.acting_user.pk,
+        actor_role=principal.role,
         turn_id=call.turn_id or _turn_id(arguments),
     )
     memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
@@ -347,9 +367,20 @@ def operation_execute(
         memory_id = None  # the audit row of a bad call must still be writable (no NUL)
     with call_observed(operation=definition.operation, channel=call.channel) as observed:  # metrics
         try:
+            # Whose memories: the principal's own, or a subject it may act for (audited
+            # under the caller's own scope when refused).
+            with failures_audited(principal.scope(), call=call, operation=definition.operation, memory_id=memory_id):
+                effective = principal_effective(principal, subject=call.subject, claimed=claimed_scope)
+            scope = effective.scope()
             with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
+                if not definition.permitted(principal.permissions):
+                    raise ServiceError(
+                        ErrorCode.FORBIDDEN,
+                        f"This credential lacks the {definition.permission or 'every'} permission {name} needs.",
+                        denied=True,
+                    )
                 if claimed_scope is not None:
-                    principal_claim_check(principal, claimed_scope)
+                    principal_claim_check(effective, claimed_scope)
                 validated = schemas.validate_input(definition.input_model, arguments)
                 return definition.run(scope, validated, call)
         except ServiceError as error:
@@ -357,14 +388,41 @@ def operation_execute(
             raise
 
 
+def principal_effective(principal: Principal, *, subject: str = "", claimed: dict[str, Any] | None = None) -> Principal:
+    """The principal a call runs as: the caller itself, or (issue 12) the subject named by
+    the `X-Memory-Subject` header or seed 001's `scope.tenant_id`/`scope.user_id`, when
+    the caller's role allows it (`memories.tenancy.subject_resolve`). Raises ServiceError."""
+    if principal.actor is not None:
+        return principal  # already resolved
+    if subject:
+        tenant, username = subject_parse(subject)
+    elif claimed and isinstance(claimed.get("user_id"), str):
+        tenant, username = str(claimed.get("tenant_id") or principal.tenant_name), claimed["user_id"]
+    else:
+        return principal
+    user = subject_resolve(
+        actor_tenant=principal.tenant_name,
+        actor_user=principal.user,
+        role=principal.role,
+        tenant=tenant,
+        username=username,
+    )
+    return principal.acting_for(user, tenant=tenant)
+
+
 def principal_claim_check(principal: Principal, claimed: dict[str, Any]) -> None:
-    """A named tenant and user must be the caller's own (delegation is a later issue)."""
-    scope = principal.scope()
+    """A named tenant and user must be those the call runs as (its own, or the subject
+    it acts for)."""
     tenant, user = claimed.get("tenant_id"), claimed.get("user_id")
-    if tenant is not None and tenant != scope.tenant:
+    if tenant is not None and tenant != principal.tenant_name:
         raise ServiceError(ErrorCode.FORBIDDEN, "scope.tenant_id must be your own tenant.", denied=True)
     if user is not None and user != principal.user.get_username():
         raise ServiceError(ErrorCode.FORBIDDEN, "scope.user_id must be your own user id.", denied=True)
+
+
+def operations_permitted(permissions: frozenset[str]) -> set[str]:
+    """The operation names a credential with `permissions` may call (MCP tools/list)."""
+    return {name for name, definition in OPERATIONS.items() if definition.permitted(permissions)}
 
 
 def _turn_id(arguments: Any) -> str:
@@ -538,3 +596,33 @@ OPERATIONS.update({op.name: op for op in _turn_operations()})
 from memories.toolkit.operations import toolkit_operation_defs  # noqa: E402
 
 OPERATIONS.update({op.name: op for op in toolkit_operation_defs(OperationDef)})
+
+
+# Issue 12: the permission of the operations built beside it (export/import, the turn
+# lifecycle, seed 003's toolkit), declared in one place when the branches met.
+_LATER_PERMISSIONS = {
+    "export_memories": Permission.READ,
+    "import_memories": Permission.WRITE,
+    "memory_before_turn": Permission.READ,
+    "memory_after_turn": Permission.WRITE,
+    "memory_run_maintenance": Permission.WRITE,
+    "memory_list_dir_with_abstract": Permission.READ,
+    "memory_run_turn": Permission.READ,
+    "memory_prefetch": Permission.READ,
+    "delete_session_events": Permission.DELETE,
+    "store_memory": Permission.WRITE,
+    "recall_memory": Permission.READ,
+    "toolkit_delete_memory": Permission.DELETE,
+    "check_cache": Permission.READ,
+    "store_cache": Permission.WRITE,
+    "hybrid_search": Permission.READ,
+    "search_web": Permission.READ,
+    "memory_health": Permission.READ,
+    "wipe_user_data": Permission.DELETE,
+    "cache_invalidate": Permission.DELETE,
+    "store_decision": Permission.WRITE,
+    "recall_decision": Permission.READ,
+}
+for _name, _permission in _LATER_PERMISSIONS.items():
+    if not OPERATIONS[_name].permission:
+        OPERATIONS[_name] = replace(OPERATIONS[_name], permission=_permission)

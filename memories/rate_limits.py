@@ -49,39 +49,51 @@ def _limited(operation: str, limit: int, window: int, retry_after: float) -> Ser
 
 
 def rate_limit_consume(scope: MemoryScope, *, operation: str) -> None:
-    """Count one call; raise `rate_limited` (with retry_after_s) past the limit."""
+    """Count one call; raise `rate_limited` (with retry_after_s) past the limit.
+
+    Counted per subject (the scope's user). When a service credential acts for the user
+    (issue 12), also per credential, under its own user and `operation@credential`, at
+    `RATE_LIMIT_CREDENTIAL_FACTOR` times the per-user limit: one service key cannot spend
+    its tenant's whole capacity. A credential acting for itself is covered by its user's
+    own limit, which is lower."""
     limit, window = settings.RATE_LIMITS.get(operation, (0, 60))
     if limit == 0:
         return
+    if scope.credential and scope.credential_user_pk is not None:
+        factor = settings.RATE_LIMIT_CREDENTIAL_FACTOR
+        key = f"{operation}@{scope.credential}"[:96]
+        _consume(scope.credential_user_pk, operation=key, shown=operation, limit=limit * factor, window=window)
+    _consume(scope.user_pk, operation=operation, shown=operation, limit=limit, window=window)
+
+
+def _consume(user_pk: int, *, operation: str, shown: str, limit: int, window: int) -> None:
     if window >= SLIDING_WINDOW_FROM_S:
-        _sliding_consume(scope, operation=operation, limit=limit, window=window)
+        _sliding_consume(user_pk, operation=operation, shown=shown, limit=limit, window=window)
         return
     now = clock()
     start = math.floor(now / window) * window
     with connection.cursor() as cursor:
-        cursor.execute(_UPSERT, [scope.user_pk, operation, window, datetime.fromtimestamp(start, UTC)])
+        cursor.execute(_UPSERT, [user_pk, operation, window, datetime.fromtimestamp(start, UTC)])
         count = cursor.fetchone()[0]
     if count > limit:
-        raise _limited(operation, limit, window, start + window - now)
+        raise _limited(shown, limit, window, start + window - now)
 
 
-def _sliding_consume(scope: MemoryScope, *, operation: str, limit: int, window: int) -> None:
+def _sliding_consume(user_pk: int, *, operation: str, shown: str, limit: int, window: int) -> None:
     with transaction.atomic():
         with connection.cursor() as cursor:
             # Serialises count-then-insert per key across processes; released at commit.
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"rate:{scope.user_pk}:{operation}"]
-            )
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"rate:{user_pk}:{operation}"])
         now = clock()
         at = datetime.fromtimestamp(now, UTC)
         since = at - timedelta(seconds=window)
-        log = RateEvent.objects.filter(user_id=scope.user_pk, operation=operation)
+        log = RateEvent.objects.filter(user_id=user_pk, operation=operation)
         log.filter(at__lte=since).delete()  # aged out: keeps each key's log at most `limit` rows
         recent = list(log.filter(at__gt=since).order_by("at").values_list("at", flat=True)[:limit])
         if len(recent) >= limit:
             # A slot frees up when the oldest call in the window ages out of it.
-            raise _limited(operation, limit, window, (recent[0] - since).total_seconds())
-        RateEvent.objects.create(user_id=scope.user_pk, operation=operation, at=at)
+            raise _limited(shown, limit, window, (recent[0] - since).total_seconds())
+        RateEvent.objects.create(user_id=user_pk, operation=operation, at=at)
 
 
 def rate_windows_prune(*, older_than: timedelta = timedelta(days=2)) -> int:

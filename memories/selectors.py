@@ -13,8 +13,9 @@ from django.conf import settings
 from django.db.models import Count
 from django.db.models.functions import TruncDate
 
-from audit.models import MemoryHistory
+from audit.models import AuditEvent, MemoryHistory
 from billing.models import UsageEvent
+from core.choices import Operation
 from core.errors import ServiceError, backend_unavailable, not_found
 from core.scope import MemoryScope
 from memories.engine import (
@@ -202,3 +203,30 @@ def decayed_score(item: EngineMemory, *, now: datetime) -> float:
         return score
     floor = settings.SEARCH_DECAY_FLOOR
     return score * (floor + (1 - floor) * 0.5 ** (_age_days(item, now) / settings.SEARCH_DECAY_HALF_LIFE_DAYS))
+
+
+ACTIVITY_LIMIT = 200
+
+
+def memory_activity(
+    scope: MemoryScope, *, by_services: bool = False, limit: int = ACTIVITY_LIMIT
+) -> list[dict[str, Any]]:
+    """The calls made on the scope's memories, newest first (issue 12): who (the actor,
+    its role and client app: a service acting for the user shows as itself), what, when,
+    how it ended. `by_services`: only calls by another principal than the user."""
+    rows = AuditEvent.objects.filter(subject_user_id=scope.user_pk, tenant=scope.tenant).exclude(
+        operation=Operation.AUTHENTICATE
+    )
+    if by_services:
+        rows = rows.exclude(actor_user_id=scope.user_pk).exclude(actor_user_id__isnull=True)
+    fields = (
+        "occurred_at", "operation", "outcome", "error_code", "channel", "actor_user_id", "actor_username",
+        "actor_role", "actor_client_app", "staff_username", "memory_ids",
+    )  # fmt: skip
+    activity = []
+    for row in rows.order_by("-id").values(*fields)[:limit]:
+        row["by_service"] = row["actor_user_id"] is not None and row["actor_user_id"] != scope.user_pk
+        row["memory_count"] = len(row.pop("memory_ids") or [])
+        row["role_label"] = row["actor_role"].replace("_", " ") if row["actor_role"] not in ("", "user") else ""
+        activity.append(row)
+    return activity

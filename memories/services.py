@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.services import audit_failure, audit_record, audit_snapshot, audit_text
-from core.choices import Channel, Operation
+from core.choices import ALL_PERMISSIONS, Channel, Operation, Permission, Role
 from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
 from core.locks import advisory_xact_lock
 from core.scope import CallContext, MemoryScope
@@ -76,11 +76,33 @@ def _secret_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def api_key_issue(*, user, name: str = "") -> tuple[ApiKey, str]:
-    """Create a key for `user`. Returns the row and the plain key, which is not stored."""
+def api_key_issue(
+    *,
+    user,
+    name: str = "",
+    role: str = Role.USER,
+    permissions: frozenset[str] = ALL_PERMISSIONS,
+    expires_at: datetime | None = None,
+) -> tuple[ApiKey, str]:
+    """Create a key for `user`. Returns the row and the plain key, which is not stored.
+    Defaults keep the old behaviour: the user's own memories, read/write/delete, no expiry."""
+    if role not in Role.values:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "role must be user, tenant_admin or platform.")
+    if not permissions or not set(permissions) <= ALL_PERMISSIONS:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "permissions are some of read, write, delete.")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "expires_at must be in the future.")
     key_id = secrets.token_hex(KEY_ID_BYTES)
     secret = secrets.token_urlsafe(SECRET_BYTES)
-    api_key = ApiKey.objects.create(user=user, name=name[:100], key_id=key_id, secret_hash=_secret_hash(secret))
+    api_key = ApiKey.objects.create(
+        user=user,
+        name=name[:100],
+        key_id=key_id,
+        secret_hash=_secret_hash(secret),
+        role=role,
+        permissions=",".join(p for p in Permission.values if p in permissions),
+        expires_at=expires_at,
+    )
     return api_key, f"{ApiKey.PREFIX}{key_id}_{secret}"
 
 
@@ -91,11 +113,15 @@ def api_key_authenticate(*, token: str) -> ApiKey | None:
     key_id, sep, secret = token[len(ApiKey.PREFIX) :].partition("_")
     if not sep or not key_id or not secret:
         return None
-    api_key = ApiKey.objects.select_related("user").filter(key_id=key_id, revoked_at__isnull=True).first()
+    api_key = (
+        ApiKey.objects.select_related("user", "user__tenant_membership")
+        .filter(key_id=key_id, revoked_at__isnull=True)
+        .first()
+    )
     expected = api_key.secret_hash if api_key else _secret_hash("")
     if not secrets.compare_digest(expected, _secret_hash(secret)) or api_key is None:
         return None
-    if not api_key.user.is_active:
+    if not api_key.user.is_active or api_key.is_expired:
         return None
     now = timezone.now()
     if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
@@ -361,6 +387,9 @@ def _call_record(call: CallContext) -> dict[str, Any]:
         "actor_username": call.actor_username,
         "actor_auth": call.actor_auth,
         "turn_id": call.turn_id,
+        "actor_user_id": call.actor_user_id,
+        "actor_role": call.actor_role,
+        "subject": call.subject,
     }
 
 

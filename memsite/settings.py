@@ -514,3 +514,18 @@ RATE_LIMITS.update(
 )
 CELERY_BEAT_SCHEDULE["toolkit-cache-purge"] = {"task": "toolkit.cache_purge_expired", "schedule": 600.0}
 CELERY_BEAT_SCHEDULE["toolkit-enrich-pending"] = {"task": "toolkit.enrich_pending", "schedule": 300.0}
+# --- Tenants, roles, delegated access (issue 12) -------------------------------------
+# A service credential acting for users (X-Memory-Subject) has its own rate limit, this
+# many times the per-user one, on top of each subject's.
+RATE_LIMIT_CREDENTIAL_FACTOR = env_int("RATE_LIMIT_CREDENTIAL_FACTOR", 20, minimum=1)
+# OIDC access tokens: the tenant comes from a claim (dotted path, e.g. `organization` or
+# `tenant.name`), optionally mapped (`OIDC_TENANT_MAP=acme-corp:acme,globex:globex`);
+# without a claim, every OIDC user is in OIDC_TENANT. A claimed tenant must exist.
+OIDC_TENANT_CLAIM = env_str("OIDC_TENANT_CLAIM")
+OIDC_TENANT_MAP = dict(item.split(":", 1) for item in env_list("OIDC_TENANT_MAP", []) if ":" in item)
+OIDC_TENANT = env_str("OIDC_TENANT", "default")
+# Roles from a claim (dotted path; Keycloak's `realm_access.roles` by default; a list or a
+# space-separated string); the role names that mean tenant_admin and platform.
+OIDC_ROLES_CLAIM = env_str("OIDC_ROLES_CLAIM", "realm_access.roles")
+OIDC_ROLE_TENANT_ADMIN = env_str("OIDC_ROLE_TENANT_ADMIN", "memsite-tenant-admin")
+OIDC_ROLE_PLATFORM = env_str("OIDC_ROLE_PLATFORM", "memsite-platform")

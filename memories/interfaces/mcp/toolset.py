@@ -36,7 +36,7 @@ from core.errors import ErrorCode, ServiceError
 from core.scope import CallContext
 from memories.auth import Principal, authenticate_bearer
 from memories.interfaces.wellknown import mcp_path, public_base_url, www_authenticate
-from memories.operations import OPERATIONS, OperationDef, operation_execute
+from memories.operations import OPERATIONS, OperationDef, operation_execute, operations_permitted
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,13 @@ class Toolset:
         return mcp_path(self.id)
 
     async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:  # noqa: ARG002 - SDK signature
-        return types.ListToolsResult(tools=self.tools)
+        """Only the tools the credential may call (issue 12: a read-only key sees no write
+        or delete tool); calling a hidden one anyway answers `forbidden`."""
+        principal = (ctx.request.scope if ctx.request is not None else {}).get(PRINCIPAL_KEY)
+        if principal is None:
+            return types.ListToolsResult(tools=self.tools)
+        permitted = operations_permitted(principal.permissions)
+        return types.ListToolsResult(tools=[tool for tool in self.tools if tool.name in permitted])
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         operation = self.by_tool.get(params.name)

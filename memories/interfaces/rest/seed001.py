@@ -19,7 +19,7 @@ from core.errors import ErrorCode, ServiceError
 from memories import schemas
 from memories.auth import Principal
 from memories.interfaces.rest.views import _DIGITS, COMMON_ERRORS, _body, _call, _errors, field_filter_arguments
-from memories.operations import operation_execute
+from memories.operations import operation_execute, principal_effective
 from memories.selectors import memory_get_owned, memory_view
 
 SCOPE_KEYS = ("tenant_id", "user_id", "agent_id", "session_id")
@@ -114,7 +114,15 @@ def _execute(request, operation: str, build: Callable[[], tuple[dict[str, Any], 
         arguments, claimed = build()
     except _Rejected as rejected:
         return operation_execute(request.auth, operation, rejected.arguments, call=_call(request))
-    return operation_execute(request.auth, operation, arguments, call=_call(request), claimed_scope=claimed)
+    call = _call(request)
+    result = operation_execute(request.auth, operation, arguments, call=call, claimed_scope=claimed)
+    # Whom the call ran as (the subject, when a service acts for one): shapes the answer.
+    request.memsite_effective = principal_effective(request.auth, subject=call.subject, claimed=claimed)
+    return result
+
+
+def _effective(request) -> Principal:
+    return getattr(request, "memsite_effective", None) or request.auth
 
 
 def _narrowing(scope: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +136,7 @@ def seed_memory(principal: Principal, memory: dict[str, Any]) -> dict[str, Any]:
         "content": memory["memory"],
         "memory_type": memory["memory_type"],
         "scope": {
-            "tenant_id": principal.scope().tenant,
+            "tenant_id": principal.tenant_name,
             "user_id": principal.user.get_username(),
             "agent_id": memory["agent_id"],
             "session_id": memory["session_id"],
@@ -177,7 +185,7 @@ class SeedMemoryCollectionView(APIView):
             result = _execute(request, "ingest", lambda: self._arguments(request, messages=True))
             return Response({"memories": result["results"]}, status=status.HTTP_201_CREATED)
         result = _execute(request, "remember", lambda: self._arguments(request, messages=False))
-        memory = seed_memory(request.auth, _stored(request.auth, result["id"]))
+        memory = seed_memory(_effective(request), _stored(_effective(request), result["id"]))
         code = status.HTTP_200_OK if result["duplicate"] else status.HTTP_201_CREATED
         return Response({"memory": memory, "duplicate": result["duplicate"]}, status=code)
 
@@ -222,7 +230,7 @@ class SeedMemoryCollectionView(APIView):
         result = _execute(request, "list_memory", build)
         return Response(
             {
-                "memories": [seed_memory(request.auth, m) for m in result["memories"]],
+                "memories": [seed_memory(_effective(request), m) for m in result["memories"]],
                 "next_cursor": result["next_cursor"],
             }
         )
@@ -257,7 +265,7 @@ class SeedMemorySearchView(APIView):
             return arguments, claimed
 
         result = _execute(request, "search_memory", build)
-        return Response({"memories": [seed_memory(request.auth, m) for m in result["results"]]})
+        return Response({"memories": [seed_memory(_effective(request), m) for m in result["results"]]})
 
 
 class SeedMemoryItemView(APIView):
@@ -277,7 +285,7 @@ class SeedMemoryItemView(APIView):
             return arguments, claimed
 
         result = _execute(request, "update_memory", build)
-        return Response({"memory": seed_memory(request.auth, result["memory"])})
+        return Response({"memory": seed_memory(_effective(request), result["memory"])})
 
     @extend_schema(
         operation_id="v1_memory_delete",

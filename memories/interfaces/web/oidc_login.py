@@ -17,8 +17,9 @@ from django.urls import URLPattern
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
+from core.scope import DEFAULT_TENANT
 from memories.models import ExternalIdentity
-from memories.oidc import user_for_subject
+from memories.oidc import tenant_from_claims, user_for_subject
 
 DISCOVERED = {
     "OIDC_OP_AUTHORIZATION_ENDPOINT": "authorization_endpoint",
@@ -74,7 +75,9 @@ class MemsiteOIDCBackend(DiscoveredSettings, OIDCAuthenticationBackend):
         return self.UserModel.objects.filter(external_identities__in=identity)
 
     def create_user(self, claims):
-        return user_for_subject(issuer=settings.OIDC_ISSUER, subject=str(claims["sub"]), claims=claims)
+        # The same tenant rule as access tokens (issue 12); an unknown one: the default.
+        tenant = tenant_from_claims(claims) or DEFAULT_TENANT
+        return user_for_subject(issuer=settings.OIDC_ISSUER, subject=str(claims["sub"]), claims=claims, tenant=tenant)
 
     def update_user(self, user, claims):
         return user

@@ -33,4 +33,5 @@ urlpatterns = [
     path("decisions/", toolkit_views.decisions, name="web-decisions"),
     path("decisions/delete/", toolkit_views.decision_delete, name="web-decision-delete"),
     path("erase/", toolkit_views.erase_all, name="web-erase"),
+    path("activity/", web.activity, name="web-activity"),
 ]

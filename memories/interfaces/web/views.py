@@ -13,10 +13,11 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.calls import call_context_from_request
-from core.choices import Channel, MemoryType
+from core.choices import ALL_PERMISSIONS, Channel, MemoryType, Permission
 from core.errors import ErrorCode, ServiceError
 from core.scope import MemoryScope
 from memories.auth import Principal
@@ -24,7 +25,7 @@ from memories.interfaces.wellknown import MEMORY_MCP_PATH
 from memories.models import ApiKey
 from memories.operations import operation_execute
 from memories.schemas import MEMORY_MAX_CHARS, TAGS_MAX
-from memories.selectors import memory_client_apps, memory_trash_list, memory_versions, usage_by_day
+from memories.selectors import memory_activity, memory_client_apps, memory_trash_list, memory_versions, usage_by_day
 from memories.services import api_key_issue, api_key_revoke
 
 PAGE_SIZE = 25
@@ -357,12 +358,32 @@ def api_keys(request):
     new_key = None
     if request.method == "POST":
         name = request.POST.get("name", "").strip()[:100] or "web"
-        _, new_key = api_key_issue(user=request.user, name=name)
-        messages.success(request, "Key created. Copy it now: it will not be shown again.")
+        # Least privilege (issue 12): permissions and an optional expiry. A key made here
+        # acts only for its own user (roles are given by staff, in the admin or the CLI).
+        chosen = frozenset(request.POST.getlist("permissions")) & ALL_PERMISSIONS
+        if "permissions_shown" not in request.POST:
+            chosen = ALL_PERMISSIONS  # a form without the choice: today's default
+        expires_days = request.POST.get("expires_days", "").strip()
+        if not chosen:
+            messages.error(request, "Choose at least one permission.")
+        elif expires_days and not (expires_days.isdigit() and 1 <= int(expires_days) <= 3650):
+            messages.error(request, "Expiry: a number of days from 1 to 3650, or never.")
+        else:
+            expires_at = timezone.now() + timedelta(days=int(expires_days)) if expires_days else None
+            _, new_key = api_key_issue(user=request.user, name=name, permissions=chosen, expires_at=expires_at)
+            messages.success(request, "Key created. Copy it now: it will not be shown again.")
     keys = ApiKey.objects.filter(user=request.user).order_by("-created_at")
     base = settings.PUBLIC_BASE_URL or request.build_absolute_uri("/").rstrip("/")
     return render(
-        request, "web/api_keys.html", {"keys": keys, "new_key": new_key, "mcp_url": f"{base}{MEMORY_MCP_PATH}"}
+        request,
+        "web/api_keys.html",
+        {
+            "keys": keys,
+            "new_key": new_key,
+            "mcp_url": f"{base}{MEMORY_MCP_PATH}",
+            "permission_choices": Permission.choices,
+            "now": timezone.now(),
+        },
     )
 
 
@@ -373,6 +394,16 @@ def api_key_revoke_view(request, key_id: str):
         raise Http404("No such key.")
     messages.success(request, "Key revoked.")
     return redirect(reverse("web-keys"))
+
+
+@login_required
+@require_GET
+def activity(request):
+    """What was done with my memories, and by whom: services acting for me show by name
+    and role (issue 12)."""
+    by_services = request.GET.get("by") == "services"
+    rows = memory_activity(_scope(request), by_services=by_services)
+    return render(request, "web/activity.html", {"rows": rows, "by_services": by_services})
 
 
 @login_required
