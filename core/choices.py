@@ -30,6 +30,11 @@ class Operation(models.TextChoices):
     ADMIN_RETRY_USAGE_EVENTS = "admin_retry_usage_events"
     # A request without a valid credential (sampled: the first per ip per minute).
     AUTHENTICATE = "authenticate"
+    # MCP authorization (issue 16): client registration, consent, token issue, revocation.
+    OAUTH_CLIENT_REGISTER = "oauth_client_register"
+    OAUTH_CONSENT = "oauth_consent"
+    OAUTH_TOKEN = "oauth_token"  # noqa: S105 - an operation name
+    OAUTH_REVOKE = "oauth_revoke"
 
 
 MEMORY_TOOL_OPERATIONS: tuple[Operation, ...] = (
@@ -49,6 +54,7 @@ class Channel(models.TextChoices):
     UI = "ui"
     ADMIN = "admin"
     INTERNAL = "internal"
+    OAUTH = "oauth"
 
 
 class MemoryType(models.TextChoices):

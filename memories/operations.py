@@ -312,6 +312,7 @@ def operation_execute(
     with call_observed(operation=definition.operation, channel=call.channel) as observed:  # metrics
         try:
             with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
+                principal_permission_check(principal, definition)
                 if claimed_scope is not None:
                     principal_claim_check(principal, claimed_scope)
                 validated = schemas.validate_input(definition.input_model, arguments)
@@ -319,6 +320,25 @@ def operation_execute(
         except ServiceError as error:
             observed.failed(code=error.code, denied=error.denied)
             raise
+
+
+# Issue 12 owns permissions (it declares one per operation and filters tools/list); until
+# it lands, this minimal check gives OAuth grants (issue 16) their granted scopes.
+_DELETE_OPERATIONS = frozenset({"delete_memory", "clear_all_memory", "forget_memory", "purge_memory"})
+
+
+def operation_permission(definition: OperationDef) -> str:
+    if definition.read_only:
+        return "read"
+    return "delete" if definition.name in _DELETE_OPERATIONS else "write"
+
+
+def principal_permission_check(principal: Principal, definition: OperationDef) -> None:
+    needed = operation_permission(definition)
+    if needed not in principal.permissions:
+        raise ServiceError(
+            ErrorCode.FORBIDDEN, f"This credential does not have the '{needed}' permission.", denied=True
+        )
 
 
 def principal_claim_check(principal: Principal, claimed: dict[str, Any]) -> None:

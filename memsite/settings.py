@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "memories",
     "billing",
     "audit",
+    "oauth",
 ]
 
 MIDDLEWARE = [
@@ -391,3 +392,19 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Samples of every process are summed through PROMETHEUS_MULTIPROC_DIR (the launcher
 # sets it to DATA_DIR/metrics and empties it at start).
 METRICS_TOKEN = env_str("METRICS_TOKEN")
+
+# --- MCP authorization server (issue 16, oauth/) ---
+# Access tokens are short-lived and bound to the MCP resource they were granted for
+# (RFC 8707); refresh tokens (scope offline_access) rotate on every use.
+OAUTH_ACCESS_TOKEN_TTL_S = env_int("OAUTH_ACCESS_TOKEN_TTL_S", 3600)
+OAUTH_REFRESH_TOKEN_TTL_S = env_int("OAUTH_REFRESH_TOKEN_TTL_S", 30 * 86400)
+OAUTH_CODE_TTL_S = env_int("OAUTH_CODE_TTL_S", 60)
+OAUTH_CONSENT_TTL_S = env_int("OAUTH_CONSENT_TTL_S", 600)
+# Client ID metadata documents: fetched over https only, no redirects, size and time
+# limits, public addresses only, cached.
+OAUTH_CIMD_MAX_BYTES = env_int("OAUTH_CIMD_MAX_BYTES", 5120)
+OAUTH_CIMD_TIMEOUT_S = env_float("OAUTH_CIMD_TIMEOUT_S", 3.0)
+OAUTH_CIMD_CACHE_S = env_int("OAUTH_CIMD_CACHE_S", 3600)
+# Tests only: let a metadata document be served on 127.0.0.1 (still https), trusting this CA file.
+OAUTH_CIMD_ALLOW_LOOPBACK = env_bool("OAUTH_CIMD_ALLOW_LOOPBACK", False)
+OAUTH_CIMD_CA_FILE = env_str("OAUTH_CIMD_CA_FILE")
