@@ -57,7 +57,7 @@ def _resolve_public(host: str, port: int) -> str:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as error:
         raise MetadataDocumentError("client_id metadata document host does not resolve") from error
-    addresses = [info[4][0] for info in infos]
+    addresses = [str(info[4][0]) for info in infos]
     # Every address the name has must be public: otherwise a second lookup could pick another.
     if not addresses or not all(_address_allowed(address) for address in addresses):
         raise MetadataDocumentError("client_id metadata document host is not a public address")

@@ -32,7 +32,7 @@ class OAuthClient(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["metadata_sha256"],
-                condition=models.Q(kind="dcr", token_endpoint_auth_method="none"),
+                condition=models.Q(kind="dcr", token_endpoint_auth_method="none"),  # noqa: S106
                 name="oauth_client_public_dcr_dedupe",
             )
         ]

@@ -299,15 +299,15 @@ def _metadata_url_prechecked(app: Any) -> Any:
 def oauth_asgi_routes() -> dict[str, Any]:
     """path -> ASGI app, mounted by memsite/asgi.py next to the MCP toolsets."""
     provider = MemsiteProvider()
-    authenticator = MemsiteAuthenticator(provider)  # type: ignore[arg-type]
+    authenticator = MemsiteAuthenticator(provider)
     options = ClientRegistrationOptions(
         enabled=True, valid_scopes=list(services.SCOPES_SUPPORTED), default_scopes=list(services.SCOPES_SUPPORTED)
     )
     handlers: list[tuple[str, Any, list[str]]] = [
-        (AUTHORIZE_PATH, AuthorizationHandler(provider).handle, ["GET", "POST"]),  # type: ignore[arg-type]
-        (TOKEN_PATH, TokenHandler(provider, authenticator).handle, ["POST"]),  # type: ignore[arg-type]
-        (REGISTER_PATH, RegistrationHandler(provider, options=options).handle, ["POST"]),  # type: ignore[arg-type]
-        (REVOKE_PATH, RevocationHandler(provider, authenticator).handle, ["POST"]),  # type: ignore[arg-type]
+        (AUTHORIZE_PATH, AuthorizationHandler(provider).handle, ["GET", "POST"]),
+        (TOKEN_PATH, TokenHandler(provider, authenticator).handle, ["POST"]),
+        (REGISTER_PATH, RegistrationHandler(provider, options=options).handle, ["POST"]),
+        (REVOKE_PATH, RevocationHandler(provider, authenticator).handle, ["POST"]),
     ]
     apps: dict[str, Any] = {}
     for path, handler, methods in handlers:
