@@ -53,6 +53,14 @@ def _address_allowed(address: str) -> bool:
 
 
 def _resolve_public(host: str, port: int) -> str:
+    try:  # an address literal needs no lookup
+        literal = str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        literal = ""
+    if literal:
+        if not _address_allowed(literal):
+            raise MetadataDocumentError("client_id metadata document host is not a public address")
+        return literal
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as error:

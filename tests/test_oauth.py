@@ -294,7 +294,7 @@ def test_token_for_another_resource_is_refused(live, alice):  # noqa: ARG001
     )
     assert answer.status_code == 302 and query_of(answer.headers["location"])["error"] == "invalid_target"
     # Nor do OAuth tokens open the REST API (bound to the MCP resource).
-    rest = httpx.get(f"{base}/v1/memories/", headers={"Authorization": f"Bearer {other['access_token']}"})
+    rest = httpx.get(f"{base}/v1/memories", headers={"Authorization": f"Bearer {other['access_token']}"})
     assert rest.status_code == 401
 
 
