@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
@@ -83,9 +85,12 @@ def consent(request: HttpRequest, request_key: str) -> HttpResponse:
         return response
     client = pending.client
     requested = [scope for scope in PERMISSION_SCOPES if scope in pending.scopes]
+    # A self-registered client vouches for nothing: show where this answer will go.
+    redirect_parts = urlsplit(pending.redirect_uri)
+    host = client_host(client) if client.kind == "cimd" else (redirect_parts.hostname or redirect_parts.scheme)
     context = {
-        "client_name": client.client_name or client_host(client),
-        "client_host": client_host(client),
+        "client_name": client.client_name or host,
+        "client_host": host,
         "verified_by_document": client.kind == "cimd",
         "client_id": client.client_id,
         "redirect_uri": pending.redirect_uri,
