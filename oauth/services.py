@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -172,22 +172,28 @@ def oauth_client_register(*, metadata: dict[str, Any], client_secret: str | None
         "token_endpoint_auth_method": method,
         "metadata_sha256": digest,
     }
-    with transaction.atomic():
-        if method == "none":
-            existing = OAuthClient.objects.select_for_update().filter(kind="dcr", metadata_sha256=digest).first()
-            if existing is not None:
-                return RegisteredClient(client_id=existing.client_id, deduplicated=True)
-        client = OAuthClient.objects.create(
-            client_id=str(metadata["client_id"]),
-            secret_sha256=_sha256(client_secret) if client_secret else "",
-            **fields,
-        )
-        audit_record(
-            None,
-            call=_oauth_call(),
-            operation=Operation.OAUTH_CLIENT_REGISTER,
-            detail={"client_id": client.client_id, "client_name": name, "kind": "dcr", "auth_method": method},
-        )
+    public = {"token_endpoint_auth_method": "none"}
+    existing = OAuthClient.objects.filter(kind="dcr", metadata_sha256=digest, **public)
+    if method == "none" and (found := existing.first()) is not None:
+        return RegisteredClient(client_id=found.client_id, deduplicated=True)
+    try:
+        with transaction.atomic():
+            client = OAuthClient.objects.create(
+                client_id=str(metadata["client_id"]),
+                secret_sha256=_sha256(client_secret) if client_secret else "",
+                **fields,
+            )
+            audit_record(
+                None,
+                call=_oauth_call(),
+                operation=Operation.OAUTH_CLIENT_REGISTER,
+                detail={"client_id": client.client_id, "client_name": name, "kind": "dcr", "auth_method": method},
+            )
+    except IntegrityError:
+        # The same public client registering twice at once: the first one's row wins.
+        if method != "none" or (found := existing.first()) is None:
+            raise
+        return RegisteredClient(client_id=found.client_id, deduplicated=True)
     return RegisteredClient(client_id=client.client_id, deduplicated=False)
 
 

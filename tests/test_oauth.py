@@ -474,3 +474,37 @@ def test_redirect_rules():
     assert redirect_uri_matches(["http://localhost:8787/callback"], "http://localhost:9999/callback")
     assert not redirect_uri_matches(["http://127.0.0.1/callback"], "http://127.0.0.1:5000/other")
     assert not redirect_uri_matches(["https://a.example/cb"], "https://a.example:444/cb")
+
+
+def test_confidential_dcr_client_must_present_its_secret(live, alice):  # noqa: ARG001
+    base = live["url"]
+    registered = httpx.post(
+        f"{base}/oauth/register",
+        json={
+            "client_name": "Server app",
+            "redirect_uris": [CALLBACK],
+            "token_endpoint_auth_method": "client_secret_post",
+        },
+    ).json()
+    assert registered["client_secret"]
+    assert OAuthClient.objects.get(client_id=registered["client_id"]).secret_sha256 != registered["client_secret"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    verifier, challenge = pkce()
+    redirect = user.authorize(
+        authorize_url(
+            base,
+            response_type="code",
+            client_id=registered["client_id"],
+            redirect_uri=CALLBACK,
+            code_challenge=challenge,
+            code_challenge_method="S256",
+        )  # fmt: skip
+    )
+    form = {
+        "grant_type": "authorization_code", "code": query_of(redirect)["code"], "redirect_uri": CALLBACK,
+        "client_id": registered["client_id"], "code_verifier": verifier,
+    }  # fmt: skip
+    wrong = token_request(base, **form, client_secret="not-it")
+    assert wrong.status_code == 401 and wrong.json()["error"] == "invalid_client"
+    right = token_request(base, **form, client_secret=registered["client_secret"])
+    assert right.status_code == 200, right.text
