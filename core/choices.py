@@ -62,6 +62,11 @@ class Operation(models.TextChoices):
     DELETE_DECISION = "delete_decision"
     # Support handling an erasure request in the admin.
     ADMIN_WIPE_USER_DATA = "admin_wipe_user_data"
+    # MCP authorization (issue 16): client registration, consent, token issue, revocation.
+    OAUTH_CLIENT_REGISTER = "oauth_client_register"
+    OAUTH_CONSENT = "oauth_consent"
+    OAUTH_TOKEN = "oauth_token"  # noqa: S105 - an operation name
+    OAUTH_REVOKE = "oauth_revoke"
 
 
 MEMORY_TOOL_OPERATIONS: tuple[Operation, ...] = (
@@ -82,6 +87,7 @@ class Channel(models.TextChoices):
     ADMIN = "admin"
     INTERNAL = "internal"
     PROXY = "proxy"
+    OAUTH = "oauth"
 
 
 class MemoryType(models.TextChoices):

@@ -1,6 +1,8 @@
 """Who is calling: a bearer token (API key or OIDC access token) to a Principal.
 
-The Principal is the only source of a MemoryScope. Nothing a client sends in a body
+The Principal is the only source of a MemoryScope. An OAuth access token (issue 16,
+oauth/) resolves to the same Principal as an API key, with the granted scopes as its
+permissions. Nothing a client sends in a body
 or a header other than `Authorization` selects whose memories are touched."""
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from django.conf import settings
 from core.choices import ALL_PERMISSIONS, Role
 from core.scope import MemoryScope, user_tenant
 from memories.services import api_key_authenticate
+from oauth.services import ACCESS_TOKEN_PREFIX as OAUTH_ACCESS_TOKEN_PREFIX
+from oauth.services import oauth_access_token_authenticate
 
 
 @dataclass(frozen=True)
@@ -22,7 +26,7 @@ class Principal:
     is the authenticated principal itself; role and permissions stay the credential's."""
 
     user: Any
-    method: Literal["api_key", "oidc", "session"]
+    method: Literal["api_key", "oidc", "session", "oauth"]
     client_app: str | None = None
     # Issue 12. `tenant` None: looked up from the user (web sessions).
     tenant: str | None = None
@@ -72,12 +76,24 @@ def bearer_token(authorization: str | None) -> str | None:
     return token
 
 
-def authenticate_bearer(authorization: str | None) -> Principal | None:
+def authenticate_bearer(authorization: str | None, *, resource: str | None = None) -> Principal | None:
     """Check an `Authorization` header value. Touches the database (and, for OIDC, may
-    fetch the provider's JWKS); call from a thread in async code."""
+    fetch the provider's JWKS); call from a thread in async code. `resource` is the URL
+    the request is for: an OAuth access token is accepted only there (RFC 8707), so
+    without it (REST) OAuth tokens are refused."""
     token = bearer_token(authorization)
     if token is None:
         return None
+    if token.startswith(OAUTH_ACCESS_TOKEN_PREFIX):
+        info = oauth_access_token_authenticate(token=token, resource=resource)
+        if info is None:
+            return None
+        return Principal(
+            user=info.user,
+            method="oauth",
+            client_app=info.client_label,
+            permissions=frozenset(info.scopes) & ALL_PERMISSIONS,
+        )
     if token.startswith("msk_"):
         api_key = api_key_authenticate(token=token)
         if api_key is None:

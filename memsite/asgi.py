@@ -15,6 +15,7 @@ django_app = get_asgi_application()
 from memories.interfaces.mcp.registry import TOOLSETS  # noqa: E402 - needs Django set up
 from memsite.observability import RequestIdASGIMiddleware  # noqa: E402
 from memsite.unavailable import BackendUnavailableMiddleware  # noqa: E402
+from oauth.provider import oauth_asgi_routes  # noqa: E402
 
 
 def build_application():
@@ -22,6 +23,8 @@ def build_application():
     mcp_apps = {toolset.path: toolset.build_app() for toolset in TOOLSETS}
     # The request id is bound around bearer auth, so its log lines and 401s carry one too.
     routes = {path: RequestIdASGIMiddleware(authed) for path, (_, authed) in mcp_apps.items()}
+    # The OAuth endpoints are the MCP SDK's authorization-server handlers (oauth/provider.py).
+    routes.update({path: RequestIdASGIMiddleware(app) for path, app in oauth_asgi_routes().items()})
 
     async def lifespan(receive, send) -> None:
         message = await receive()  # lifespan.startup

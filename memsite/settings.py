@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "audit",
     "proxy",
     "memories.toolkit",
+    "oauth",
 ]
 
 MIDDLEWARE = [
@@ -529,3 +530,18 @@ OIDC_TENANT = env_str("OIDC_TENANT", "default")
 OIDC_ROLES_CLAIM = env_str("OIDC_ROLES_CLAIM", "realm_access.roles")
 OIDC_ROLE_TENANT_ADMIN = env_str("OIDC_ROLE_TENANT_ADMIN", "memsite-tenant-admin")
 OIDC_ROLE_PLATFORM = env_str("OIDC_ROLE_PLATFORM", "memsite-platform")
+# --- MCP authorization server (issue 16, oauth/) ---
+# Access tokens are short-lived and bound to the MCP resource they were granted for
+# (RFC 8707); refresh tokens (scope offline_access) rotate on every use.
+OAUTH_ACCESS_TOKEN_TTL_S = env_int("OAUTH_ACCESS_TOKEN_TTL_S", 3600)
+OAUTH_REFRESH_TOKEN_TTL_S = env_int("OAUTH_REFRESH_TOKEN_TTL_S", 30 * 86400)
+OAUTH_CODE_TTL_S = env_int("OAUTH_CODE_TTL_S", 60)
+OAUTH_CONSENT_TTL_S = env_int("OAUTH_CONSENT_TTL_S", 600)
+# Client ID metadata documents: fetched over https only, no redirects, size and time
+# limits, public addresses only, cached.
+OAUTH_CIMD_MAX_BYTES = env_int("OAUTH_CIMD_MAX_BYTES", 5120)
+OAUTH_CIMD_TIMEOUT_S = env_float("OAUTH_CIMD_TIMEOUT_S", 3.0)
+OAUTH_CIMD_CACHE_S = env_int("OAUTH_CIMD_CACHE_S", 3600)
+# Tests only: let a metadata document be served on 127.0.0.1 (still https), trusting this CA file.
+OAUTH_CIMD_ALLOW_LOOPBACK = env_bool("OAUTH_CIMD_ALLOW_LOOPBACK", False)
+OAUTH_CIMD_CA_FILE = env_str("OAUTH_CIMD_CA_FILE")

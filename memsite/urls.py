@@ -5,6 +5,7 @@ from memories.interfaces.web.oidc_login import oidc_urlpatterns
 from memories.interfaces.wellknown import MEMORY_MCP_PATH, PROTECTED_RESOURCE_PATH, protected_resource_metadata
 from memsite.observability import metrics_view
 from memsite.views import healthz
+from oauth import views as oauth_views
 
 # A lost database answers 503 backend_unavailable + Retry-After, not 500 (memsite.unavailable).
 handler500 = "memsite.unavailable.server_error"
@@ -21,4 +22,7 @@ urlpatterns = [
     path("", include("memories.interfaces.web.urls")),
     path("v1/", include("proxy.urls")),  # chat proxy (issue 15): /v1/chat/completions, /v1/admin/tokens
     path("", include("proxy.web_urls")),  # its section of the API-key page
+    # MCP authorization server (issue 16): RFC 8414 metadata, consent, connected apps.
+    path(".well-known/oauth-authorization-server", oauth_views.authorization_server_metadata, name="oauth-as-metadata"),
+    path("oauth/", include("oauth.urls")),
 ]

@@ -27,8 +27,14 @@ def protected_resource_metadata_url(base_url: str) -> str:
     return f"{base_url}{PROTECTED_RESOURCE_PATH}"
 
 
+# The scopes an MCP client asks for (issue 16): our permissions. The 401 challenge names
+# them so a client starting from a bare 401 requests them (MCP authorization, scope selection).
+MCP_SCOPES = ("read", "write", "delete")
+
+
 def www_authenticate(base_url: str, *, error: str | None = "invalid_token") -> str:
     value = f'Bearer resource_metadata="{protected_resource_metadata_url(base_url)}"'
+    value += f', scope="{" ".join(MCP_SCOPES)}"'
     if error:
         value += f', error="{error}"'
     return value
@@ -42,7 +48,9 @@ def protected_resource_metadata(request: HttpRequest) -> JsonResponse:
         "resource": f"{base}{MEMORY_MCP_PATH}",
         "resource_name": "memsite memory",
         "bearer_methods_supported": ["header"],
-        "authorization_servers": [settings.OIDC_ISSUER] if settings.OIDC_ISSUER else [],
+        # Our own authorization server (oauth/), or the external OIDC provider when set.
+        "authorization_servers": [settings.OIDC_ISSUER] if settings.OIDC_ISSUER else [base],
+        "scopes_supported": list(MCP_SCOPES),
         "resource_documentation": f"{base}/v1/schema/",
     }
     return JsonResponse(body)

@@ -219,7 +219,8 @@ class BearerAuthMiddleware:
             )
             return
         headers = Headers(scope=scope)
-        principal = await sync_to_async(_authenticate, thread_sensitive=False)(headers.get("authorization"))
+        resource = public_base_url(scope.get("scheme", "http"), headers.get("host", "localhost")) + scope["path"]
+        principal = await sync_to_async(_authenticate, thread_sensitive=False)(headers.get("authorization"), resource)
         if principal is None:
             call = call_context_from_request(Request(scope), channel=Channel.MCP)
             await sync_to_async(_record_auth_failure, thread_sensitive=False)(call, bool(headers.get("authorization")))
@@ -249,9 +250,9 @@ def _record_auth_failure(call: CallContext, presented: bool) -> None:
         close_old_connections()
 
 
-def _authenticate(authorization: str | None) -> Principal | None:
+def _authenticate(authorization: str | None, resource: str | None = None) -> Principal | None:
     close_old_connections()
     try:
-        return authenticate_bearer(authorization)
+        return authenticate_bearer(authorization, resource=resource)
     finally:
         close_old_connections()

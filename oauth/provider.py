@@ -1,0 +1,320 @@
+"""The MCP SDK's authorization-server handlers (`mcp.server.auth.handlers`: /authorize,
+/token, /register, /revoke — request parsing, PKCE S256 verification, RFC error bodies)
+backed by our models through `oauth.services`.
+
+The handlers are async; every database call runs in a worker thread. The issuer (our
+public base URL) is bound per request by `issuer_bound` so the provider can name the
+consent page and check the RFC 8707 resource."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextvars
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+from mcp.server.auth.handlers.authorize import AuthorizationHandler
+from mcp.server.auth.handlers.register import RegistrationHandler
+from mcp.server.auth.handlers.revoke import RevocationHandler
+from mcp.server.auth.handlers.token import TokenHandler
+from mcp.server.auth.middleware.client_auth import AuthenticationError, ClientAuthenticator
+from mcp.server.auth.provider import (
+    AccessToken,
+    AuthorizationCode,
+    AuthorizationParams,
+    AuthorizeError,
+    RefreshToken,
+    RegistrationError,
+    TokenError,
+)
+from mcp.server.auth.settings import ClientRegistrationOptions
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, RequestBodyLimitMiddleware
+from mcp.shared.auth import InvalidRedirectUriError, InvalidScopeError, OAuthClientInformationFull, OAuthToken
+from pydantic import AnyUrl
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route, request_response
+
+from oauth import services
+from oauth.cimd import MetadataDocumentError
+from oauth.models import OAuthClient
+
+CONSENT_PATH = "/oauth/consent/"
+AUTHORIZE_PATH = "/oauth/authorize"
+TOKEN_PATH = "/oauth/token"  # noqa: S105
+REGISTER_PATH = "/oauth/register"
+REVOKE_PATH = "/oauth/revoke"
+# The resources tokens may be bound to: our MCP toolsets, /engines/<id>/mcp.
+_RESOURCE_PATH = re.compile(r"^/engines/[A-Za-z0-9_-]{1,64}/mcp$")
+DEFAULT_RESOURCE_PATH = "/engines/memory/mcp"
+_issuer: contextvars.ContextVar[str] = contextvars.ContextVar("oauth_issuer", default="")
+
+
+def issuer_for(scheme: str, host: str) -> str:
+    """Our issuer identifier: the public base URL (RFC 8414: no trailing slash, no query)."""
+    return settings.PUBLIC_BASE_URL or f"{scheme}://{host}"
+
+
+def _in_thread(function: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        close_old_connections()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(run, thread_sensitive=False)
+
+
+class MemsiteClient(OAuthClientInformationFull):
+    """A client as the SDK handlers see it, with our redirect and scope rules."""
+
+    def validate_redirect_uri(self, redirect_uri: AnyUrl | None) -> AnyUrl:
+        registered = [str(uri) for uri in self.redirect_uris or []]
+        if redirect_uri is None:
+            if len(registered) == 1:
+                return AnyUrl(registered[0])
+            raise InvalidRedirectUriError("redirect_uri must be specified unless the client has exactly one")
+        if not services.redirect_uri_matches(registered, str(redirect_uri)):
+            raise InvalidRedirectUriError("redirect_uri is not registered for this client")
+        return redirect_uri
+
+    def validate_scope(self, requested_scope: str | None) -> list[str] | None:
+        try:
+            return services.scopes_check(requested_scope.split() if requested_scope else None)
+        except services.OAuthError as error:
+            raise InvalidScopeError(error.description) from error
+
+
+def _client_info(client: OAuthClient) -> MemsiteClient:
+    return MemsiteClient.model_validate(
+        {
+            "client_id": client.client_id,
+            "client_secret": None,  # never loaded: MemsiteAuthenticator compares digests
+            "redirect_uris": client.redirect_uris,
+            "grant_types": client.grant_types or ["authorization_code", "refresh_token"],
+            "response_types": client.response_types or ["code"],
+            "scope": client.scope,
+            "client_name": client.client_name or None,
+            "token_endpoint_auth_method": client.token_endpoint_auth_method,
+        }
+    )
+
+
+def _client_lookup(client_id: str) -> OAuthClient | None:
+    if services.is_metadata_url(client_id):
+        try:
+            return services.oauth_client_from_metadata_url(url=client_id)
+        except MetadataDocumentError:
+            return None
+    return OAuthClient.objects.filter(client_id=client_id[:512], kind=OAuthClient.Kind.DCR).first()
+
+
+def _tokens(issued: services.IssuedTokens) -> OAuthToken:
+    return OAuthToken(
+        access_token=issued.access_token,
+        token_type="Bearer",  # noqa: S106
+        expires_in=issued.expires_in,
+        scope=issued.scope,
+        refresh_token=issued.refresh_token,
+    )
+
+
+class MemsiteProvider:
+    """`OAuthAuthorizationServerProvider` over `oauth.services`."""
+
+    async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        client = await _in_thread(_client_lookup)(client_id)
+        return None if client is None else _client_info(client)
+
+    async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        metadata = client_info.model_dump(mode="json")
+        try:
+            registered = await _in_thread(services.oauth_client_register)(
+                metadata=metadata, client_secret=client_info.client_secret
+            )
+        except services.OAuthError as error:
+            raise RegistrationError(error.error, error.description) from error  # type: ignore[arg-type]
+        # The SDK answers with this object: a deduplicated public client gets its first id.
+        client_info.client_id = registered.client_id
+
+    async def authorize(self, client: OAuthClientInformationFull, params: AuthorizationParams) -> str:
+        issuer = _issuer.get()
+        resource = params.resource or f"{issuer}{DEFAULT_RESOURCE_PATH}"
+        parts = urlsplit(resource)
+        if f"{parts.scheme}://{parts.netloc}" != issuer or not _RESOURCE_PATH.match(parts.path):
+            raise AuthorizeError("invalid_target", "resource must be one of this server's MCP endpoints")
+        row = await _in_thread(_client_lookup)(str(client.client_id))
+        if row is None:
+            raise AuthorizeError("unauthorized_client", "unknown client")
+        try:
+            key = await _in_thread(services.oauth_authorization_begin)(
+                client=row,
+                redirect_uri=str(params.redirect_uri),
+                redirect_uri_explicit=params.redirect_uri_provided_explicitly,
+                state=params.state,
+                scopes=params.scopes or list(services.SCOPES_SUPPORTED),
+                code_challenge=params.code_challenge,
+                resource=resource.rstrip("/"),
+            )
+        except services.OAuthError as error:
+            raise AuthorizeError(error.error, error.description) from error  # type: ignore[arg-type]
+        return f"{issuer}{CONSENT_PATH}{key}/"
+
+    async def load_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: str
+    ) -> AuthorizationCode | None:
+        info = await _in_thread(services.oauth_code_load)(client_id=str(client.client_id), code=authorization_code)
+        if info is None:
+            return None
+        return AuthorizationCode(
+            code=authorization_code,
+            scopes=info.scopes,
+            expires_at=info.expires_at,
+            client_id=info.client_id,
+            code_challenge=info.code_challenge,
+            redirect_uri=AnyUrl(info.redirect_uri),
+            redirect_uri_provided_explicitly=info.redirect_uri_explicit,
+            resource=info.resource,
+            subject=info.subject,
+        )
+
+    async def exchange_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: AuthorizationCode
+    ) -> OAuthToken:
+        try:
+            issued = await _in_thread(services.oauth_code_exchange)(
+                client_id=str(client.client_id), code=authorization_code.code
+            )
+        except services.OAuthError as error:
+            raise TokenError(error.error, error.description) from error  # type: ignore[arg-type]
+        return _tokens(issued)
+
+    async def load_refresh_token(self, client: OAuthClientInformationFull, refresh_token: str) -> RefreshToken | None:
+        info = await _in_thread(services.oauth_refresh_load)(client_id=str(client.client_id), token=refresh_token)
+        if info is None:
+            return None
+        return RefreshToken(
+            token=refresh_token,
+            client_id=info.client_id,
+            scopes=info.scopes,
+            expires_at=info.expires_at,
+            resource=info.resource,
+            subject=info.subject,
+        )
+
+    async def exchange_refresh_token(
+        self, client: OAuthClientInformationFull, refresh_token: RefreshToken, scopes: list[str]
+    ) -> OAuthToken:
+        try:
+            issued = await _in_thread(services.oauth_refresh_exchange)(
+                client_id=str(client.client_id), token=refresh_token.token, scopes=scopes
+            )
+        except services.OAuthError as error:
+            raise TokenError(error.error, error.description) from error  # type: ignore[arg-type]
+        return _tokens(issued)
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        # Only the revocation endpoint asks (MCP calls authenticate in memories.auth): it
+        # needs the token's client to check the revoking client owns it.
+        client_id = await _in_thread(services.oauth_token_client_id)(token=token)
+        if client_id is None:
+            return None
+        return AccessToken(token=token, client_id=client_id, scopes=[])
+
+    async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
+        await _in_thread(services.oauth_token_revoke)(token=token.token)
+
+    async def exchange_identity_assertion(self, client: Any, params: Any) -> OAuthToken:
+        raise TokenError("unsupported_grant_type", "The JWT bearer grant is not supported")
+
+
+class MemsiteAuthenticator(ClientAuthenticator):
+    """Client authentication at /token and /revoke against the stored secret digest
+    (public clients — auth method none, every CIMD client — send no secret)."""
+
+    async def authenticate_request(self, request: Request) -> OAuthClientInformationFull:
+        form = await request.form()
+        client_id = form.get("client_id")
+        secret = form.get("client_secret")
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Basic "):
+            try:
+                basic_id, _, basic_secret = base64.b64decode(header[6:]).decode().partition(":")
+            except (ValueError, UnicodeDecodeError, binascii.Error) as error:
+                raise AuthenticationError("Invalid Basic authentication header") from error
+            client_id = client_id or unquote(basic_id)
+            if unquote(basic_id) != client_id:
+                raise AuthenticationError("Client ID mismatch in Basic auth")
+            secret = unquote(basic_secret)
+        if not isinstance(client_id, str) or not client_id:
+            raise AuthenticationError("Missing client_id")
+        row = await _in_thread(_client_lookup)(client_id)
+        if row is None:
+            raise AuthenticationError("Invalid client_id")
+        if not services.oauth_client_secret_matches(client=row, secret=secret if isinstance(secret, str) else None):
+            raise AuthenticationError("Invalid client credentials")
+        return _client_info(row)
+
+
+def _issuer_bound(app: Any) -> Any:
+    async def bound(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = Headers(scope=scope)
+        token = _issuer.set(issuer_for(scope.get("scheme", "http"), headers.get("host", "localhost")))
+        try:
+            await app(scope, receive, send)
+        finally:
+            _issuer.reset(token)
+
+    return bound
+
+
+def _metadata_url_prechecked(app: Any) -> Any:
+    """A client_id that is a metadata-document URL and cannot be used is refused here with
+    the reason (the SDK handler would only say 'not found'). No redirect: the client is
+    not trusted yet (RFC 6749 §4.1.2.1)."""
+
+    async def checked(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        request = Request(scope)
+        client_id = request.query_params.get("client_id") or ""
+        if services.is_metadata_url(client_id):
+            try:
+                await _in_thread(services.oauth_client_from_metadata_url)(url=client_id)
+            except MetadataDocumentError as error:
+                body = {"error": "invalid_client", "error_description": str(error)}
+                await JSONResponse(body, status_code=400, headers={"Cache-Control": "no-store"})(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    return checked
+
+
+def oauth_asgi_routes() -> dict[str, Any]:
+    """path -> ASGI app, mounted by memsite/asgi.py next to the MCP toolsets."""
+    provider = MemsiteProvider()
+    authenticator = MemsiteAuthenticator(provider)
+    options = ClientRegistrationOptions(
+        enabled=True, valid_scopes=list(services.SCOPES_SUPPORTED), default_scopes=list(services.SCOPES_SUPPORTED)
+    )
+    handlers: list[tuple[str, Any, list[str]]] = [
+        (AUTHORIZE_PATH, AuthorizationHandler(provider).handle, ["GET", "POST"]),
+        (TOKEN_PATH, TokenHandler(provider, authenticator).handle, ["POST"]),
+        (REGISTER_PATH, RegistrationHandler(provider, options=options).handle, ["POST"]),
+        (REVOKE_PATH, RevocationHandler(provider, authenticator).handle, ["POST"]),
+    ]
+    apps: dict[str, Any] = {}
+    for path, handler, methods in handlers:
+        endpoint = RequestBodyLimitMiddleware(request_response(handler), DEFAULT_MAX_REQUEST_BODY_SIZE)
+        route = Route(path, endpoint=endpoint, methods=methods)
+        app: Any = route.handle
+        if path == AUTHORIZE_PATH:
+            app = _metadata_url_prechecked(app)
+        apps[path] = _issuer_bound(app)
+    return apps

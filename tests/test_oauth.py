@@ -1,0 +1,510 @@
+"""MCP authorization (issue 16): the SDK's OAuthClientProvider against the running service
+(discovery from a bare 401, CIMD and DCR registration, PKCE with a scripted user, tokens,
+tool calls in both protocol modes), rotation, audience binding, permissions, revocation,
+RFC error codes, and tenancy."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from audit.models import AuditEvent
+from core.choices import Operation
+from oauth.models import OAuthAuthorizationRequest, OAuthClient, OAuthGrant
+from oauth.services import redirect_uri_check, redirect_uri_matches
+from tests.oauth_helpers import (
+    DocumentServer,
+    ScriptedUser,
+    authorize_url,
+    pkce,
+    query_of,
+    start_memsite,
+    tls_files,
+    token_request,
+)
+
+CURSOR_REDIRECTS = [
+    "cursor://anysphere.cursor-mcp/oauth/callback",
+    "https://www.cursor.com/agents/mcp/oauth/callback",
+    "http://localhost:8787/callback",
+]
+CALLBACK = "http://127.0.0.1:3118/callback"
+
+
+@pytest.fixture(scope="module")
+def oauth_live(django_db_setup, fake_llm, fake_gateway_server, tmp_path_factory):  # noqa: ARG001
+    """A memsite allowed (test setting) to fetch metadata documents from an https server
+    on loopback whose CA it trusts, and that server."""
+    directory = tmp_path_factory.mktemp("oauth")
+    ca, cert, key = tls_files(directory)
+    documents = DocumentServer(cert, key)
+    base, stop = start_memsite(
+        directory / "web.log",
+        {"OAUTH_CIMD_ALLOW_LOOPBACK": "true", "OAUTH_CIMD_CA_FILE": str(ca)},
+        fake_llm,
+        fake_gateway_server,
+    )
+    yield {"url": base, "documents": documents, "log": directory / "web.log"}
+    stop()
+    documents.stop()
+
+
+@pytest.fixture
+def live(oauth_live, transactional_db, clean_vectors):  # noqa: ARG001
+    return oauth_live
+
+
+def claude_document(documents: DocumentServer, path: str = "/claude/client.json", **overrides) -> str:
+    url = documents.url + path
+    body = {
+        "client_id": url,
+        "client_name": "Claude (test)",
+        "client_uri": "https://claude.ai",
+        # Registered without a port: loopback redirects match on any port (RFC 8252).
+        "redirect_uris": ["http://127.0.0.1/callback"],
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "none",
+        **overrides,
+    }
+    return documents.document(path, body)
+
+
+# --- the SDK client end to end -----------------------------------------------------------
+class MemoryStorage:
+    def __init__(self):
+        self.tokens = None
+        self.client_info = None
+
+    async def get_tokens(self):
+        return self.tokens
+
+    async def set_tokens(self, tokens):
+        self.tokens = tokens
+
+    async def get_client_info(self):
+        return self.client_info
+
+    async def set_client_info(self, client_info):
+        self.client_info = client_info
+
+
+def sdk_session(base: str, user: ScriptedUser, *, mode: str, metadata_url: str | None, grant=None, storage=None):
+    """Run `work(client)` in an MCP session authorized by OAuthClientProvider."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.auth import OAuthClientMetadata
+
+    answers: list[str] = []
+    storage = storage or MemoryStorage()
+
+    async def redirect_handler(url: str) -> None:
+        answers.append(user.authorize(url, grant=grant))  # the scripted user signs in and consents
+
+    async def callback_handler() -> AuthorizationCodeResult:
+        params = query_of(answers[-1])
+        return AuthorizationCodeResult(code=params["code"], state=params.get("state"), iss=params.get("iss"))
+
+    provider = OAuthClientProvider(
+        server_url=f"{base}/engines/memory/mcp",
+        client_metadata=OAuthClientMetadata(
+            client_name="SDK test client",
+            redirect_uris=[CALLBACK],
+            grant_types=["authorization_code", "refresh_token"],
+            response_types=["code"],
+            token_endpoint_auth_method="none",
+        ),
+        storage=storage,
+        redirect_handler=redirect_handler,
+        callback_handler=callback_handler,
+        client_metadata_url=metadata_url,
+    )
+
+    def run(work):
+        async def session():
+            async with httpx2.AsyncClient(auth=provider, timeout=60) as http:
+                transport = streamable_http_client(f"{base}/engines/memory/mcp", http_client=http)
+                async with Client(transport, mode=mode) as client:
+                    return await work(client)
+
+        try:
+            return asyncio.run(session())
+        except BaseExceptionGroup as group:
+            while isinstance(group, BaseExceptionGroup) and len(group.exceptions) == 1:
+                group = group.exceptions[0]
+            raise group from None
+
+    return run, storage, answers
+
+
+async def _remember_and_search(client):
+    stored = await client.call_tool("remember", {"memory": "I keep my bike in the blue shed"})
+    found = await client.call_tool("search_memory", {"query": "where is the bike"})
+    return stored, found
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_cimd_client_discovers_signs_in_and_calls_tools(live, alice, mode):
+    base = live["url"]
+    # A bare 401 names the resource metadata and the scopes.
+    bare = httpx.post(f"{base}/engines/memory/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert bare.status_code == 401
+    assert 'resource_metadata="' in bare.headers["WWW-Authenticate"]
+    assert 'scope="read write delete"' in bare.headers["WWW-Authenticate"]
+    metadata = httpx.get(f"{base}/.well-known/oauth-authorization-server").json()
+    assert metadata["issuer"] == base
+    assert metadata["client_id_metadata_document_supported"] is True
+    assert metadata["code_challenge_methods_supported"] == ["S256"]
+    assert "none" in metadata["token_endpoint_auth_methods_supported"]
+    assert metadata["authorization_response_iss_parameter_supported"] is True
+    assert httpx.get(f"{base}/.well-known/oauth-protected-resource").json()["authorization_servers"] == [base]
+
+    document_url = claude_document(live["documents"])
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    run, storage, answers = sdk_session(base, user, mode=mode, metadata_url=document_url)
+    stored, found = run(_remember_and_search)
+    assert not stored.is_error and not found.is_error, (stored.structured_content, found.structured_content)
+    assert [r["memory"] for r in found.structured_content["results"]] == ["I keep my bike in the blue shed"]
+    # The consent page named the client and its host; the redirect carried iss (RFC 9207).
+    assert "Claude (test)" in user.consent_pages[-1] and "127.0.0.1" in user.consent_pages[-1]
+    assert query_of(answers[-1])["iss"] == base
+    assert storage.client_info.client_id == document_url
+    assert storage.tokens.refresh_token  # offline_access was asked for and granted
+    assert storage.tokens.expires_in == 3600
+    # Tokens resolve to alice: her audit rows, client app = the OAuth client.
+    grant = OAuthGrant.objects.get(user=alice)
+    assert grant.client.kind == "cimd" and grant.resource == f"{base}/engines/memory/mcp"
+    assert grant.last_used_at is not None
+    row = AuditEvent.objects.filter(operation=Operation.REMEMBER).latest("pk")
+    assert (row.actor_user_id, row.actor_auth, row.actor_client_app) == (alice.pk, "oauth", "oauth:Claude (test)")
+    audited = set(AuditEvent.objects.filter(operation__startswith="oauth_").values_list("operation", flat=True))
+    assert {"oauth_client_register", "oauth_consent", "oauth_token"} <= audited
+
+
+def test_dcr_client_signs_in_and_registration_is_deduplicated(live, alice):
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    run, storage, _ = sdk_session(base, user, mode="auto", metadata_url=None)
+    stored, found = run(_remember_and_search)
+    assert not stored.is_error and found.structured_content["results"]
+    assert OAuthClient.objects.get(client_id=storage.client_info.client_id).kind == "dcr"
+
+    # Cursor's registration, its three redirect URIs, twice: one client.
+    body = {
+        "client_name": "Cursor",
+        "redirect_uris": CURSOR_REDIRECTS,
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "none",
+    }
+    first = httpx.post(f"{base}/oauth/register", json=body)
+    second = httpx.post(f"{base}/oauth/register", json=body)
+    assert first.status_code == second.status_code == 201, first.text
+    assert first.json()["client_id"] == second.json()["client_id"]
+    assert OAuthClient.objects.filter(client_name="Cursor").count() == 1
+    # Each of the three redirects works for an authorization request.
+    for redirect in CURSOR_REDIRECTS:
+        _, challenge = pkce()
+        url = authorize_url(
+            base, response_type="code", client_id=first.json()["client_id"], redirect_uri=redirect,
+            code_challenge=challenge, code_challenge_method="S256", state="s",
+        )  # fmt: skip
+        answer = httpx.get(url)
+        assert answer.status_code == 302 and "/oauth/consent/" in answer.headers["location"], answer.text
+
+
+# --- raw flows ---------------------------------------------------------------------------
+def dcr_client(base: str, redirect: str = CALLBACK) -> str:
+    answer = httpx.post(
+        f"{base}/oauth/register",
+        json={"client_name": "Raw client", "redirect_uris": [redirect], "token_endpoint_auth_method": "none"},
+    )
+    assert answer.status_code == 201, answer.text
+    return answer.json()["client_id"]
+
+
+def tokens_for(base: str, user: ScriptedUser, client_id: str, *, grant=None, resource=None, scope=None) -> dict:
+    verifier, challenge = pkce()
+    params = {
+        "response_type": "code", "client_id": client_id, "redirect_uri": CALLBACK, "state": "st",
+        "code_challenge": challenge, "code_challenge_method": "S256",
+        "resource": resource or f"{base}/engines/memory/mcp",
+    }  # fmt: skip
+    if scope:
+        params["scope"] = scope
+    redirect = user.authorize(authorize_url(base, **params), grant=grant)
+    code = query_of(redirect)["code"]
+    answer = token_request(
+        base, grant_type="authorization_code", code=code, redirect_uri=CALLBACK, client_id=client_id,
+        code_verifier=verifier,
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    return {**answer.json(), "code": code, "verifier": verifier}
+
+
+def mcp_call(base: str, token: str, name: str, arguments: dict) -> httpx.Response:
+    return httpx.post(
+        f"{base}/engines/memory/mcp",
+        headers={"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"},
+        json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments}},
+        timeout=60,
+    )
+
+
+def test_refresh_rotation_refuses_a_used_refresh_token(live, alice):
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    client_id = dcr_client(base)
+    first = tokens_for(base, user, client_id, scope="read write delete offline_access")
+    rotated = token_request(base, grant_type="refresh_token", refresh_token=first["refresh_token"], client_id=client_id)
+    assert rotated.status_code == 200, rotated.text
+    assert rotated.json()["refresh_token"] != first["refresh_token"]
+    assert mcp_call(base, rotated.json()["access_token"], "list_memory", {}).status_code == 200
+
+    replay = token_request(base, grant_type="refresh_token", refresh_token=first["refresh_token"], client_id=client_id)
+    assert replay.status_code == 400 and replay.json()["error"] == "invalid_grant"
+    # The replay revoked the grant: the tokens issued from it stop working too.
+    assert mcp_call(base, rotated.json()["access_token"], "list_memory", {}).status_code == 401
+    assert OAuthGrant.objects.get(user=alice).revoked_reason == "refresh_reuse"
+    assert AuditEvent.objects.filter(operation=Operation.OAUTH_REVOKE, outcome="denied").exists()
+
+
+def test_token_for_another_resource_is_refused(live, alice):  # noqa: ARG001
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    client_id = dcr_client(base)
+    other = tokens_for(base, user, client_id, resource=f"{base}/engines/other/mcp")
+    assert mcp_call(base, other["access_token"], "list_memory", {}).status_code == 401
+    # A resource that is not ours at all is refused at /authorize (RFC 8707 invalid_target).
+    _, challenge = pkce()
+    answer = httpx.get(
+        authorize_url(
+            base,
+            response_type="code",
+            client_id=client_id,
+            redirect_uri=CALLBACK,
+            state="x",
+            code_challenge=challenge,
+            resource="https://evil.example/mcp",
+        )  # fmt: skip
+    )
+    assert answer.status_code == 302 and query_of(answer.headers["location"])["error"] == "invalid_target"
+    # Nor do OAuth tokens open the REST API (bound to the MCP resource).
+    rest = httpx.get(f"{base}/v1/memories", headers={"Authorization": f"Bearer {other['access_token']}"})
+    assert rest.status_code == 401
+
+
+def test_read_only_grant_can_search_but_not_remember(live, alice):  # noqa: ARG001
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    tokens = tokens_for(base, user, dcr_client(base), grant=["read"])
+    assert tokens["scope"] == "read offline_access"
+    searched = mcp_call(base, tokens["access_token"], "search_memory", {"query": "anything"})
+    assert searched.status_code == 200 and '"isError":true' not in searched.text.replace(" ", "")
+    refused = mcp_call(base, tokens["access_token"], "remember", {"memory": "should not be stored"})
+    assert '"forbidden"' in refused.text
+    assert AuditEvent.objects.filter(operation=Operation.REMEMBER, error_code="forbidden").exists()
+
+
+def test_revoking_in_the_ui_makes_the_next_call_401(live, alice, bob, client):
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    tokens = tokens_for(base, user, dcr_client(base))
+    assert mcp_call(base, tokens["access_token"], "list_memory", {}).status_code == 200
+    grant = OAuthGrant.objects.get(user=alice)
+    # Bob cannot see or revoke alice's grant: it is a missing one to him.
+    client.force_login(bob)
+    assert "Raw client" not in client.get("/oauth/apps/").content.decode()
+    assert client.post(f"/oauth/apps/{grant.pk}/revoke/").status_code == 404
+    client.force_login(alice)
+    page = client.get("/oauth/apps/").content.decode()
+    assert "Raw client" in page and "read, write, delete" in page
+    assert client.post(f"/oauth/apps/{grant.pk}/revoke/").status_code == 302
+    assert mcp_call(base, tokens["access_token"], "list_memory", {}).status_code == 401
+    row = AuditEvent.objects.get(operation=Operation.OAUTH_REVOKE)
+    assert (row.actor_user_id, row.channel, row.detail["reason"]) == (alice.pk, "ui", "user_revoked")
+
+
+# --- bad input: RFC error codes, no state change -----------------------------------------
+def test_bad_metadata_urls_redirects_and_pkce_are_refused(live, alice):  # noqa: ARG001
+    base = live["url"]
+    documents = live["documents"]
+    _, challenge = pkce()
+
+    def authorize(**params):
+        defaults = {
+            "response_type": "code", "redirect_uri": CALLBACK, "state": "s1", "code_challenge": challenge,
+            "code_challenge_method": "S256",
+        }  # fmt: skip
+        return httpx.get(authorize_url(base, **{**defaults, **params}))
+
+    for bad in (
+        "http://127.0.0.1:9/client.json",  # plain http
+        "https://10.1.2.3/client.json",  # private address
+        "https://169.254.169.254/latest/meta-data",  # link-local (cloud metadata)
+        documents.url + "/missing.json",  # 404
+    ):
+        answer = authorize(client_id=bad)
+        assert answer.status_code == 400 and answer.json()["error"] == "invalid_client", (bad, answer.text)
+    redirected = documents.document("/moved.json", {}, status=302, headers={"Location": "https://example.com/x"})
+    assert authorize(client_id=redirected).json()["error"] == "invalid_client"
+    big = documents.document("/big.json", {"client_id": documents.url + "/big.json", "pad": "x" * 10000})
+    assert "too large" in authorize(client_id=big).json()["error_description"]
+    assert not OAuthClient.objects.exists()
+
+    document_url = claude_document(documents)
+    not_in_document = authorize(client_id=document_url, redirect_uri="http://evil.example/callback")
+    assert not_in_document.status_code == 400 and not_in_document.json()["error"] == "invalid_request"
+    missing_pkce = authorize(client_id=document_url, code_challenge="")
+    plain_pkce = authorize(client_id=document_url, code_challenge_method="plain")
+    for answer in (missing_pkce, plain_pkce):
+        assert answer.status_code == 302, answer.text
+        assert query_of(answer.headers["location"])["error"] == "invalid_request"
+        assert query_of(answer.headers["location"])["state"] == "s1"
+    assert not OAuthAuthorizationRequest.objects.exists()
+
+    bad_registration = httpx.post(
+        f"{base}/oauth/register",
+        json={"redirect_uris": ["http://evil.example/cb"], "token_endpoint_auth_method": "none"},
+    )
+    assert bad_registration.status_code == 400 and bad_registration.json()["error"] == "invalid_redirect_uri"
+    assert not OAuthClient.objects.filter(kind="dcr").exists()
+
+
+def test_a_reused_code_is_refused_and_revokes_its_grant(live, alice):
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    client_id = dcr_client(base)
+    tokens = tokens_for(base, user, client_id)
+    again = token_request(
+        base, grant_type="authorization_code", code=tokens["code"], redirect_uri=CALLBACK, client_id=client_id,
+        code_verifier=tokens["verifier"],
+    )  # fmt: skip
+    assert again.status_code == 400 and again.json()["error"] == "invalid_grant"
+    assert mcp_call(base, tokens["access_token"], "list_memory", {}).status_code == 401
+    assert OAuthGrant.objects.get(user=alice).revoked_reason == "code_reuse"
+    # A wrong verifier is invalid_grant too.
+    fresh = tokens_for(base, user, client_id)
+    assert fresh["access_token"]
+
+
+def test_wrong_code_verifier_is_invalid_grant(live, alice):  # noqa: ARG001
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    client_id = dcr_client(base)
+    _, challenge = pkce()
+    redirect = user.authorize(
+        authorize_url(
+            base,
+            response_type="code",
+            client_id=client_id,
+            redirect_uri=CALLBACK,
+            code_challenge=challenge,
+            code_challenge_method="S256",
+        )  # fmt: skip
+    )
+    answer = token_request(
+        base, grant_type="authorization_code", code=query_of(redirect)["code"], redirect_uri=CALLBACK,
+        client_id=client_id, code_verifier="x" * 50,
+    )  # fmt: skip
+    assert answer.status_code == 400 and answer.json()["error"] == "invalid_grant"
+
+
+def test_deny_redirects_access_denied_and_is_audited(live, alice):
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    _, challenge = pkce()
+    redirect = user.authorize(
+        authorize_url(
+            base,
+            response_type="code",
+            client_id=dcr_client(base),
+            redirect_uri=CALLBACK,
+            code_challenge=challenge,
+            code_challenge_method="S256",
+            state="abc",
+        ),  # fmt: skip
+        deny=True,
+    )
+    assert query_of(redirect) == {"error": "access_denied", "state": "abc", "iss": base}
+    assert not OAuthGrant.objects.exists()
+    row = AuditEvent.objects.get(operation=Operation.OAUTH_CONSENT)
+    assert (row.actor_user_id, row.outcome) == (alice.pk, "denied")
+
+
+# --- tenancy -----------------------------------------------------------------------------
+def test_alices_token_never_touches_bobs_memories(live, alice, bob, bob_key):  # noqa: ARG001
+    base = live["url"]
+    from core.scope import MemoryScope
+    from memories.services import memory_remember
+    from tests.conftest import internal_call
+
+    bobs = memory_remember(MemoryScope.for_user(bob), memory="Bob's locker code is 4417", call=internal_call()).id
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    token = tokens_for(base, user, dcr_client(base))["access_token"]
+    found = mcp_call(base, token, "search_memory", {"query": "locker code"})
+    assert "4417" not in found.text
+    listed = mcp_call(base, token, "list_memory", {})
+    assert "4417" not in listed.text
+    for name, arguments in (
+        ("update_memory", {"memory_id": bobs, "memory": "hijacked"}),
+        ("delete_memory", {"memory_id": bobs}),
+    ):
+        answer = mcp_call(base, token, name, arguments)
+        assert '"not_found"' in answer.text, answer.text
+    from memories.selectors import memory_get_owned
+
+    assert memory_get_owned(MemoryScope.for_user(bob), memory_id=bobs) is not None
+
+
+# --- unit rules --------------------------------------------------------------------------
+def test_redirect_rules():
+    for uri in CURSOR_REDIRECTS + ["https://claude.ai/api/mcp/auth_callback", "http://[::1]:5000/cb"]:
+        redirect_uri_check(uri)
+    from oauth.services import OAuthError
+
+    for bad in ("http://example.com/cb", "javascript:alert(1)", "https://x.example/cb#frag", "data:text/html,x"):
+        with pytest.raises(OAuthError):
+            redirect_uri_check(bad)
+    assert redirect_uri_matches(["http://127.0.0.1/callback"], "http://127.0.0.1:51234/callback")
+    assert redirect_uri_matches(["http://localhost:8787/callback"], "http://localhost:9999/callback")
+    assert not redirect_uri_matches(["http://127.0.0.1/callback"], "http://127.0.0.1:5000/other")
+    assert not redirect_uri_matches(["https://a.example/cb"], "https://a.example:444/cb")
+
+
+def test_confidential_dcr_client_must_present_its_secret(live, alice):  # noqa: ARG001
+    base = live["url"]
+    registered = httpx.post(
+        f"{base}/oauth/register",
+        json={
+            "client_name": "Server app",
+            "redirect_uris": [CALLBACK],
+            "token_endpoint_auth_method": "client_secret_post",
+        },
+    ).json()
+    assert registered["client_secret"]
+    assert OAuthClient.objects.get(client_id=registered["client_id"]).secret_sha256 != registered["client_secret"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    verifier, challenge = pkce()
+    redirect = user.authorize(
+        authorize_url(
+            base,
+            response_type="code",
+            client_id=registered["client_id"],
+            redirect_uri=CALLBACK,
+            code_challenge=challenge,
+            code_challenge_method="S256",
+        )  # fmt: skip
+    )
+    form = {
+        "grant_type": "authorization_code", "code": query_of(redirect)["code"], "redirect_uri": CALLBACK,
+        "client_id": registered["client_id"], "code_verifier": verifier,
+    }  # fmt: skip
+    wrong = token_request(base, **form, client_secret="not-it")
+    assert wrong.status_code == 401 and wrong.json()["error"] == "invalid_client"
+    right = token_request(base, **form, client_secret=registered["client_secret"])
+    assert right.status_code == 200, right.text
