@@ -108,13 +108,13 @@ def _user(tenant: str, username: str):
 
 # --- model, migration, CLI ----------------------------------------------------------------
 def test_existing_users_migrate_into_the_default_tenant_and_keep_their_memories():
-    """Migrate memories back to before 0010, write users and a memory, migrate forward:
+    """Migrate memories back to before 0014 (tenants), write users and a memory, migrate forward:
     every user is in tenant `default`, its partition (`default:{pk}`) and memory unchanged."""
     from django.db import connection
     from django.db.migrations.executor import MigrationExecutor
 
     executor = MigrationExecutor(connection)
-    executor.migrate([("memories", "0009_lifecycle_columns")])
+    executor.migrate([("memories", "0013_turn_lifecycle")])
     User = get_user_model()
     old = [User.objects.create_user(name) for name in ("olga", "oscar")]
     memory_id = memory_remember(
@@ -177,10 +177,14 @@ def test_every_operation_declares_its_permission():
         name: op.permission for name, op in OPERATIONS.items() if op.permission not in ("read", "write", "delete")
     } == {}
     assert operations_permitted(frozenset({"read"})) == {
-        "search_memory", "list_memory", "get_memory", "list_memory_dated"
+        "search_memory", "list_memory", "get_memory", "list_memory_dated", "export_memories",
+        # the turn lifecycle (issue 13) and seed 003's toolkit (issue 14)
+        "memory_before_turn", "memory_list_dir_with_abstract", "memory_run_turn", "memory_prefetch",
+        "recall_memory", "check_cache", "hybrid_search", "search_web", "memory_health", "recall_decision",
     }  # fmt: skip
     assert operations_permitted(frozenset({"delete"})) == {
-        "delete_memory", "clear_all_memory", "forget_memory", "purge_memory"
+        "delete_memory", "clear_all_memory", "forget_memory", "purge_memory",
+        "delete_session_events", "toolkit_delete_memory", "wipe_user_data", "cache_invalidate",
     }  # fmt: skip
 
 
