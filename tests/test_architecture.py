@@ -133,3 +133,67 @@ def test_successful_results_validate_against_the_output_schema(alice):
     ok("clear_all_memory", {"confirm": True})
     assert set(schemas) == {name for ts in TOOLSETS for name in ts.operations}
     assert all(name in OPERATIONS for name in schemas)
+
+
+def _public_functions(module) -> set[str]:
+    return {
+        name
+        for name, value in vars(module).items()
+        if callable(value) and getattr(value, "__module__", "") == module.__name__ and not name.startswith("_")
+    }
+
+
+def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_scope, settings):
+    """The same rule for every selector module beside memories.selectors: the turn
+    lifecycle, the toolkit, the session log's reads, OAuth and the chat proxy."""
+    from memories import sessions
+    from memories.toolkit import selectors as toolkit_selectors
+    from memories.turns import selectors as turns_selectors
+    from oauth import selectors as oauth_selectors
+    from proxy import selectors as proxy_selectors
+
+    settings.CHAT_UPSTREAM_BASE_URL = "http://127.0.0.1:9/v1"
+    memory_remember(alice_scope, memory="Alice grows tomatoes in her garden", call=internal_call())
+    sessions.session_events_append(
+        alice_scope, session_id="s1", items=[{"type": "message", "role": "user", "content": "hi"}]
+    )
+    calls = {
+        turns_selectors: {
+            "sessions_of_user": lambda: turns_selectors.sessions_of_user(alice_scope),
+            "facts_by_tier": lambda: turns_selectors.facts_by_tier(alice_scope),
+            "memory_tree": lambda: turns_selectors.memory_tree(
+                alice_scope, project="", session_id="", path="/memory", depth=2, limit=50
+            ),
+        },
+        toolkit_selectors: {"decision_list": lambda: list(toolkit_selectors.decision_list(alice_scope))},
+        sessions: {
+            "session_events_recent": lambda: sessions.session_events_recent(alice_scope, session_id="s1", limit=5)
+        },
+        oauth_selectors: {
+            "oauth_grants_connected": lambda: oauth_selectors.oauth_grants_connected(user=alice),
+            "oauth_authorization_request_pending": lambda: oauth_selectors.oauth_authorization_request_pending(
+                request_key="missing"
+            ),
+        },
+        proxy_selectors: {
+            "chat_memories_find": lambda: proxy_selectors.chat_memories_find(alice_scope, query="garden", limit=5),
+            "token_config_effective": lambda: proxy_selectors.token_config_effective(api_key=None),
+        },
+    }
+    # Helpers that are pure functions of their arguments (no database) need no guard.
+    pure = {"session_item_hash", "token_config_view"}
+    writers = {"session_events_append"}  # the session log module holds its one service beside its reads
+    results = {}
+    for module, table in calls.items():
+        missing = _public_functions(module) - set(table) - pure - writers
+        missing = {name for name in missing if not isinstance(vars(module)[name], type)}
+        assert not missing, f"{module.__name__}: a new selector needs a read-only check here: {sorted(missing)}"
+        atomic = _read_only()
+        try:
+            for name, run in table.items():
+                results[name] = run()
+        finally:
+            atomic.__exit__(None, None, None)
+    assert results["session_events_recent"][-1]["content"] == "hi"
+    assert [m.memory for m in results["chat_memories_find"]] == ["Alice grows tomatoes in her garden"]
+    assert results["oauth_authorization_request_pending"] is None
