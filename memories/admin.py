@@ -49,7 +49,7 @@ class MemoryAdmin(ReadOnlyAdmin):
     list_per_page = 100
 
     def get_queryset(self, request):
-        return engine_rows_newest_first(super().get_queryset(request).only("id", "payload"))
+        return engine_rows_newest_first(super().get_queryset(request))
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()

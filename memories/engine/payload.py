@@ -281,8 +281,11 @@ def engine_client_apps(scope: MemoryScope) -> list[str]:
 
 # --- the forensic admin's view of the table ------------------------------------------------
 def engine_rows_newest_first(rows: QuerySet[EngineMemoryRow]) -> QuerySet[EngineMemoryRow]:
-    return rows.annotate(owner_id=KT(f"payload__{KEY_USER_ID}"), created_at=KT(f"payload__{KEY_CREATED_AT}")).order_by(
-        "-created_at"
+    """Rows newest first with their owner, without loading the vectors (the admin lists)."""
+    return (
+        rows.only("id", "payload")
+        .annotate(owner_id=KT(f"payload__{KEY_USER_ID}"), created_at=KT(f"payload__{KEY_CREATED_AT}"))
+        .order_by("-created_at")
     )
 
 

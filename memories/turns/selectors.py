@@ -87,10 +87,8 @@ def memory_tree(
                 )
             )
     for tier in TIERS:
-        containment = attrs_containment(tags=[FACT_TAG, tier_tag(tier)], session_id=session_id or None)
-        rows = engine_rows_owned(scope, containment=containment)
-        if project:
-            rows = rows.filter(payload__contains=attrs_containment(tags=[project_tag(project)]))
+        tags = [FACT_TAG, tier_tag(tier)] + ([project_tag(project)] if project else [])
+        rows = engine_rows_owned(scope, containment=attrs_containment(tags=tags, session_id=session_id or None))
         top = rows.order_by("-created").first()  # type: ignore[misc]
         updated = engine_memory_of(top).created_at if top is not None else None
         entries.append(_entry(f"/memory/tiers/{tier}", f"{rows.count()} facts", updated, False))
