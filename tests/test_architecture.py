@@ -197,3 +197,23 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
     assert results["session_events_recent"][-1]["content"] == "hi"
     assert [m.memory for m in results["chat_memories_find"]] == ["Alice grows tomatoes in her garden"]
     assert results["oauth_authorization_request_pending"] is None
+
+
+def test_no_module_outside_the_engine_spells_the_payload_layout():
+    """Issue 18: only memories/engine/ knows how mem0 lays out a row (the payload column and
+    its keys); everything else goes through the engine's helpers."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spelled = re.compile(r"payload__|payload\s*->|[\"']payload[\"']|\[[\"'](?:user_id|data|created_at|hash)[\"']\]")
+    offenders = []
+    for package in ("core", "memories", "audit", "billing", "memsite", "oauth", "proxy"):
+        for path in (root / package).rglob("*.py"):
+            relative = path.relative_to(root).as_posix()
+            if relative.startswith("memories/engine/") or "/migrations/" in relative:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if "payload" in line and spelled.search(line):
+                    offenders.append(f"{relative}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
