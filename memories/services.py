@@ -34,10 +34,12 @@ from memories.engine import (
     engine_delete_row,
     engine_delete_user_rows,
     engine_embed_text,
+    engine_embed_texts,
     engine_ingest,
     engine_insert_imported,
     engine_insert_text,
     engine_lock_owned,
+    engine_lock_owned_many,
     engine_memories_page,
     engine_memory_ids,
     engine_purge_due,
@@ -225,6 +227,25 @@ def _hash_owner(scope: MemoryScope, *, digest: str) -> str | None:
         return str(known.memory_id)
     known.delete()
     return None
+
+
+def _hash_owners(scope: MemoryScope, *, digests: list[str]) -> dict[str, str]:
+    """`_hash_owner` for many texts in two statements (an import): digest -> live memory
+    id, row-locked; hashes whose memory went away behind their back are removed."""
+    known = {
+        row.sha256: row for row in ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256__in=digests)
+    }
+    rows = engine_lock_owned_many(scope, memory_ids=[str(h.memory_id) for h in known.values()])
+    owners: dict[str, str] = {}
+    stale: list[int] = []
+    for digest, known_hash in known.items():
+        if _live(rows.get(str(known_hash.memory_id)), scope):
+            owners[digest] = str(known_hash.memory_id)
+        else:
+            stale.append(known_hash.pk)
+    if stale:
+        ContentHash.objects.filter(pk__in=stale).delete()
+    return owners
 
 
 def _duplicate_text(existing_id: str) -> ServiceError:
@@ -986,6 +1007,11 @@ def _import_attrs(item: ImportItem) -> MemoryAttrs:
     )
 
 
+# Texts embedded per model call during an import (the ONNX model runs batches much faster
+# than single sentences; 64 keeps each call's memory small).
+IMPORT_EMBED_BATCH = 64
+
+
 def memory_import(
     scope: MemoryScope,
     *,
@@ -1022,10 +1048,12 @@ def memory_import(
     for _attempt in range(2):
         todo = [digest for digest in wanted if digest not in known and digest not in embedded]
         with _engine_errors():
-            for n, digest in enumerate(todo, start=1):
-                embedded[digest] = engine_embed_text(wanted[digest].text)
+            for start in range(0, len(todo), IMPORT_EMBED_BATCH):
+                batch = todo[start : start + IMPORT_EMBED_BATCH]
+                for digest, text in zip(batch, engine_embed_texts([wanted[d].text for d in batch]), strict=True):
+                    embedded[digest] = text
                 if progress:
-                    progress(n, len(todo))
+                    progress(start + len(batch), len(todo))
         try:
             created = _import_write(
                 scope,
@@ -1057,8 +1085,9 @@ def _import_write(
             # the lock table); a racing `remember` of the same text meets the hash's
             # unique constraint and the whole import answers `conflict` (retry).
             advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+            owned = _hash_owners(scope, digests=list(wanted))
             for digest, item in wanted.items():
-                if _hash_owner(scope, digest=digest) is not None:
+                if digest in owned:
                     continue
                 if digest not in embedded:
                     raise _HashGone()

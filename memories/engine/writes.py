@@ -71,6 +71,29 @@ def engine_embed_text(text: str) -> EmbeddedText:
     return EmbeddedText(text=text, vector=list(vector), lemmatized=lemmatized)
 
 
+def engine_embed_texts(texts: list[str]) -> list[EmbeddedText]:
+    """`engine_embed_text` for many texts (an import): the embedder's batch call when it
+    has one, so the model runs on batches instead of one sentence at a time."""
+    if not texts:
+        return []
+    get_memory()
+    from mem0.utils.lemmatization import lemmatize_for_bm25
+
+    from memories.engine.embedders import embedder_active
+
+    embedder = embedder_active()
+    if hasattr(embedder, "embed_batch"):
+        vectors = cast(list[list[float]], _call("embed", embedder.embed_batch, texts, "add"))
+    else:
+        vectors = [cast(list[float], _call("embed", embedder.embed, text, "add")) for text in texts]
+    if len(vectors) != len(texts):
+        raise EngineError("the embedder returned a different number of vectors than texts")
+    return [
+        EmbeddedText(text=text, vector=list(vector), lemmatized=cast(str, _call("lemmatize", lemmatize_for_bm25, text)))
+        for text, vector in zip(texts, vectors, strict=True)
+    ]
+
+
 def _require_transaction() -> None:
     if not connection.in_atomic_block:
         raise RuntimeError("engine writes must run inside the caller's transaction.atomic()")
@@ -146,6 +169,26 @@ def engine_lock_owned(scope: MemoryScope, *, memory_id: str) -> EngineMemory | N
         return None
     payload = row[1] if isinstance(row[1], dict) else json.loads(row[1])
     return engine_memory_from_row(row[0], payload)
+
+
+def engine_lock_owned_many(scope: MemoryScope, *, memory_ids: list[str]) -> dict[str, EngineMemory]:
+    """`engine_lock_owned` for many ids in one statement: the scope's rows among them,
+    row-locked, by id (missing and other users' ids are simply absent)."""
+    _require_transaction()
+    if not memory_ids:
+        return {}
+    statement = sql.SQL(
+        "SELECT id, payload FROM {} WHERE id = ANY(%s::uuid[]) AND payload->>'user_id' = %s ORDER BY id FOR UPDATE"
+    ).format(_table())
+    with connection.cursor() as cursor:
+        cursor.execute(statement.as_string(cursor.connection), [memory_ids, scope.engine_user_id])
+        rows = cursor.fetchall()
+    found = {}
+    for row_id, payload in rows:
+        found[str(row_id)] = engine_memory_from_row(
+            row_id, payload if isinstance(payload, dict) else json.loads(payload)
+        )
+    return found
 
 
 def _payload_of(memory_id: str) -> dict[str, Any] | None:
