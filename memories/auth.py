@@ -76,6 +76,20 @@ def bearer_token(authorization: str | None) -> str | None:
     return token
 
 
+def principal_of_api_key(api_key: Any) -> Principal:
+    """The principal an authenticated API key stands for: its user, tenant, role and
+    permissions (every surface that takes keys builds it here, so none forgets one)."""
+    return Principal(
+        user=api_key.user,
+        method="api_key",
+        client_app=api_key.name or f"key:{api_key.key_id}",
+        tenant=user_tenant(api_key.user),
+        role=api_key.role,
+        permissions=api_key.permission_set,
+        credential=f"key:{api_key.key_id}",
+    )
+
+
 def authenticate_bearer(authorization: str | None, *, resource: str | None = None) -> Principal | None:
     """Check an `Authorization` header value. Touches the database (and, for OIDC, may
     fetch the provider's JWKS); call from a thread in async code. `resource` is the URL
@@ -96,17 +110,7 @@ def authenticate_bearer(authorization: str | None, *, resource: str | None = Non
         )
     if token.startswith("msk_"):
         api_key = api_key_authenticate(token=token)
-        if api_key is None:
-            return None
-        return Principal(
-            user=api_key.user,
-            method="api_key",
-            client_app=api_key.name or f"key:{api_key.key_id}",
-            tenant=user_tenant(api_key.user),
-            role=api_key.role,
-            permissions=api_key.permission_set,
-            credential=f"key:{api_key.key_id}",
-        )
+        return principal_of_api_key(api_key) if api_key is not None else None
     if settings.OIDC_ISSUER:
         from memories.oidc import oidc_principal
 

@@ -31,7 +31,8 @@ class ProxyError(Exception):
             422: ErrorCode.INVALID_ARGUMENT,
             429: ErrorCode.RATE_LIMITED,
         }.get(self.status, ErrorCode.BACKEND_UNAVAILABLE)
-        return ServiceError(code, self.message)
+        # A refused permission or subject is a denial, as the dispatcher records it.
+        return ServiceError(code, self.message, denied=self.status in (403, 404))
 
 
 def unauthenticated(message: str = "Missing or invalid API key.") -> ProxyError:

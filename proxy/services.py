@@ -20,12 +20,13 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import audit_failure, audit_record, auth_failure_record
 from billing.services import usage_event_record
-from core.choices import Channel, Operation
+from core.choices import Channel, Operation, Permission
 from core.errors import ErrorCode, ServiceError
 from core.request_ids import request_id_new
 from core.scope import CallContext, MemoryScope
-from memories.auth import Principal, authenticate_bearer, bearer_token
+from memories.auth import Principal, authenticate_bearer, bearer_token, principal_of_api_key
 from memories.models import ApiKey
+from memories.operations import principal_effective
 from memories.rate_limits import rate_limit_consume
 from memories.services import api_key_authenticate, memory_ingest
 from memories.sessions import session_events_append, session_events_recent
@@ -65,7 +66,7 @@ def chat_caller_authenticate(*, authorization: str | None) -> ChatCaller:
         api_key = api_key_authenticate(token=token)
         if api_key is None:
             raise unauthenticated()
-        principal = Principal(user=api_key.user, method="api_key", client_app=api_key.name or f"key:{api_key.key_id}")
+        principal = principal_of_api_key(api_key)
     else:
         principal = authenticate_bearer(authorization)
         if principal is None:
@@ -74,8 +75,38 @@ def chat_caller_authenticate(*, authorization: str | None) -> ChatCaller:
     return ChatCaller(principal=principal, scope=principal.scope(), api_key=api_key, config=config)
 
 
+# A chat call reads the user's memories (injection) and writes them (the turn, extraction).
+CHAT_PERMISSIONS = frozenset({Permission.READ, Permission.WRITE})
+_SUBJECT_ERRORS = {ErrorCode.FORBIDDEN: 403, ErrorCode.NOT_FOUND: 404, ErrorCode.INVALID_ARGUMENT: 422}
+
+
+def chat_caller_authorize(caller: ChatCaller, *, subject: str | None) -> ChatCaller:
+    """The caller a chat call runs as (issue 12's rules, as on every surface): a credential
+    without read and write is refused (403 `forbidden`); `X-Memory-Subject` names the user
+    a tenant_admin or platform service acts for, and is refused for anyone else (403), a
+    user outside the admin's tenant or missing answering 404 alike. Never ignored."""
+    if not caller.principal.permissions >= CHAT_PERMISSIONS:
+        raise ProxyError(403, "forbidden", "This credential lacks the read and write permissions the chat proxy needs.")
+    if not subject:
+        return caller
+    try:
+        effective = principal_effective(caller.principal, subject=subject)
+    except ServiceError as error:
+        raise ProxyError(_SUBJECT_ERRORS.get(error.code, 403), error.code.value, error.message) from None
+    return replace(caller, principal=effective, scope=effective.scope())
+
+
 def chat_call_context(call: CallContext, *, caller: ChatCaller) -> CallContext:
-    return replace(call, actor_username=caller.principal.user.get_username(), actor_auth=caller.principal.method)
+    """The call as the dispatcher records it: the authenticated actor (the service account
+    when delegating), its method and role; the scope is the subject's."""
+    principal = caller.principal
+    return replace(
+        call,
+        actor_username=principal.acting_user.get_username(),
+        actor_auth=principal.method,
+        actor_user_id=principal.acting_user.pk,
+        actor_role=principal.role,
+    )
 
 
 def session_id_clean(value: str | None, *, caller: ChatCaller) -> str:

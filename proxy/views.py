@@ -86,9 +86,14 @@ def _error_response(error: ProxyError) -> JsonResponse:
     return response
 
 
-def _prepare(authorization: str | None, raw_body: bytes, session_header: str | None, holder: dict) -> tuple:
-    """Auth and config (401), body (422), then the rate limit (429)."""
+def _prepare(
+    authorization: str | None, raw_body: bytes, session_header: str | None, subject: str | None, holder: dict
+) -> tuple:
+    """Auth and config (401), permissions and subject (403/404, audited under the caller's
+    own scope), body (422), then the rate limit (429)."""
     caller = services.chat_caller_authenticate(authorization=authorization)
+    holder["caller"] = caller
+    caller = services.chat_caller_authorize(caller, subject=subject)
     holder["caller"] = caller
     body, messages = chat_body_parse(raw_body)
     session_id = services.session_id_clean(session_header, caller=caller)
@@ -106,7 +111,12 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     holder: dict[str, Any] = {}
     try:
         caller, body, messages, session_id = await _thread(
-            _prepare, request.headers.get("Authorization"), request.body, request.headers.get(SESSION_HEADER), holder
+            _prepare,
+            request.headers.get("Authorization"),
+            request.body,
+            request.headers.get(SESSION_HEADER),
+            request.headers.get("X-Memory-Subject"),
+            holder,
         )
         call = services.chat_call_context(call, caller=caller)
         # The session history and the memory search run side by side.

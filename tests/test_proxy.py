@@ -511,3 +511,71 @@ def test_api_key_page_section_saves_own_keys_only(client, alice, bob):
     assert not TokenConfig.objects.filter(api_key=bob_key_row).exists()
     assert client.post(url, {"delete": "1"}).status_code == 302
     assert not TokenConfig.objects.exists()
+
+
+def test_a_read_only_key_is_forbidden_and_changes_nothing(proxy_url, upstream, alice):
+    """The proxy stores every turn (a write): a key without `write` (or without `read`,
+    which injection needs) gets 403 `forbidden`, reaches no upstream and is not billed."""
+    for permissions in (frozenset({"read"}), frozenset({"write"}), frozenset({"read", "delete"})):
+        _, key = api_key_issue(user=alice, name=f"only-{'-'.join(sorted(permissions))}", permissions=permissions)
+        with pytest.raises(openai.PermissionDeniedError) as caught:
+            client(proxy_url, key).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        assert caught.value.response.headers["x-memsite-error"] == "forbidden"
+    assert upstream.requests == [] and chat_events() == 0 and ProxyTurn.objects.count() == 0
+
+
+def test_an_expired_key_gets_401(proxy_url, upstream, alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    api_key, key = api_key_issue(user=alice, name="soon-expired", expires_at=timezone.now() + timedelta(seconds=1))
+    type(api_key).objects.filter(pk=api_key.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(openai.AuthenticationError):
+        client(proxy_url, key).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert upstream.requests == [] and chat_events() == 0
+
+
+def test_delegation_by_subject_header_follows_the_tenancy_rules(proxy_url, upstream, alice, alice_key, bob):
+    """X-Memory-Subject is never ignored: a user key naming anyone else gets 403; a platform
+    service key acts for the named user (injects and stores that user's memories, bills
+    them, and the audit row names the service as actor); a tenant_admin of another tenant
+    gets the same 404 as a user that does not exist."""
+    from audit.models import AuditEvent
+    from core.choices import Role
+    from core.scope import user_tenant
+    from memories.tenancy import tenant_create, tenant_user_create
+
+    memory_remember(_scope(bob), memory="Bob keeps bees on the roof", call=internal_call())
+    bob_name = f"{user_tenant(bob)}/{bob.get_username()}"
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        client(proxy_url, alice_key, **{"X-Memory-Subject": bob_name}).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "bees on the roof?"}]
+        )
+    assert caught.value.response.headers["x-memsite-error"] == "forbidden"
+    assert upstream.requests == [] and chat_events() == 0
+    assert AuditEvent.objects.filter(operation=Operation.CHAT_COMPLETION, outcome="denied").count() == 1
+
+    tenant_create(name="acme")
+    acme_admin = tenant_user_create(tenant="acme", username="acme-admin")
+    _, admin_key = api_key_issue(user=acme_admin, name="acme-bot", role=Role.TENANT_ADMIN)
+    answers = []
+    for subject in (bob_name, f"{user_tenant(bob)}/ghost"):
+        with pytest.raises(openai.NotFoundError) as caught:
+            client(proxy_url, admin_key, **{"X-Memory-Subject": subject}).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}]
+            )
+        answers.append((caught.value.response.headers["x-memsite-error"], caught.value.response.json()))
+    assert answers[0] == answers[1]
+    assert upstream.requests == [] and chat_events() == 0
+
+    ops = tenant_user_create(tenant=user_tenant(bob), username="ops")
+    _, platform_key = api_key_issue(user=ops, name="support-bot", role=Role.PLATFORM)
+    client(proxy_url, platform_key, **{"X-Memory-Subject": bob_name}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Where are the bees kept?"}]
+    )
+    assert "Bob keeps bees on the roof" in system_of(upstream.requests[-1])
+    assert UsageEvent.objects.get(operation=Operation.CHAT_COMPLETION).user_id == str(bob.pk)
+    row = AuditEvent.objects.get(operation=Operation.CHAT_COMPLETION, outcome="ok")
+    assert (row.subject_user_id, row.actor_username, row.actor_role) == (bob.pk, "ops", Role.PLATFORM)
+    assert ProxyTurn.objects.filter(user=bob).count() == 1 and ProxyTurn.objects.filter(user=ops).count() == 0
