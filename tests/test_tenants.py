@@ -45,9 +45,9 @@ class Lifespan:
         await self.task
 
 
-def mcp_sessions(sessions: list[tuple[dict[str, str], object]]) -> list:
+def mcp_sessions(sessions: list[tuple[dict[str, str], object]], *, path: str = "/engines/memory/mcp") -> list:
     """Run `work(client)` for each (headers, work) in its own MCP session, against one
-    in-process app (the official SDK client over httpx's ASGI transport)."""
+    in-process app (the official SDK client over httpx's ASGI transport) at `path`."""
 
     async def main():
         import httpx2
@@ -65,9 +65,9 @@ def mcp_sessions(sessions: list[tuple[dict[str, str], object]]) -> list:
                     transport=transport, base_url="http://localhost", headers=headers, timeout=60
                 ) as http:
                     if work is None:
-                        results.append(await http.post("/engines/memory/mcp", json={}))
+                        results.append(await http.post(path, json={}))
                         continue
-                    url = "http://localhost/engines/memory/mcp"
+                    url = f"http://localhost{path}"
                     async with Client(streamable_http_client(url, http_client=http)) as client:
                         results.append(await work(client))
         return results
