@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 
@@ -13,6 +14,7 @@ from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
+from audit.crypto import content_display
 from audit.models import AuditEvent, AuditExportBatch, AuthFailureWindow, MemoryHistory
 from core.choices import Channel, Operation
 
@@ -69,6 +71,11 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+def _snapshot_display(value):
+    opened = content_display(value)
+    return "-" if opened is None else opened if isinstance(opened, str) else json.dumps(opened, indent=1)
+
+
 @admin.register(AuditEvent)
 class AuditEventAdmin(ReadOnlyAdmin):
     list_display = (
@@ -88,7 +95,18 @@ class AuditEventAdmin(ReadOnlyAdmin):
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     list_per_page = 100
-    readonly_fields = [f.name for f in AuditEvent._meta.fields]
+    # The sealed snapshots are shown opened (or "erased"), never as ciphertext.
+    readonly_fields = [
+        {"before": "before_content", "after": "after_content"}.get(f.name, f.name) for f in AuditEvent._meta.fields
+    ]
+
+    @admin.display(description="before")
+    def before_content(self, obj):
+        return _snapshot_display(obj.before)
+
+    @admin.display(description="after")
+    def after_content(self, obj):
+        return _snapshot_display(obj.after)
 
     def lookup_allowed(self, lookup, value, request=None):
         # Links from timelines and turns filter on these directly.

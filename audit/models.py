@@ -130,3 +130,19 @@ class AuthFailureWindow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.ip or '?'} {self.window_start:%Y-%m-%d %H:%M} = {self.count}"
+
+
+class SubjectKey(models.Model):
+    """A user's data key (issue 14, crypto-shredding): the content snapshots of their
+    audit rows (`before`/`after`) are sealed with it, AES-256-GCM. The key is stored
+    wrapped by the deployment's master key (`AUDIT_MASTER_KEY`). Erasing the user deletes
+    this row, so every sealed snapshot (and every audit export made earlier) can no
+    longer be decrypted, while the rows themselves (actor, time, operation, ids) stay.
+    Not append-only, unlike the audit tables: deleting it is what erasure means."""
+
+    subject_user_id = models.BigIntegerField(unique=True)
+    wrapped = models.BinaryField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"data key #{self.pk} of user {self.subject_user_id}"

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from audit.models import AuditEvent, AuthFailureWindow
+from audit.crypto import content_seal
+from audit.models import AuditEvent, AuthFailureWindow, MemoryHistory
 from core.calls import call_context_from_request
 from core.choices import Channel, Operation
 from core.errors import ServiceError
@@ -83,8 +85,9 @@ def audit_record(
         tenant=scope.tenant if scope else "",
         subject_user_id=scope.user_pk if scope else None,
         memory_ids=[str(m) for m in memory_ids][:MAX_MEMORY_IDS],
-        before=before,
-        after=after,
+        # Content snapshots are sealed with the subject's data key (crypto-shredding).
+        before=content_seal(before, subject_user_id=scope.user_pk) if scope else before,
+        after=content_seal(after, subject_user_id=scope.user_pk) if scope else after,
         detail=detail or {},
         duration_ms=round((time.monotonic() - call.started_at) * 1000, 2),
         ip=call.ip or None,
@@ -173,3 +176,32 @@ TURN_EVENTS.update(
         Operation.MEMORY_PREFETCH: AuditEvent.TurnEvent.RECALL,
     }
 )
+
+
+def subject_content_erase(*, subject_user_id: int, memory_ids: list[str]) -> dict[str, int]:
+    """Erasure of a user (issue 14), in the caller's transaction:
+    - destroys the user's data key, so the content snapshots of their audit rows (and of
+      every audit export already made) can no longer be decrypted; the rows stay, with
+      actor, time, operation and ids;
+    - deletes the version history of their memories (the given ids plus every id their
+      audit rows name), which holds memory texts. The history table is append-only; an
+      erasure is, with retention, the one sanctioned delete, and it is itself audited by
+      the caller."""
+    from audit.crypto import subject_key_destroy
+
+    sealed = (
+        AuditEvent.objects.filter(subject_user_id=subject_user_id)
+        .filter(Q(before__isnull=False) | Q(after__isnull=False))
+        .count()
+    )
+    keys = subject_key_destroy(subject_user_id)
+    ids = set(memory_ids)
+    for named in AuditEvent.objects.filter(subject_user_id=subject_user_id).values_list("memory_ids", flat=True):
+        ids.update(str(i) for i in named or ())
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL memsite.audit_retention = 'on'")
+        try:
+            history, _ = MemoryHistory.objects.filter(memory_id__in=list(ids)).delete()
+        finally:
+            cursor.execute("SET LOCAL memsite.audit_retention = 'off'")
+    return {"audit_rows_shredded": sealed if keys else 0, "history_rows_deleted": history}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from core.scope import MemoryScope
@@ -82,3 +83,29 @@ def session_events_recent(scope: MemoryScope, *, session_id: str, project: str =
     )
     items.reverse()
     return items
+
+
+def session_data_erase(scope: MemoryScope) -> int:
+    """Erasure (wipe_user_data): every session-log row of the scope's user (raw events,
+    summaries, archives, turn guards), and what apps above this one keep for the user
+    (registered with `erasure_register`, e.g. the chat proxy's turns awaiting
+    extraction), in the caller's transaction. Returns how many rows went."""
+    from memories.models import SessionArchive, SessionState, TurnGuard
+
+    owned = {"engine_user_id": scope.engine_user_id}
+    deleted = 0
+    for model in (SessionEvent, SessionState, SessionArchive, TurnGuard):
+        deleted += model.objects.filter(**owned).delete()[0]
+    for eraser in _ERASERS:
+        deleted += eraser(scope)
+    return deleted
+
+
+# Apps that depend on this one (the proxy) keep per-user content too; they register an
+# eraser at start-up (AppConfig.ready) so erasure covers them without an upward import.
+_ERASERS: list[Callable[[MemoryScope], int]] = []
+
+
+def erasure_register(eraser: Callable[[MemoryScope], int]) -> None:
+    if eraser not in _ERASERS:
+        _ERASERS.append(eraser)

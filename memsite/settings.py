@@ -545,3 +545,19 @@ OAUTH_CIMD_CACHE_S = env_int("OAUTH_CIMD_CACHE_S", 3600)
 # Tests only: let a metadata document be served on 127.0.0.1 (still https), trusting this CA file.
 OAUTH_CIMD_ALLOW_LOOPBACK = env_bool("OAUTH_CIMD_ALLOW_LOOPBACK", False)
 OAUTH_CIMD_CA_FILE = env_str("OAUTH_CIMD_CA_FILE")
+
+# --- Issue 14: crypto-shredding of audit content ----------------------------------------
+# Wraps every user's data key (AES-256-GCM; 32 bytes, base64: `openssl rand -base64 32`).
+# Derived from SECRET_KEY when unset; set it in production, where losing or rotating it
+# makes every sealed audit snapshot unreadable.
+AUDIT_MASTER_KEY = env_str("AUDIT_MASTER_KEY", "")
+if AUDIT_MASTER_KEY:
+    import base64 as _base64
+    import binascii as _binascii
+
+    try:
+        _decoded_master = _base64.b64decode(AUDIT_MASTER_KEY, validate=True)
+    except _binascii.Error:
+        _decoded_master = b""
+    if len(_decoded_master) != 32:
+        raise ConfigError("AUDIT_MASTER_KEY must be 32 random bytes, base64-encoded (openssl rand -base64 32)")

@@ -7,4 +7,8 @@ class ProxyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from memories.sessions import erasure_register
         from proxy import checks  # noqa: F401 - registers the template check
+        from proxy.services import proxy_turns_erase
+
+        erasure_register(proxy_turns_erase)  # wipe_user_data erases the chat turns too

@@ -383,3 +383,9 @@ def _config_audit(api_key: ApiKey, *, call: CallContext, staff_user: Any, action
     if staff_user is not None:
         call = _staff_call(staff_user, call)
     audit_record(MemoryScope.for_user(api_key.user), call=call, operation=Operation.PROXY_TOKEN_CONFIG, detail=detail)
+
+
+def proxy_turns_erase(scope: MemoryScope) -> int:
+    """Erasure (registered with memories.sessions): the user's chat turns still holding
+    messages for extraction; the session log itself is erased by memories."""
+    return ProxyTurn.objects.filter(user_id=scope.user_pk).delete()[0]

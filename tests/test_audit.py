@@ -7,6 +7,7 @@ import pytest
 from django.contrib.auth.models import Group
 from django.db import DatabaseError, connection, transaction
 
+from audit.crypto import content_open
 from audit.models import AuditEvent, AuditExportBatch, MemoryHistory
 from core.scope import MemoryScope
 from memories.services import memory_remember
@@ -98,8 +99,8 @@ def test_update_then_delete_shows_versions_and_who(
         ("delete_memory", "alice"),
     ]
     update = next(e for e in listed if e.operation == "update_memory")
-    assert update.before["memory"] == "Alice's dentist is Dr. Sousa"
-    assert update.after["memory"] == "Alice's dentist is Dr. Lima"
+    assert content_open(update.before)["memory"] == "Alice's dentist is Dr. Sousa"
+    assert content_open(update.after)["memory"] == "Alice's dentist is Dr. Lima"
 
 
 @pytest.fixture
@@ -193,5 +194,6 @@ def test_redaction_keeps_content_out(settings, alice_scope, transactional_db, cl
     settings.AUDIT_REDACT_CONTENT = True
     memory_remember(alice_scope, memory="My PIN is 8841", call=internal_call())
     row = AuditEvent.objects.get(operation="remember")
-    assert row.after["memory"]["length"] == len("My PIN is 8841")
-    assert "8841" not in str(row.after) and len(row.after["memory"]["sha256"]) == 64
+    after = content_open(row.after)
+    assert after["memory"]["length"] == len("My PIN is 8841")
+    assert "8841" not in str(after) and len(after["memory"]["sha256"]) == 64

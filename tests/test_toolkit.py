@@ -413,3 +413,125 @@ def test_admin_erasure_action_is_audited_as_staff(client, django_user_model, ali
     row = AuditEvent.objects.get(operation="admin_wipe_user_data")
     assert row.staff_username == "sam" and row.subject_user_id == alice.pk and row.channel == "admin"
     assert row.detail["memories"] == 2 and row.detail["decisions"] == 1
+
+
+# --- erasure: crypto-shredding (acceptance 4) ------------------------------------------------
+def _database_text() -> str:
+    """Every text and JSON value of every table in the database, as one string."""
+    chunks = []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'public' "
+            "AND data_type IN ('text', 'character varying', 'jsonb', 'json', 'bytea')"
+        )
+        columns = cursor.fetchall()
+        for table, column in columns:
+            cursor.execute(f'SELECT "{column}"::text FROM "{table}" WHERE "{column}" IS NOT NULL')  # noqa: S608
+            chunks += [row[0] for row in cursor.fetchall()]
+    return "\n".join(chunks)
+
+
+def test_wipe_crypto_shreds_audit_content_and_erases_history_sessions_and_chat_turns(alice, bob, settings, tmp_path):
+    """After wipe_user_data nothing of alice's content can be read from the database, the
+    admin, or an audit export made before the wipe; her audit rows stay (actor, time,
+    operation, ids); bob's content still opens."""
+    import gzip
+    import json
+
+    from django.core.files.storage import FileSystemStorage
+    from django.test import Client
+
+    from audit.crypto import ContentUnreadable, content_open
+    from audit.export import audit_export
+    from memories.models import SessionArchive, SessionEvent, SessionState, TurnGuard
+    from memories.sessions import session_events_append
+    from memories.turns import services as turns
+    from proxy.models import ProxyTurn
+
+    secret, other = "Alice's locker code is zebra-4471", "Bob's locker code is yak-9012"
+    alice_scope, bob_scope = _scope(alice), _scope(bob)
+    memory_id = memory_remember(alice_scope, memory=secret, call=internal_call()).id
+    run(alice, "update_memory", {"memory_id": memory_id, "memory": secret + " (new zebra)"})
+    store(alice, ("human", f"Please remember this: {secret}, in the gym."))
+    session_events_append(alice_scope, session_id="s1", items=[{"type": "message", "role": "user", "content": secret}])
+    turns.turn_after(
+        alice_scope,
+        project="",
+        session_id="s2",
+        turn_id="t1",
+        input_items=[{"type": "message", "role": "user", "content": f"I use the zebra locker. {secret}."}],
+        output_items=[{"type": "message", "role": "assistant", "content": "Noted."}],
+        call=internal_call(),
+    )
+    ProxyTurn.objects.create(
+        request_id="r1", user=alice, tenant="default", session_id="s", messages=[{"role": "user", "content": secret}]
+    )
+    memory_remember(bob_scope, memory=other, call=internal_call())
+    assert "zebra-4471" in _database_text()  # the scan below is real
+
+    settings.AUDIT_EXPORT_LAG_S = 0
+    storage = FileSystemStorage(location=str(tmp_path))
+    audit_export(storage=storage)
+    exported = [
+        json.loads(line)
+        for path in tmp_path.rglob("*.gz")
+        for line in gzip.decompress(path.read_bytes()).decode().splitlines()
+    ]
+    assert "zebra-4471" not in json.dumps(exported) and "yak-9012" not in json.dumps(exported)
+    alice_sealed = [r for r in exported if r["subject_user_id"] == alice.pk and r["after"] is not None]
+    assert alice_sealed and content_open(alice_sealed[0]["after"])  # opens before the wipe
+
+    wiped = run(alice, "wipe_user_data", {"confirm": True})
+    assert wiped["audit_deleted"] >= 3
+
+    assert "zebra" not in _database_text()
+    with pytest.raises(ContentUnreadable):
+        content_open(alice_sealed[0]["after"])
+    for model in (SessionEvent, SessionState, SessionArchive, TurnGuard):
+        assert not model.objects.filter(engine_user_id=alice_scope.engine_user_id).exists(), model
+    assert not ProxyTurn.objects.filter(user=alice).exists()
+    # The audit rows stay, with actor, time, operation and ids; their content is gone.
+    rows = AuditEvent.objects.filter(subject_user_id=alice.pk)
+    kept = rows.get(operation="update_memory")
+    assert kept.actor_username == alice.username and kept.occurred_at and kept.memory_ids == [memory_id]
+    # The admin shows "erased", and bob's content still opens.
+    staff = type(alice).objects.create_superuser("auditor", "auditor@example.com", "pw-auditor-1")
+    browser = Client()
+    browser.force_login(staff)
+    page = browser.get(f"/admin/audit/auditevent/{kept.pk}/change/")
+    assert page.status_code == 200 and b"erased" in page.content and b"zebra" not in page.content
+    bob_row = AuditEvent.objects.get(subject_user_id=bob.pk, operation="remember")
+    assert content_open(bob_row.after)["memory"] == other
+    assert b"yak-9012" in browser.get(f"/admin/audit/auditevent/{bob_row.pk}/change/").content
+
+
+def test_older_plaintext_audit_snapshots_are_sealed_by_the_migration(alice):
+    """Audit rows written before crypto-shredding hold plain snapshots; migrating seals
+    them with their subject's key, so erasing the subject makes them unreadable too."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    from audit.crypto import ContentUnreadable, content_open, is_sealed
+
+    executor = MigrationExecutor(connection)
+    executor.migrate([("audit", "0009_subject_keys")])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO audit_auditevent (occurred_at, request_id, channel, operation, outcome, error_code,"
+            " actor_username, actor_auth, actor_client_app, actor_role, staff_username, tenant, subject_user_id,"
+            " memory_ids, after, detail, user_agent, turn_id, turn_event) VALUES (now(), 'old-1', 'mcp', 'remember',"
+            " 'ok', '', %s, 'api_key', '', 'user', '', 'default', %s, '[]', %s, '{}', '', '', '') RETURNING id",
+            [alice.username, alice.pk, '{"memory": "an old plaintext snapshot: walrus-77"}'],
+        )
+        row_id = cursor.fetchone()[0]
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+    row = AuditEvent.objects.get(pk=row_id)
+    assert is_sealed(row.after) and content_open(row.after) == {"memory": "an old plaintext snapshot: walrus-77"}
+    run(alice, "wipe_user_data", {"confirm": True})
+    with pytest.raises(ContentUnreadable):
+        content_open(AuditEvent.objects.get(pk=row_id).after)
+    # The append-only trigger is back in force.
+    with pytest.raises(Exception, match="append-only"), connection.cursor() as cursor:
+        cursor.execute("UPDATE audit_auditevent SET detail = '{}' WHERE id = %s", [row_id])

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
-from audit.services import audit_record, audit_text
+from audit.services import audit_record, audit_text, subject_content_erase
 from core.choices import Channel, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
 from core.locks import advisory_xact_lock
@@ -54,6 +54,7 @@ from memories.services import (
     _text_lock_key,
     content_sha256,
 )
+from memories.sessions import session_data_erase
 from memories.toolkit import enrichment
 from memories.toolkit.models import CacheEntry, Decision
 from memories.toolkit.tasks import enrich_memories as enrich_memories_task
@@ -564,9 +565,11 @@ WIPE_CONFIRM = "wipe_user_data requires confirm=true. This will permanently dele
 
 def toolkit_user_data_wipe(scope: MemoryScope, *, confirm: bool, call: CallContext, operation: str = "") -> dict:
     """Erase everything of the user: memories (trash included), cache, decisions, mem0's
-    raw messages and dedupe hashes, in one transaction with the audit row and usage event.
-    The audit trail itself is append-only and stays (see the report of issue 14 on
-    crypto-shredding): `audit_deleted` counts the audit rows made unreadable (0 here)."""
+    raw messages and dedupe hashes, the session log (events, summaries, archives, turn
+    guards) and chat turns awaiting extraction, and the memories' version history, in one
+    transaction with the audit row and usage event. The audit rows stay (append-only,
+    with actor, time, operation and ids) but their content snapshots are crypto-shredded:
+    `audit_deleted` counts the rows made unreadable."""
     if confirm is not True:
         raise ServiceError(ErrorCode.CONFIRMATION_REQUIRED, WIPE_CONFIRM)
     operation = operation or Operation.WIPE_USER_DATA
@@ -580,7 +583,16 @@ def toolkit_user_data_wipe(scope: MemoryScope, *, confirm: bool, call: CallConte
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
         cache, _ = CacheEntry.objects.filter(user_id=scope.user_pk).delete()
         decisions, _ = Decision.objects.filter(user_id=scope.user_pk).delete()
-        counts = {"memories": len(memory_ids), "cache": cache, "decisions": decisions, "audit": 0}
+        sessions = session_data_erase(scope)
+        erased = subject_content_erase(subject_user_id=scope.user_pk, memory_ids=memory_ids)
+        counts = {
+            "memories": len(memory_ids),
+            "cache": cache,
+            "decisions": decisions,
+            "audit": erased["audit_rows_shredded"],
+            "history": erased["history_rows_deleted"],
+            "session_items": sessions,
+        }
         if operation == Operation.WIPE_USER_DATA:
             call_succeeded(scope, call=call, operation=operation, memory_ids=memory_ids, detail=counts)
         else:
@@ -589,6 +601,6 @@ def toolkit_user_data_wipe(scope: MemoryScope, *, confirm: bool, call: CallConte
         "user_id": call.actor_username,
         "memories_deleted": len(memory_ids),
         "cache_deleted": cache,
-        "audit_deleted": 0,
+        "audit_deleted": erased["audit_rows_shredded"],
         "decisions_deleted": decisions,
     }
