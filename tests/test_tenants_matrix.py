@@ -242,6 +242,31 @@ class Probe:
         call("delete", "delete", f"/v1/memory/{second}?{query}")
 
 
+def rows_misplaced(owners: dict[str, str]) -> list[str]:
+    """Engine rows not in the partition of the user their text names (a marker memory or a
+    probe's "... for <tenant>/<user> via ..." text)."""
+    misplaced = []
+    for row in EngineMemoryRow.objects.all():
+        memory = engine.engine_memory_of(row)
+        owner = owners.get(memory.user_id, "?")
+        if not (memory.text.startswith(f"marker of {owner}") or f" for {owner} via" in memory.text):
+            misplaced.append(f"{memory.text!r} in {owner}'s partition")
+    return misplaced
+
+
+def matrix_summary(probes: list, tally: Tally, misplaced: list[str]) -> dict[str, int]:
+    return {
+        "probes": len(probes),
+        "calls": tally.calls,
+        "cross_tenant_or_cross_user": len(tally.leaks) + len(misplaced),
+        "escalations": len(tally.escalations),
+        "allowed_delegated": tally.allowed_delegated,
+        "allowed_delegated_ok": tally.allowed_delegated_ok,
+        "denied_forbidden": tally.outcomes[("forbidden", "forbidden")],
+        "denied_not_found": tally.outcomes[("not_found", "not_found")],
+    }
+
+
 @pytest.mark.slow
 def test_probe_matrix(world, api_client):
     actors, owners = world
@@ -255,24 +280,8 @@ def test_probe_matrix(world, api_client):
         probe.rest(api_client(probe.actor.key))
         probe.seed001(api_client(probe.actor.key))
 
-    # Every engine row lives in the partition of the user its text names.
-    misplaced = []
-    for row in EngineMemoryRow.objects.all():
-        memory = engine.engine_memory_of(row)
-        owner = owners.get(memory.user_id, "?")
-        if not (memory.text == f"marker of {owner}" or f" for {owner} via" in memory.text):
-            misplaced.append(f"{memory.text!r} in {owner}'s partition")
-
-    summary = {
-        "probes": len(probes),
-        "calls": tally.calls,
-        "cross_tenant_or_cross_user": len(tally.leaks) + len(misplaced),
-        "escalations": len(tally.escalations),
-        "allowed_delegated": tally.allowed_delegated,
-        "allowed_delegated_ok": tally.allowed_delegated_ok,
-        "denied_forbidden": tally.outcomes[("forbidden", "forbidden")],
-        "denied_not_found": tally.outcomes[("not_found", "not_found")],
-    }
+    misplaced = rows_misplaced(owners)
+    summary = matrix_summary(probes, tally, misplaced)
     print("probe matrix:", summary)  # noqa: T201 - the counts, for the record
     assert tally.leaks == [] and misplaced == []
     assert tally.escalations == []

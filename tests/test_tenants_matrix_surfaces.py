@@ -15,12 +15,19 @@ from datetime import UTC, datetime
 
 import pytest
 
-from memories import engine
 from memories.models import EngineMemoryRow
 from memories.portability import FORMAT_NAME, FORMAT_VERSION
 from tests.fakes import FakeChatUpstream
 from tests.test_tenants import mcp_headers, mcp_sessions
-from tests.test_tenants_matrix import SUBJECT, Probe, Tally, _subjects, world  # noqa: F401 - fixture
+from tests.test_tenants_matrix import (  # noqa: F401 - world is a fixture
+    SUBJECT,
+    Probe,
+    Tally,
+    _subjects,
+    matrix_summary,
+    rows_misplaced,
+    world,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -178,24 +185,9 @@ def test_probe_matrix_on_the_lifecycle_toolkit_portability_and_proxy_surfaces(wo
 
     # Every engine row lives in the partition of the user its text names (turn facts,
     # toolkit short- and long-term rows, imported memories included).
-    misplaced = []
-    for row in EngineMemoryRow.objects.all():
-        memory = engine.engine_memory_of(row)
-        owner = owners.get(memory.user_id, "?")
-        if not (memory.text.startswith(f"marker of {owner}") or f" for {owner} via" in memory.text):
-            misplaced.append(f"{memory.text!r} in {owner}'s partition")
-
+    misplaced = rows_misplaced(owners)
     calls_per_probe = 5 + 12 + 4
-    summary = {
-        "probes": len(probes),
-        "calls": tally.calls,
-        "cross_tenant_or_cross_user": len(tally.leaks) + len(misplaced),
-        "escalations": len(tally.escalations),
-        "allowed_delegated": tally.allowed_delegated,
-        "allowed_delegated_ok": tally.allowed_delegated_ok,
-        "denied_forbidden": tally.outcomes[("forbidden", "forbidden")],
-        "denied_not_found": tally.outcomes[("not_found", "not_found")],
-    }
+    summary = matrix_summary(probes, tally, misplaced)
     print("probe matrix (new surfaces):", summary)  # noqa: T201 - the counts, for the record
     assert tally.leaks == [] and misplaced == []
     # The check above is not vacuous: allowed calls did show their target's content on
