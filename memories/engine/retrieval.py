@@ -174,10 +174,13 @@ def vector_scores(
         query = sql.SQL(
             "SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} ORDER BY distance LIMIT %s"
         ).format(operator, _table(), owned)
+        # enable_seqscan off: the plan is already chosen (the user is large); without it the
+        # planner prefers a sequential scan + sort whenever the user holds much of the table
+        # (measured: 50 ms instead of 2-3 ms for a user with 10k rows).
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
-                " set_config('hnsw.ef_search', %s, true)",
+                " set_config('hnsw.ef_search', %s, true), set_config('enable_seqscan', 'off', true)",
                 [str(max(settings.SEARCH_HNSW_EF_SEARCH, limit))],
             )
             cursor.execute(
@@ -209,9 +212,17 @@ def _bm25_statement(terms: int, *, with_similarity: bool = False) -> str:
         if with_similarity
         else "SELECT id, score, coverage, NULL::float FROM top"
     )
+    any_term = " || ".join("%s::tsquery" for _ in range(terms))
+    # The corpus size and mean length come from one light pass over the user's rows; the
+    # per-term matching only touches rows holding some query term (found through the GIN
+    # index on fts), and a term's document frequency is counted among those, which is
+    # the same number. Scores are exactly those of a full pass, at a third of its cost.
     return (
-        f"WITH owned AS MATERIALIZED (SELECT id, length(fts) AS dl, {matches} FROM {{table}} WHERE {{owned}}),"  # noqa: S608
-        f" s0 AS MATERIALIZED (SELECT count(*)::float AS n, greatest(avg(dl), 1)::float AS avgdl, {dfs} FROM owned),"
+        "WITH stats AS MATERIALIZED (SELECT count(*)::float AS n, greatest(avg(length(fts)), 1)::float AS avgdl"  # noqa: S608
+        " FROM {table} WHERE {owned}),"
+        f" owned AS MATERIALIZED (SELECT id, length(fts) AS dl, {matches} FROM {{table}}"
+        f" WHERE {{owned}} AND fts @@ ({any_term})),"
+        f" s0 AS MATERIALIZED (SELECT stats.n, stats.avgdl, {dfs} FROM owned, stats GROUP BY stats.n, stats.avgdl),"
         f" s AS MATERIALIZED (SELECT n, avgdl, {idfs} FROM s0),"
         f" top AS (SELECT id,"
         f" ({matched_idf}) * {BM25_K1 + 1} / (1 + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * dl / s.avgdl)) AS score,"
@@ -245,7 +256,9 @@ def lexical_scores(
         statement = sql.SQL(_bm25_statement(len(lexemes), with_similarity=vector is not None)).format(
             table=_table(), owned=owned, **extra
         )
-        params = [*(_tsquery(lexeme) for lexeme in lexemes), scope.engine_user_id, *owned_params, limit]
+        terms = [_tsquery(lexeme) for lexeme in lexemes]
+        owner = [scope.engine_user_id, *owned_params]
+        params = [*owner, *terms, *owner, *terms, limit]
         if vector is not None:
             params.append(_vector_literal(vector))
         cursor.execute(statement.as_string(cursor.connection), params)
