@@ -174,14 +174,16 @@ def vector_scores(
         query = sql.SQL(
             "SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} ORDER BY distance LIMIT %s"
         ).format(operator, _table(), owned)
-        # enable_seqscan off: the plan is already chosen (the user is large); without it the
-        # planner prefers a sequential scan + sort whenever the user holds much of the table
-        # (measured: 50 ms instead of 2-3 ms for a user with 10k rows).
+        # Unfiltered, sequential scans are turned off: the plan is already chosen (the user
+        # is large), and without it the planner prefers a sequential scan + sort whenever
+        # the user holds much of the table (measured: 50 ms instead of 2-3 ms at 10k rows).
+        # With a field filter the planner keeps its choice: the index scan would have to
+        # iterate past every row the filter rejects (measured: filtered p95 1.4x unfiltered).
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
-                " set_config('hnsw.ef_search', %s, true), set_config('enable_seqscan', 'off', true)",
-                [str(max(settings.SEARCH_HNSW_EF_SEARCH, limit))],
+                " set_config('hnsw.ef_search', %s, true), set_config('enable_seqscan', %s, true)",
+                [str(max(settings.SEARCH_HNSW_EF_SEARCH, limit)), "on" if filters else "off"],
             )
             cursor.execute(
                 query.as_string(cursor.connection), [_vector_literal(vector), scope.engine_user_id, *params, limit]
