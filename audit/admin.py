@@ -95,9 +95,10 @@ class AuditEventAdmin(ReadOnlyAdmin):
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     list_per_page = 100
-    # The sealed snapshots are shown opened (or "erased"), never as ciphertext.
+    # The sealed snapshots and detail content are shown opened (or "erased"), never as ciphertext.
     readonly_fields = [
-        {"before": "before_content", "after": "after_content"}.get(f.name, f.name) for f in AuditEvent._meta.fields
+        {"before": "before_content", "after": "after_content", "detail": "detail_content"}.get(f.name, f.name)
+        for f in AuditEvent._meta.fields
     ]
 
     @admin.display(description="before")
@@ -107,6 +108,13 @@ class AuditEventAdmin(ReadOnlyAdmin):
     @admin.display(description="after")
     def after_content(self, obj):
         return _snapshot_display(obj.after)
+
+    @admin.display(description="detail")
+    def detail_content(self, obj):
+        detail = dict(obj.detail or {})
+        if "content" in detail:
+            detail["content"] = content_display(detail["content"])
+        return json.dumps(detail, indent=1)
 
     def lookup_allowed(self, lookup, value, request=None):
         # Links from timelines and turns filter on these directly.

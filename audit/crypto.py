@@ -4,7 +4,9 @@ audit row (memory texts and fields) are sealed with the subject's own data key.
 An envelope is `{"sealed": "v1", "key": <SubjectKey pk>, "nonce": b64, "data": b64}`;
 the AES-256-GCM associated data binds it to the subject. Opening one whose key was
 destroyed (the user was erased) answers ERASED, never an error. Rows written before
-sealing existed hold plain JSON and are returned as they are.
+sealing existed hold plain JSON and are returned as they are. The content keys of an audit
+row's `detail` (a search query, a cache pattern, filter values...) are sealed the same way
+under `detail["content"]`.
 
 No per-process cache of data keys: a process could otherwise keep sealing with a key
 another process destroyed. The lookup is one indexed row per audited write."""
@@ -24,6 +26,10 @@ from django.conf import settings
 from audit.models import SubjectKey
 
 VERSION = "v1"
+# Detail keys that can hold what a user said or stored (a search query, a cache pattern,
+# filter values, bulk criteria, a decision key, an imported file's path, an error message
+# that may quote input): sealed together under detail["content"].
+CONTENT_DETAIL_KEYS = ("query", "pattern", "filters", "bulk", "key", "path", "message")
 ERASED = "(erased: the user's data key was destroyed)"
 
 
@@ -63,19 +69,45 @@ def subject_key_for_sealing(subject_user_id: int, *, model: Any = SubjectKey) ->
     return row
 
 
+class Sealer:
+    """Seals values for one subject with one key lookup and unwrap (an audit row seals up
+    to three parts: before, after and the content keys of its detail)."""
+
+    def __init__(self, subject_user_id: int, *, model: Any = SubjectKey) -> None:
+        self.subject_user_id = subject_user_id
+        self._model = model
+        self._row: Any = None
+        self._cipher: AESGCM | None = None
+
+    def seal(self, value: Any) -> dict[str, Any] | None:
+        """`value` (any JSON) sealed with the subject's data key; None stays None."""
+        if value is None:
+            return None
+        if self._cipher is None:  # the key row is created on the first value that needs it
+            self._row = subject_key_for_sealing(self.subject_user_id, model=self._model)
+            self._cipher = AESGCM(_data_key(self._row))
+        nonce = os.urandom(12)
+        data = self._cipher.encrypt(nonce, json.dumps(value).encode(), _aad(self.subject_user_id))
+        return {
+            "sealed": VERSION,
+            "key": self._row.pk,
+            "nonce": base64.b64encode(nonce).decode(),
+            "data": base64.b64encode(data).decode(),
+        }
+
+    def seal_detail(self, detail: dict[str, Any]) -> dict[str, Any]:
+        """`detail` with its content keys moved into one sealed `content` envelope."""
+        if is_sealed(detail.get("content")):
+            return detail
+        content = {k: detail[k] for k in CONTENT_DETAIL_KEYS if detail.get(k) not in (None, "", [], {})}
+        if not content:
+            return detail
+        return {k: v for k, v in detail.items() if k not in content} | {"content": self.seal(content)}
+
+
 def content_seal(value: Any, *, subject_user_id: int, model: Any = SubjectKey) -> dict[str, Any] | None:
     """`value` (any JSON) sealed with the subject's data key; None stays None."""
-    if value is None:
-        return None
-    row = subject_key_for_sealing(subject_user_id, model=model)
-    nonce = os.urandom(12)
-    data = AESGCM(_data_key(row)).encrypt(nonce, json.dumps(value).encode(), _aad(subject_user_id))
-    return {
-        "sealed": VERSION,
-        "key": row.pk,
-        "nonce": base64.b64encode(nonce).decode(),
-        "data": base64.b64encode(data).decode(),
-    }
+    return Sealer(subject_user_id, model=model).seal(value)
 
 
 def is_sealed(value: Any) -> bool:

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from audit.crypto import content_seal
+from audit.crypto import Sealer
 from audit.models import AuditEvent, AuthFailureWindow, MemoryHistory
 from core.calls import call_context_from_request
 from core.choices import Channel, Operation
@@ -69,6 +69,13 @@ def audit_record(
         actor_user_id = scope.user_pk if scope and not call.staff_username else None
     if call.subject:
         detail = {**(detail or {}), "subject_claim": call.subject}
+    detail = detail or {}
+    if scope is not None:
+        # Content is sealed with the subject's data key (crypto-shredding, issue 14):
+        # the snapshots, and the detail keys that can hold what the user said or stored.
+        sealer = Sealer(scope.user_pk)
+        before, after = sealer.seal(before), sealer.seal(after)
+        detail = sealer.seal_detail(detail)
     return AuditEvent.objects.create(
         request_id=call.request_id,
         channel=call.channel,
@@ -85,10 +92,9 @@ def audit_record(
         tenant=scope.tenant if scope else "",
         subject_user_id=scope.user_pk if scope else None,
         memory_ids=[str(m) for m in memory_ids][:MAX_MEMORY_IDS],
-        # Content snapshots are sealed with the subject's data key (crypto-shredding).
-        before=content_seal(before, subject_user_id=scope.user_pk) if scope else before,
-        after=content_seal(after, subject_user_id=scope.user_pk) if scope else after,
-        detail=detail or {},
+        before=before,
+        after=after,
+        detail=detail,
         duration_ms=round((time.monotonic() - call.started_at) * 1000, 2),
         ip=call.ip or None,
         user_agent=(call.user_agent or "")[:300],
@@ -191,17 +197,22 @@ def subject_content_erase(*, subject_user_id: int, memory_ids: list[str]) -> dic
 
     sealed = (
         AuditEvent.objects.filter(subject_user_id=subject_user_id)
-        .filter(Q(before__isnull=False) | Q(after__isnull=False))
+        .filter(Q(before__isnull=False) | Q(after__isnull=False) | Q(detail__has_key="content"))
         .count()
     )
     keys = subject_key_destroy(subject_user_id)
-    ids = set(memory_ids)
-    for named in AuditEvent.objects.filter(subject_user_id=subject_user_id).values_list("memory_ids", flat=True):
-        ids.update(str(i) for i in named or ())
+    history_table, audit_table = MemoryHistory._meta.db_table, AuditEvent._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL memsite.audit_retention = 'on'")
         try:
-            history, _ = MemoryHistory.objects.filter(memory_id__in=list(ids)).delete()
+            # One statement: the ids given plus every id the subject's audit rows name
+            # (a memory since hard-deleted still has history), never loaded into Python.
+            cursor.execute(
+                f'DELETE FROM "{history_table}" WHERE memory_id = ANY(%s) OR memory_id IN ('  # noqa: S608
+                f'SELECT jsonb_array_elements_text(memory_ids) FROM "{audit_table}" WHERE subject_user_id = %s)',
+                [list(memory_ids), subject_user_id],
+            )
+            history = cursor.rowcount
         finally:
             cursor.execute("SET LOCAL memsite.audit_retention = 'off'")
     return {"audit_rows_shredded": sealed if keys else 0, "history_rows_deleted": history}

@@ -548,9 +548,12 @@ OAUTH_CIMD_CA_FILE = env_str("OAUTH_CIMD_CA_FILE")
 
 # --- Issue 14: crypto-shredding of audit content ----------------------------------------
 # Wraps every user's data key (AES-256-GCM; 32 bytes, base64: `openssl rand -base64 32`).
-# Derived from SECRET_KEY when unset; set it in production, where losing or rotating it
-# makes every sealed audit snapshot unreadable.
+# Derived from SECRET_KEY in local development; required in production (kept apart from
+# SECRET_KEY so rotating one does not touch the other). Losing it makes every sealed audit
+# snapshot unreadable.
 AUDIT_MASTER_KEY = env_str("AUDIT_MASTER_KEY", "")
+if not AUDIT_MASTER_KEY and not LOCAL_DEV:
+    raise ConfigError("AUDIT_MASTER_KEY must be set when MEMSITE_ENV=production (openssl rand -base64 32)")
 if AUDIT_MASTER_KEY:
     import base64 as _base64
     import binascii as _binascii

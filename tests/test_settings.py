@@ -44,6 +44,20 @@ def test_production_needs_a_secret_key():
     assert "DJANGO_SECRET_KEY must be set" in result.stderr
 
 
+def test_production_needs_an_audit_master_key():
+    result = _import_settings(MEMSITE_ENV="production", DJANGO_SECRET_KEY="x" * 50, AUDIT_MASTER_KEY="")
+    assert result.returncode != 0
+    assert "AUDIT_MASTER_KEY must be set" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["not base64!", "c2hvcnQ=", "A" * 60])
+def test_a_bad_audit_master_key_is_refused(value):
+    result = _import_settings(AUDIT_MASTER_KEY=value)
+    assert result.returncode != 0
+    assert "AUDIT_MASTER_KEY must be 32 random bytes" in result.stderr
+    assert value not in result.stderr  # the secret itself is never echoed
+
+
 def test_bad_port_is_refused():
     result = _import_settings(PORT="eighty")
     assert result.returncode != 0

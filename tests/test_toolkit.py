@@ -4,6 +4,7 @@ semantic cache, decisions, web search, health, erasure and tenancy."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,7 +17,7 @@ from core.errors import ErrorCode, ServiceError
 from memories.auth import Principal
 from memories.models import ContentHash
 from memories.operations import operation_execute
-from memories.services import memory_recalls_fold, memory_remember
+from memories.services import memory_recalls_fold, memory_remember, memory_search
 from memories.toolkit.models import CacheEntry, Decision
 from memories.toolkit.services import toolkit_candidates_enrich, toolkit_expired_purge
 from tests.conftest import internal_call
@@ -436,7 +437,6 @@ def test_wipe_crypto_shreds_audit_content_and_erases_history_sessions_and_chat_t
     admin, or an audit export made before the wipe; her audit rows stay (actor, time,
     operation, ids); bob's content still opens."""
     import gzip
-    import json
 
     from django.core.files.storage import FileSystemStorage
     from django.test import Client
@@ -467,7 +467,22 @@ def test_wipe_crypto_shreds_audit_content_and_erases_history_sessions_and_chat_t
         request_id="r1", user=alice, tenant="default", session_id="s", messages=[{"role": "user", "content": secret}]
     )
     memory_remember(bob_scope, memory=other, call=internal_call())
+    # What alice asks is hers too: queries, patterns, filter values and decision keys of
+    # every read and cache call land (sealed) in the audit detail.
+    memory_search(alice_scope, query="zebra-q1 locker?", top_k=3, filters={"where": "zebra-f1"}, call=internal_call())
+    run(alice, "recall_memory", {"query": "zebra-q2"})
+    run(alice, "hybrid_search", {"query": "zebra-q3"})
+    run(alice, "store_cache", {"query": "zebra-q4", "response": "zebra-r4"})
+    run(alice, "check_cache", {"query": "zebra-q5"})
+    run(alice, "cache_invalidate", {"pattern": "zebra-p6"})
+    run(alice, "store_decision", {"key": "zebra-k7", "value": "zebra-v7"})
+    run(alice, "recall_decision", {"key": "zebra-k7"})
     assert "zebra-4471" in _database_text()  # the scan below is real
+    audit_text = json.dumps(list(AuditEvent.objects.values("detail", "before", "after")))
+    assert "zebra" not in audit_text and "yak" not in audit_text  # sealed from the start
+    searched = AuditEvent.objects.get(subject_user_id=alice.pk, operation="search_memory")
+    assert content_open(searched.detail["content"]) == {"query": "zebra-q1 locker?", "filters": {"where": "zebra-f1"}}
+    assert searched.detail["top_k"] == 3 and searched.detail["results"] >= 0  # the rest stays readable
 
     settings.AUDIT_EXPORT_LAG_S = 0
     storage = FileSystemStorage(location=str(tmp_path))
@@ -500,6 +515,8 @@ def test_wipe_crypto_shreds_audit_content_and_erases_history_sessions_and_chat_t
     browser.force_login(staff)
     page = browser.get(f"/admin/audit/auditevent/{kept.pk}/change/")
     assert page.status_code == 200 and b"erased" in page.content and b"zebra" not in page.content
+    searched_page = browser.get(f"/admin/audit/auditevent/{searched.pk}/change/").content
+    assert b"erased" in searched_page and b"zebra" not in searched_page and b"top_k" in searched_page
     bob_row = AuditEvent.objects.get(subject_user_id=bob.pk, operation="remember")
     assert content_open(bob_row.after)["memory"] == other
     assert b"yak-9012" in browser.get(f"/admin/audit/auditevent/{bob_row.pk}/change/").content
@@ -519,8 +536,13 @@ def test_older_plaintext_audit_snapshots_are_sealed_by_the_migration(alice):
             "INSERT INTO audit_auditevent (occurred_at, request_id, channel, operation, outcome, error_code,"
             " actor_username, actor_auth, actor_client_app, actor_role, staff_username, tenant, subject_user_id,"
             " memory_ids, after, detail, user_agent, turn_id, turn_event) VALUES (now(), 'old-1', 'mcp', 'remember',"
-            " 'ok', '', %s, 'api_key', '', 'user', '', 'default', %s, '[]', %s, '{}', '', '', '') RETURNING id",
-            [alice.username, alice.pk, '{"memory": "an old plaintext snapshot: walrus-77"}'],
+            " 'ok', '', %s, 'api_key', '', 'user', '', 'default', %s, '[]', %s, %s, '', '', '') RETURNING id",
+            [
+                alice.username,
+                alice.pk,
+                '{"memory": "an old plaintext snapshot: walrus-77"}',
+                '{"query": "old walrus-88 query", "top_k": 5}',
+            ],
         )
         row_id = cursor.fetchone()[0]
     executor = MigrationExecutor(connection)
@@ -529,9 +551,13 @@ def test_older_plaintext_audit_snapshots_are_sealed_by_the_migration(alice):
 
     row = AuditEvent.objects.get(pk=row_id)
     assert is_sealed(row.after) and content_open(row.after) == {"memory": "an old plaintext snapshot: walrus-77"}
+    assert row.detail["top_k"] == 5 and content_open(row.detail["content"]) == {"query": "old walrus-88 query"}
+    assert "walrus" not in str(row.detail)
     run(alice, "wipe_user_data", {"confirm": True})
     with pytest.raises(ContentUnreadable):
         content_open(AuditEvent.objects.get(pk=row_id).after)
+    with pytest.raises(ContentUnreadable):
+        content_open(AuditEvent.objects.get(pk=row_id).detail["content"])
     # The append-only trigger is back in force.
     with pytest.raises(Exception, match="append-only"), connection.cursor() as cursor:
         cursor.execute("UPDATE audit_auditevent SET detail = '{}' WHERE id = %s", [row_id])
