@@ -86,12 +86,27 @@ def _call() -> CallContext:
 QUERIES = {"remember": 14, "search_memory": 10, "list_memory": 6}
 
 
+@pytest.fixture
+def steady_caches(monkeypatch):
+    """The counts are of the steady state: the embedder record (re-read every second) and
+    the plan caches must not expire or carry over from another test mid-measurement."""
+    from memories.engine import embedders
+    from memories.engine.retrieval import vector_plan_reset
+
+    monkeypatch.setattr(embedders, "ACTIVE_TTL_S", 3600.0)
+    vector_plan_reset()
+    yield
+    vector_plan_reset()
+
+
+@pytest.mark.usefixtures("steady_caches")
 def test_query_count_of_remember(alice, django_assert_num_queries):
     operation_execute(_principal(alice), "remember", {"memory": "warm-up"}, call=_call())
     with django_assert_num_queries(QUERIES["remember"]):
         operation_execute(_principal(alice), "remember", {"memory": "Alice likes figs"}, call=_call())
 
 
+@pytest.mark.usefixtures("steady_caches")
 def test_query_count_of_search_memory(alice, django_assert_num_queries):
     operation_execute(_principal(alice), "remember", {"memory": "Alice likes figs"}, call=_call())
     with django_assert_num_queries(QUERIES["search_memory"]):
@@ -99,6 +114,7 @@ def test_query_count_of_search_memory(alice, django_assert_num_queries):
     assert len(found["results"]) == 1
 
 
+@pytest.mark.usefixtures("steady_caches")
 def test_query_count_of_list_memory(alice, django_assert_num_queries):
     operation_execute(_principal(alice), "remember", {"memory": "Alice likes figs"}, call=_call())
     with django_assert_num_queries(QUERIES["list_memory"]):

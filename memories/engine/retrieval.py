@@ -91,6 +91,7 @@ HNSW = "hnsw"
 _plan_lock = threading.Lock()
 _user_rows_cache: dict[str, tuple[float, int]] = {}  # engine user id -> (expires at, rows)
 _iterative_cache: list[tuple[float, bool]] = []  # [(expires at, server has iterative scans)]
+_corpus_stats_cache: dict[str, tuple[float, float, float]] = {}  # engine user id -> (expires at, n, avgdl)
 
 
 def _cached(expires_at: float) -> bool:
@@ -130,6 +131,7 @@ def vector_plan_reset() -> None:
     with _plan_lock:
         _user_rows_cache.clear()
         _iterative_cache.clear()
+        _corpus_stats_cache.clear()
 
 
 def vector_plan(scope: MemoryScope) -> str:
@@ -154,16 +156,18 @@ def vector_scores(
     operator = _distance_operator()
     negate = embedder_spec_active().normalised
     if plan == EXACT:
-        # "+ 0" keeps the planner off the HNSW index: an ordering it cannot serve from the
-        # index is an exact scan of the user's rows (found through the owner index).
-        # count(*) OVER () is the user's row count, for the next plan choice, at no extra scan.
+        # The OFFSET 0 fence keeps the planner off the HNSW index (it cannot serve an
+        # ordering of the subquery's output): an exact scan of the user's rows (found
+        # through the owner index), each distance computed once. count(*) OVER () is the
+        # user's row count, for the next plan choice, at no extra scan.
         query = sql.SQL(
-            "SELECT id, vector {} %s::vector AS distance, count(*) OVER () FROM {} WHERE {}"
-            " ORDER BY (vector {} %s::vector) + 0 LIMIT %s"
-        ).format(operator, _table(), owned, operator)
+            "SELECT id, distance, count(*) OVER () FROM"
+            " (SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} OFFSET 0) AS scanned"
+            " ORDER BY distance LIMIT %s"
+        ).format(operator, _table(), owned)
         literal = _vector_literal(vector)
         with connection.cursor() as cursor:
-            cursor.execute(query.as_string(cursor.connection), [literal, scope.engine_user_id, *params, literal, limit])
+            cursor.execute(query.as_string(cursor.connection), [literal, scope.engine_user_id, *params, limit])
             rows = cursor.fetchall()
         if not filters:
             _remember_user_rows(scope, int(rows[0][2]) if rows else 0)
@@ -196,7 +200,7 @@ def vector_ranking(scope: MemoryScope, vector: list[float], *, limit: int, filte
     return [memory_id for memory_id, _ in vector_scores(scope, vector, limit=limit, filters=filters)]
 
 
-def _bm25_statement(terms: int, *, with_similarity: bool = False) -> str:
+def _bm25_statement(terms: int, *, with_similarity: bool = False, stats_given: bool = False) -> str:
     """BM25 in one pass over the user's rows: each row is matched against each query
     term once; corpus size, mean length and document frequencies come from the same
     rows. Memories are short, so a term's frequency in one is taken as 1. Each result
@@ -219,12 +223,19 @@ def _bm25_statement(terms: int, *, with_similarity: bool = False) -> str:
     # per-term matching only touches rows holding some query term (found through the GIN
     # index on fts), and a term's document frequency is counted among those, which is
     # the same number. Scores are exactly those of a full pass, at a third of its cost.
-    return (
-        "WITH stats AS MATERIALIZED (SELECT count(*)::float AS n, greatest(avg(length(fts)), 1)::float AS avgdl"  # noqa: S608
+    # `stats_given`: the corpus size and mean length are parameters (corpus_stats, cached).
+    stats = (
+        "WITH stats AS MATERIALIZED (SELECT %s::float AS n, %s::float AS avgdl),"
+        if stats_given
+        else "WITH stats AS MATERIALIZED (SELECT count(*)::float AS n, greatest(avg(length(fts)), 1)::float AS avgdl"
         " FROM {table} WHERE {owned}),"
-        f" owned AS MATERIALIZED (SELECT id, length(fts) AS dl, {matches} FROM {{table}}"
+    )
+    # Only placeholders and constants are interpolated.
+    body = (
+        f" owned AS MATERIALIZED (SELECT id, length(fts) AS dl, {matches} FROM {{table}}"  # noqa: S608
         f" WHERE {{owned}} AND fts @@ ({any_term})),"
-        f" s0 AS MATERIALIZED (SELECT stats.n, stats.avgdl, {dfs} FROM owned, stats GROUP BY stats.n, stats.avgdl),"
+        f" s0 AS MATERIALIZED (SELECT greatest(stats.n, count(*)) AS n, stats.avgdl, {dfs}"
+        " FROM owned, stats GROUP BY stats.n, stats.avgdl),"
         f" s AS MATERIALIZED (SELECT n, avgdl, {idfs} FROM s0),"
         f" top AS (SELECT id,"
         f" ({matched_idf}) * {BM25_K1 + 1} / (1 + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * dl / s.avgdl)) AS score,"
@@ -232,6 +243,33 @@ def _bm25_statement(terms: int, *, with_similarity: bool = False) -> str:
         f" FROM owned, s WHERE {any_match} > 0 ORDER BY score DESC, id LIMIT %s)"
         f" {final} ORDER BY 2 DESC, 1"
     )
+    return stats + body
+
+
+def _corpus_stats(scope: MemoryScope, cursor: Any) -> tuple[float, float] | None:
+    """(row count, mean tsvector length) of a large user's live rows, cached per process
+    SEARCH_PLAN_CACHE_S; None for a user on the exact plan (their pass is cheap and exact).
+    BM25 scores then use statistics up to that old: a corpus of thousands barely moves in
+    a minute, and a term's document frequency is always counted with the query."""
+    if vector_plan(scope) != HNSW:
+        return None
+    with _plan_lock:
+        hit = _corpus_stats_cache.get(scope.engine_user_id)
+    if hit and _cached(hit[0]):
+        return hit[1], hit[2]
+    owned, params = _owned_clause(None)
+    cursor.execute(
+        sql.SQL("SELECT count(*)::float, greatest(avg(length(fts)), 1)::float FROM {} WHERE {}")
+        .format(_table(), owned)
+        .as_string(cursor.connection),
+        [scope.engine_user_id, *params],
+    )
+    n, avgdl = cursor.fetchone()
+    with _plan_lock:
+        if len(_corpus_stats_cache) > 10_000:  # bounded, like the row counts
+            _corpus_stats_cache.clear()
+        _corpus_stats_cache[scope.engine_user_id] = (time.monotonic() + settings.SEARCH_PLAN_CACHE_S, n, avgdl)
+    return n, avgdl
 
 
 def _tsquery(lexeme: str) -> str:
@@ -255,12 +293,16 @@ def lexical_scores(
         if not lexemes:
             return []
         extra = {"similarity": _similarity("t.vector")} if vector is not None else {}
-        statement = sql.SQL(_bm25_statement(len(lexemes), with_similarity=vector is not None)).format(
-            table=_table(), owned=owned, **extra
-        )
+        # A large user's corpus statistics come from a cache (a pass over all their rows
+        # per query cost more than the matching itself); a small user's or a filtered
+        # search's are computed with the query, exactly.
+        stats = None if filters else _corpus_stats(scope, cursor)
+        statement = sql.SQL(
+            _bm25_statement(len(lexemes), with_similarity=vector is not None, stats_given=stats is not None)
+        ).format(table=_table(), owned=owned, **extra)
         terms = [_tsquery(lexeme) for lexeme in lexemes]
         owner = [scope.engine_user_id, *owned_params]
-        params = [*owner, *terms, *owner, *terms, limit]
+        params = [*(stats if stats is not None else owner), *terms, *owner, *terms, limit]
         if vector is not None:
             params.append(_vector_literal(vector))
         cursor.execute(statement.as_string(cursor.connection), params)

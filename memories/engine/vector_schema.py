@@ -92,6 +92,61 @@ def drop_hnsw_index(schema_editor: Any) -> None:
     schema_editor.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)).as_string())
 
 
+# A row (vector 1.5 kB at 384 dims, payload ~0.5 kB, tsvector) is a little over the default
+# 2 kB TOAST threshold, so Postgres moved every vector out of line: each distance computed
+# fetched it from the TOAST table (3 buffer reads per row; an exact scan of 1,000 rows
+# touched 3,000 pages for 85). Up to this size rows stay inline.
+TOAST_TUPLE_TARGET = 4096
+
+
+def keep_vectors_inline(schema_editor: Any, *, rewrite: bool = True) -> None:
+    """Raise the table's TOAST threshold; `rewrite` moves existing out-of-line vectors back
+    in (VACUUM FULL: a rewrite under an exclusive lock, skipped when nothing is out of line)."""
+    table = sql.Identifier(settings.MEMORY_COLLECTION)
+    schema_editor.execute(
+        sql.SQL("ALTER TABLE {} SET (toast_tuple_target = {})")
+        .format(table, sql.Literal(TOAST_TUPLE_TARGET))
+        .as_string()
+    )
+    if not rewrite:
+        return
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = %s::regclass",
+            [settings.MEMORY_COLLECTION],
+        )
+        row = cursor.fetchone()
+    if row and row[0]:
+        schema_editor.execute(sql.SQL("VACUUM FULL {}").format(table).as_string())
+
+
+def create_payload_index(schema_editor: Any) -> None:
+    """Field filters (`payload @> {...}`: memory type, tags, agent, session, metadata) found
+    through a GIN index instead of a scan of every row: a filtered search then sorts only
+    the matching rows by distance, exactly (measured at 12k rows, 1 in 20 matching: 15 ms
+    sequential scan -> 1.6 ms)."""
+    schema_editor.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (payload jsonb_path_ops)")
+        .format(
+            sql.Identifier(f"{settings.MEMORY_COLLECTION}_payload_path_idx"), sql.Identifier(settings.MEMORY_COLLECTION)
+        )
+        .as_string()
+    )
+
+
+def drop_payload_index(schema_editor: Any) -> None:
+    schema_editor.execute(
+        sql.SQL("DROP INDEX IF EXISTS {}")
+        .format(sql.Identifier(f"{settings.MEMORY_COLLECTION}_payload_path_idx"))
+        .as_string()
+    )
+
+
+def reset_toast_target(schema_editor: Any) -> None:
+    table = sql.Identifier(settings.MEMORY_COLLECTION)
+    schema_editor.execute(sql.SQL("ALTER TABLE {} RESET (toast_tuple_target)").format(table).as_string())
+
+
 def create_lifecycle_columns(schema_editor: Any) -> None:
     """Trash and expiry as plain stored columns (issue 11): search checks them for every
     row of the user it scans, and reading two columns costs far less than parsing each
