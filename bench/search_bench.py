@@ -54,11 +54,13 @@ def fill(users: int, per_user: int) -> list:
         scopes.append(MemoryScope.for_user(user, client_app="bench"))
     table = settings.MEMORY_COLLECTION
     with connection.cursor() as cursor:
+        # Every user's rows, not the first one's: a run interrupted while filling (or an
+        # older run with fewer users) must not leave a table smaller than the one claimed.
         cursor.execute(
-            f"SELECT count(*) FROM {table} WHERE payload->>'user_id' = %s AND payload ? 'attrs'",  # noqa: S608
-            [scopes[0].engine_user_id],
+            f"SELECT count(*) FROM {table} WHERE payload->>'user_id' = ANY(%s) AND payload ? 'attrs'",  # noqa: S608
+            [[s.engine_user_id for s in scopes]],
         )
-        if cursor.fetchone()[0] == per_user:
+        if cursor.fetchone()[0] == per_user * users:
             return scopes
         cursor.execute(
             f"DELETE FROM {table} WHERE payload->>'user_id' = ANY(%s)",  # noqa: S608
