@@ -133,6 +133,9 @@ if DATABASE_POOL_MAX_SIZE:
 else:
     _default_db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0)
 _default_db["CONN_HEALTH_CHECKS"] = True
+if _default_db.get("ENGINE") == "django.db.backends.postgresql":
+    # The same backend, with a checkout check that polls the socket instead of a round trip.
+    _default_db["ENGINE"] = "memsite.postgresql"
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 
 import psycopg
 import pytest
@@ -157,3 +158,32 @@ def test_live_server_recovers_after_its_connections_are_killed(memsite_server, a
             statuses.append(response.status_code)
         assert set(statuses) <= {200, 201, 503}, statuses
         assert statuses[-4:] == [201, 200, 201, 200], statuses
+
+
+def test_pooled_connections_are_checked_by_polling_their_socket():
+    """The pool's checkout check (memsite.postgresql) skips the round trip for an idle,
+    healthy connection and still notices one the server has cut: it is replaced."""
+    from memsite.postgresql.base import pooled_connection_check
+
+    connection.close()
+    pool = connection.pool
+    assert pool is not None and pool._check is pooled_connection_check
+    held = pool.getconn()
+    try:
+        pooled_connection_check(held)  # idle and healthy: passes
+        with connection.cursor() as cursor:  # another pooled connection cuts this one
+            cursor.execute("SELECT pg_terminate_backend(%s)", [held.info.backend_pid])
+        for _ in range(50):  # the server's FATAL message reaches the socket
+            try:
+                pooled_connection_check(held)
+            except psycopg.OperationalError:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("a terminated connection passed the checkout check")
+    finally:
+        pool.putconn(held)
+    connection.close()
+    with connection.cursor() as cursor:  # what the pool hands out next works
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
