@@ -122,10 +122,11 @@ def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
         },
         "root": {"handlers": ["console"], "level": level},
         "loggers": {
-            # uvicorn configures its own handlers before Django loads; ours replace them.
-            "uvicorn": {"handlers": ["console"], "level": "INFO", "propagate": False},
-            "uvicorn.error": {"handlers": ["console"], "level": "INFO", "propagate": False},
-            "uvicorn.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
+            # uvicorn configures its own handlers before Django loads; ours replace them. No
+            # level: uvicorn's `--log-level` keeps deciding (`warning` turns access lines off).
+            "uvicorn": {"handlers": ["console"], "propagate": False},
+            "uvicorn.error": {"handlers": ["console"], "propagate": False},
+            "uvicorn.access": {"handlers": ["access"], "propagate": False},
             # mem0 and httpx log request bodies and keys at INFO/DEBUG.
             "mem0": {"level": "WARNING"},
             # Without spaCy mem0 falls back to plain text for BM25 and says so on every call.
