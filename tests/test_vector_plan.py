@@ -209,3 +209,32 @@ def test_vectors_stay_inline_and_the_migration_moves_old_ones_back(alice_scope, 
         keep_vectors_inline(editor)
     assert toasted() == 0
     assert len(vector_scores(alice_scope, [1.0] + [0.0] * (settings.EMBEDDING_DIMS - 1), limit=5, plan=EXACT)) == 5
+
+
+def test_bm25_term_lookups_go_through_the_owner_fulltext_index(alice_scope):
+    """The (owner, fts) GIN index serves the owner test and the term match together
+    (migration 0017), and it replaced the one-column fts index. On this near-empty table the
+    planner prefers the owner's btree indexes, so they are dropped inside a transaction that
+    is rolled back: the plan then shows what the GIN index can do on its own."""
+    from django.db import transaction
+
+    from memories.engine.vector_schema import owner_fulltext_index_name
+
+    table = settings.MEMORY_COLLECTION
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", [table])
+        indexes = {row[0] for row in cursor.fetchall()}
+        assert owner_fulltext_index_name() in indexes
+        assert f"{table}_fts_idx" not in indexes
+        cursor.execute(f'DROP INDEX "{table}_user_id_idx", "{table}_user_created_idx"')
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(
+            f"EXPLAIN SELECT id FROM \"{table}\" WHERE payload->>'user_id' = %s"  # noqa: S608
+            " AND fts @@ to_tsquery('english', 'sourdough')",
+            [alice_scope.engine_user_id],
+        )
+        plan = " ".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    index_cond = plan.split(owner_fulltext_index_name(), 1)[-1]
+    assert owner_fulltext_index_name() in plan and "user_id" in index_cond and "sourdough" in index_cond, plan
+

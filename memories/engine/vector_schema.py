@@ -4,6 +4,7 @@ two processes creating them at once race, and we want our own indexes."""
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError, transaction
 from psycopg import sql
 
 
@@ -55,6 +56,51 @@ def create_fulltext_column(schema_editor: Any) -> None:
         sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (fts)")
         .format(sql.Identifier(f"{settings.MEMORY_COLLECTION}_fts_idx"), table)
         .as_string()
+    )
+
+
+def owner_fulltext_index_name() -> str:
+    return f"{settings.MEMORY_COLLECTION}_owner_fts_idx"
+
+
+def create_owner_fulltext_index(schema_editor: Any) -> bool:
+    """BM25 matches query terms among one user's rows only (retrieval._bm25_statement), but
+    the one-column GIN index on `fts` returns every user's rows holding a term, which the
+    owner test then throws away: the cost grows with the table, not the user. A two-column
+    GIN index (owner, fts), through contrib's btree_gin, intersects the owner's posting list
+    with the terms' inside the index. Measured at 100k rows, 10 users of 10k: the BM25
+    statement 23 -> 15.5 ms. Every fts query names its owner, so it replaces the one-column
+    index. Without btree_gin (a server that does not offer it), the one-column index stays:
+    returns whether the two-column one was built."""
+    connection = schema_editor.connection
+    try:
+        # A savepoint: a refused CREATE EXTENSION must not abort the migration's transaction.
+        with transaction.atomic(using=connection.alias):
+            schema_editor.execute("CREATE EXTENSION IF NOT EXISTS btree_gin")
+    except DatabaseError:
+        return False
+    table = sql.Identifier(settings.MEMORY_COLLECTION)
+    schema_editor.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin ((payload->>'user_id'), fts)")
+        .format(sql.Identifier(owner_fulltext_index_name()), table)
+        .as_string()
+    )
+    schema_editor.execute(
+        sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(f"{settings.MEMORY_COLLECTION}_fts_idx")).as_string()
+    )
+    return True
+
+
+def drop_owner_fulltext_index(schema_editor: Any) -> None:
+    """Back to the one-column fts index (the extension stays: other objects may use it)."""
+    table = sql.Identifier(settings.MEMORY_COLLECTION)
+    schema_editor.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (fts)")
+        .format(sql.Identifier(f"{settings.MEMORY_COLLECTION}_fts_idx"), table)
+        .as_string()
+    )
+    schema_editor.execute(
+        sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(owner_fulltext_index_name())).as_string()
     )
 
 
