@@ -238,3 +238,13 @@ def test_bm25_term_lookups_go_through_the_owner_fulltext_index(alice_scope):
     index_cond = plan.split(owner_fulltext_index_name(), 1)[-1]
     assert owner_fulltext_index_name() in plan and "user_id" in index_cond and "sourdough" in index_cond, plan
 
+
+def test_field_filters_carry_the_owner_into_the_payload_index():
+    """A filtered search's containment test names the owner, so the payload GIN index finds
+    only the user's matching rows; a filter naming another user cannot replace the owner."""
+    from memories.engine.retrieval import _owned_clause
+
+    _, params = _owned_clause({"attrs": {"memory_type": "project"}, "user_id": "default:2"}, owner="default:1")
+    assert json.loads(params[-1]) == {"attrs": {"memory_type": "project"}, "user_id": "default:1"}
+    _, params = _owned_clause(None, owner="default:1")
+    assert len(params) == 1  # no containment test without filters

@@ -51,17 +51,22 @@ def _table() -> sql.Identifier:
     return sql.Identifier(settings.MEMORY_COLLECTION)
 
 
-def _owned_clause(filters: dict[str, Any] | None, *, owner_index: bool = True) -> tuple[sql.Composable, list[Any]]:
+def _owned_clause(
+    filters: dict[str, Any] | None, *, owner: str, owner_index: bool = True
+) -> tuple[sql.Composable, list[Any]]:
     """The user's live rows (not in the trash, not expired), optionally `payload @> filters`.
     Trash and expiry are read from the stored columns (vector_schema), not the payload.
     `owner_index=False` writes the owner test so the owner index cannot serve it (for the
-    HNSW path, where the filter must run inside the index scan)."""
-    owner = "payload->>'user_id' = %s" if owner_index else "(payload->>'user_id') || '' = %s"
-    clause: sql.Composable = sql.SQL(owner + " AND NOT trashed AND (expires_at IS NULL OR expires_at > %s)")
+    HNSW path, where the filter must run inside the index scan). The owner's engine id
+    (`owner`) is the clause's first parameter, which the caller passes."""
+    owner_test = "payload->>'user_id' = %s" if owner_index else "(payload->>'user_id') || '' = %s"
+    clause: sql.Composable = sql.SQL(owner_test + " AND NOT trashed AND (expires_at IS NULL OR expires_at > %s)")
     params: list[Any] = [engine_timestamp(datetime.now(UTC))]
     if filters:
         clause = sql.SQL("{} AND payload @> %s::jsonb").format(clause)
-        params.append(json.dumps(filters))
+        # The owner inside the containment too: the GIN index on the payload then finds
+        # only this user's matching rows, not every user's (measured at 100k rows, 10 users).
+        params.append(json.dumps({**filters, "user_id": owner}))
     return clause, params
 
 
@@ -152,7 +157,7 @@ def vector_scores(
     """The user's `limit` nearest memories with their cosine similarity, nearest first.
     `plan` (default: chosen by the user's size) is EXACT or HNSW."""
     plan = plan or vector_plan(scope)
-    owned, params = _owned_clause(filters, owner_index=plan == EXACT)
+    owned, params = _owned_clause(filters, owner=scope.engine_user_id, owner_index=plan == EXACT)
     operator = _distance_operator()
     negate = embedder_spec_active().normalised
     if plan == EXACT:
@@ -257,7 +262,7 @@ def _corpus_stats(scope: MemoryScope, cursor: Any) -> tuple[float, float] | None
         hit = _corpus_stats_cache.get(scope.engine_user_id)
     if hit and _cached(hit[0]):
         return hit[1], hit[2]
-    owned, params = _owned_clause(None)
+    owned, params = _owned_clause(None, owner=scope.engine_user_id)
     cursor.execute(
         sql.SQL("SELECT count(*)::float, greatest(avg(length(fts)), 1)::float FROM {} WHERE {}")
         .format(_table(), owned)
@@ -286,7 +291,7 @@ def lexical_scores(
 ) -> list[tuple[str, float, float, float | None]]:
     """The user's `limit` best BM25 matches, best first, as (id, bm25, coverage,
     cosine similarity to `vector` or None)."""
-    owned, owned_params = _owned_clause(filters)
+    owned, owned_params = _owned_clause(filters, owner=scope.engine_user_id)
     with connection.cursor() as cursor:
         cursor.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [query])
         lexemes = (cursor.fetchone()[0] or [])[:MAX_QUERY_TERMS]
