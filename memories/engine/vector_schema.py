@@ -12,6 +12,24 @@ def vector_table_names() -> list[str]:
     return [settings.MEMORY_COLLECTION, f"{settings.MEMORY_COLLECTION}_entities"]
 
 
+def _drop_index(schema_editor: Any, name: str) -> None:
+    schema_editor.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)).as_string())
+
+
+def _fulltext_index_name() -> str:
+    return f"{settings.MEMORY_COLLECTION}_fts_idx"
+
+
+def _create_fulltext_index(schema_editor: Any) -> None:
+    """The one-column GIN index on `fts` (where btree_gin is missing: see
+    create_owner_fulltext_index)."""
+    schema_editor.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (fts)")
+        .format(sql.Identifier(_fulltext_index_name()), sql.Identifier(settings.MEMORY_COLLECTION))
+        .as_string()
+    )
+
+
 def create_vector_tables(schema_editor: Any) -> None:
     schema_editor.execute("CREATE EXTENSION IF NOT EXISTS vector")
     for table in vector_table_names():
@@ -52,11 +70,7 @@ def create_fulltext_column(schema_editor: Any) -> None:
         .format(table)
         .as_string()
     )
-    schema_editor.execute(
-        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (fts)")
-        .format(sql.Identifier(f"{settings.MEMORY_COLLECTION}_fts_idx"), table)
-        .as_string()
-    )
+    _create_fulltext_index(schema_editor)
 
 
 def owner_fulltext_index_name() -> str:
@@ -85,23 +99,14 @@ def create_owner_fulltext_index(schema_editor: Any) -> bool:
         .format(sql.Identifier(owner_fulltext_index_name()), table)
         .as_string()
     )
-    schema_editor.execute(
-        sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(f"{settings.MEMORY_COLLECTION}_fts_idx")).as_string()
-    )
+    _drop_index(schema_editor, _fulltext_index_name())
     return True
 
 
 def drop_owner_fulltext_index(schema_editor: Any) -> None:
     """Back to the one-column fts index (the extension stays: other objects may use it)."""
-    table = sql.Identifier(settings.MEMORY_COLLECTION)
-    schema_editor.execute(
-        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (fts)")
-        .format(sql.Identifier(f"{settings.MEMORY_COLLECTION}_fts_idx"), table)
-        .as_string()
-    )
-    schema_editor.execute(
-        sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(owner_fulltext_index_name())).as_string()
-    )
+    _create_fulltext_index(schema_editor)
+    _drop_index(schema_editor, owner_fulltext_index_name())
 
 
 def hnsw_opclass(*, normalised: bool | None = None) -> str:
@@ -134,8 +139,7 @@ def create_hnsw_index(schema_editor: Any) -> None:
 
 
 def drop_hnsw_index(schema_editor: Any) -> None:
-    name = hnsw_index_name()
-    schema_editor.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)).as_string())
+    _drop_index(schema_editor, hnsw_index_name())
 
 
 # A row (vector 1.5 kB at 384 dims, payload ~0.5 kB, tsvector) is a little over the default
@@ -181,11 +185,7 @@ def create_payload_index(schema_editor: Any) -> None:
 
 
 def drop_payload_index(schema_editor: Any) -> None:
-    schema_editor.execute(
-        sql.SQL("DROP INDEX IF EXISTS {}")
-        .format(sql.Identifier(f"{settings.MEMORY_COLLECTION}_payload_path_idx"))
-        .as_string()
-    )
+    _drop_index(schema_editor, f"{settings.MEMORY_COLLECTION}_payload_path_idx")
 
 
 def reset_toast_target(schema_editor: Any) -> None:
@@ -228,8 +228,7 @@ def drop_fulltext_column(schema_editor: Any) -> None:
 
 
 def drop_paging_index(schema_editor: Any) -> None:
-    name = f"{settings.MEMORY_COLLECTION}_user_created_idx"
-    schema_editor.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)).as_string())
+    _drop_index(schema_editor, f"{settings.MEMORY_COLLECTION}_user_created_idx")
 
 
 def drop_vector_tables(schema_editor: Any) -> None:
