@@ -22,6 +22,7 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
+from django.db import connection
 
 from audit.models import SubjectKey
 
@@ -57,10 +58,26 @@ def _data_key(row: Any) -> bytes:
     return _master().decrypt(wrapped[:12], wrapped[12:], _aad(row.subject_user_id))
 
 
+def _subject_key_get(subject_user_id: int, *, model: Any) -> Any:
+    """The subject's key row (id and wrapped key only), or None. Plain SQL: every audited
+    call seals, and compiling `filter().first()` cost more than the lookup (issue 18)."""
+    meta = model._meta
+    quote = connection.ops.quote_name
+    names = ("id", "subject_user_id", "wrapped")
+    columns = [quote(meta.get_field(name).column) for name in names]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(columns)} FROM {quote(meta.db_table)} WHERE {columns[1]} = %s",  # noqa: S608 - identifiers from the model
+            [subject_user_id],
+        )
+        found = cursor.fetchone()
+    return model.from_db(connection.alias, list(names), found) if found is not None else None
+
+
 def subject_key_for_sealing(subject_user_id: int, *, model: Any = SubjectKey) -> Any:
     """The subject's key row, created on first use (race-safe: ON CONFLICT DO NOTHING).
     `model`: the migration sealing older rows passes its historical model."""
-    row = model.objects.filter(subject_user_id=subject_user_id).first()
+    row = _subject_key_get(subject_user_id, model=model)
     if row is None:
         nonce = os.urandom(12)
         wrapped = nonce + _master().encrypt(nonce, AESGCM.generate_key(bit_length=256), _aad(subject_user_id))

@@ -2,6 +2,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from memories.models import ApiKey
 from memories.services import api_key_authenticate, api_key_issue, api_key_revoke
@@ -56,3 +57,30 @@ def test_last_used_is_recorded(alice):
     api_key_authenticate(token=plain)
     key.refresh_from_db()
     assert key.last_used_at is not None
+
+
+def test_authenticate_loads_the_key_its_user_and_tenant_in_one_query(alice, django_assert_num_queries):
+    """The key lookup is one hand-written statement (the ORM compiled a three-table select
+    on every call): it must load exactly what select_related did."""
+    from core.scope import user_tenant
+    from memories.models import TenantMembership
+    from memories.tenancy import tenant_create, tenant_user_create
+
+    tenant_create(name="acme")
+    olga = tenant_user_create(tenant="acme", username="olga")
+    TenantMembership.objects.filter(user=alice).delete()  # a user from before tenants: the default tenant
+    for user, tenant in ((olga, "acme"), (alice, "default")):
+        key, plain = api_key_issue(user=user, name="agent", permissions=frozenset({"read"}))
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())  # no last-used write below
+        expected = ApiKey.objects.select_related("user", "user__tenant_membership").get(pk=key.pk)
+        with django_assert_num_queries(1):
+            found = api_key_authenticate(token=plain)
+            assert user_tenant(found.user) == tenant
+            assert found.user.username == user.username and found.user.is_active
+        assert {f.attname: getattr(found, f.attname) for f in ApiKey._meta.concrete_fields} == {
+            f.attname: getattr(expected, f.attname) for f in ApiKey._meta.concrete_fields
+        }
+        assert {f.attname: getattr(found.user, f.attname) for f in found.user._meta.concrete_fields} == {
+            f.attname: getattr(expected.user, f.attname) for f in expected.user._meta.concrete_fields
+        }
+        assert found.permission_set == frozenset({"read"})
