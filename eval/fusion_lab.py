@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 
 from bench.common import ROOT, bench_database
+from eval.harness import LOCOMO_DIR
 
 K1, B, DEPTH = 1.2, 0.75, 100
 TUNE_CONVERSATIONS = ("26", "30")
@@ -72,7 +73,7 @@ def _collect() -> dict[str, list[dict]]:
             return {text: str(i) for text, i in cursor.fetchall()}
 
     sets: dict[str, list[dict]] = {"locomo": [], "golden": [], "paraphrase": []}
-    for path in sorted((ROOT.parent / "shared" / "eval" / "locomo_dev").glob("*.json")):
+    for path in sorted(LOCOMO_DIR.glob("*.json")):
         conversation = json.loads(path.read_text())
         owner = user_id(f"eval-locomo-{path.stem}")
         dia = json.loads((settings.DATA_DIR / f"locomo-{path.stem}.json").read_text())["ids"]

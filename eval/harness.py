@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 from bench.common import ROOT, bench_database, percentiles
 
-LOCOMO_DIR = ROOT.parent / "shared" / "eval" / "locomo_dev"
+# The workspace keeps the LoCoMo data beside the checkout; MEMSITE_LOCOMO_DIR points
+# elsewhere (a clone in another directory).
+LOCOMO_DIR = Path(os.environ.get("MEMSITE_LOCOMO_DIR") or ROOT.parent / "shared" / "eval" / "locomo_dev")
 GOLDEN = ROOT / "eval" / "golden.jsonl"
 PARAPHRASE = ROOT / "eval" / "golden_paraphrase.jsonl"
 BASELINE = ROOT / "eval" / "baseline.json"
@@ -201,7 +205,7 @@ def main() -> int:
     global REUSE
     REUSE = args.reuse and not args.gate
     if "locomo" in args.sets and not LOCOMO_DIR.is_dir():
-        print(f"LoCoMo data not found at {LOCOMO_DIR}", file=sys.stderr)
+        print(f"LoCoMo data not found at {LOCOMO_DIR} (set MEMSITE_LOCOMO_DIR)", file=sys.stderr)
         return 2
 
     import os
