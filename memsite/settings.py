@@ -201,6 +201,10 @@ SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 1.0, minimum=0.0)
 SEARCH_LEXICAL_WEIGHT = env_float("SEARCH_LEXICAL_WEIGHT", 2.0, minimum=0.0)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
 SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 100, minimum=1)
+# Score fusion runs the BM25 side on a second pooled connection while the request's thread
+# embeds the query and runs the vector statement (never inside a transaction, whose
+# uncommitted rows another connection cannot see). Off: one after the other.
+SEARCH_LEXICAL_CONCURRENT = env_bool("SEARCH_LEXICAL_CONCURRENT", True)
 # Vector search plan per query, by the user's row count (cached SEARCH_PLAN_CACHE_S): an exact
 # scan of the user's rows below SEARCH_INDEX_MIN_ROWS, the HNSW index with pgvector 0.8's
 # iterative scans (a filtered search keeps scanning instead of losing rows) from there on,

@@ -82,8 +82,10 @@ def _call() -> CallContext:
 # Queries on Django's connection per call through the dispatcher (mem0's own pool is not
 # counted). A change here is a deliberate decision: update the pin and say why.
 # remember: 14 since its audit snapshot is sealed with the user's data key (one lookup);
-# search_memory: 10 since the query in its audit detail is sealed the same way.
-QUERIES = {"remember": 14, "search_memory": 10, "list_memory": 6}
+# search_memory: 10 since the query in its audit detail is sealed the same way; 8 on this
+# thread's connection since the BM25 side's two statements (tokenise, score) run on the
+# lexical worker's connection (SEARCH_LEXICAL_CONCURRENT; 10 here without it).
+QUERIES = {"remember": 14, "search_memory": 8, "search_memory_sequential": 10, "list_memory": 6}
 
 
 @pytest.fixture
@@ -110,6 +112,15 @@ def test_query_count_of_remember(alice, django_assert_num_queries):
 def test_query_count_of_search_memory(alice, django_assert_num_queries):
     operation_execute(_principal(alice), "remember", {"memory": "Alice likes figs"}, call=_call())
     with django_assert_num_queries(QUERIES["search_memory"]):
+        found = operation_execute(_principal(alice), "search_memory", {"query": "figs"}, call=_call())
+    assert len(found["results"]) == 1
+
+
+@pytest.mark.usefixtures("steady_caches")
+def test_query_count_of_search_memory_with_bm25_on_this_thread(alice, django_assert_num_queries, settings):
+    settings.SEARCH_LEXICAL_CONCURRENT = False
+    operation_execute(_principal(alice), "remember", {"memory": "Alice likes figs"}, call=_call())
+    with django_assert_num_queries(QUERIES["search_memory_sequential"]):
         found = operation_execute(_principal(alice), "search_memory", {"query": "figs"}, call=_call())
     assert len(found["results"]) == 1
 

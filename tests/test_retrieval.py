@@ -136,3 +136,25 @@ def test_score_fusion_keeps_filters(alice_scope, fusion):
     )
     results = memory_search(alice_scope, query="OPS-311", top_k=5, filters={"area": "work"}, call=internal_call())
     assert [r.id for r in results] == [work]
+
+
+def test_bm25_beside_the_embedder_scores_exactly_like_one_after_the_other(alice_scope, bob_scope, settings):
+    """SEARCH_LEXICAL_CONCURRENT runs the BM25 side on another connection while the query is
+    embedded; memories only BM25 found get their cosine by id afterwards. Same ids, same
+    scores as the sequential path, with candidates so few that BM25 finds some the vector
+    side did not; the other user's matching memory never shows."""
+    settings.SEARCH_CANDIDATES = 2
+    memory_remember(bob_scope, memory="Bob's Safari login test is flaky too.", call=internal_call())
+    for text in DISTRACTORS:
+        memory_remember(alice_scope, memory=text, call=internal_call())
+    runs = {}
+    for concurrent in (False, True):
+        settings.SEARCH_LEXICAL_CONCURRENT = concurrent
+        runs[concurrent] = [
+            [(r.id, round(r.score, 9)) for r in hybrid_search(alice_scope, query=query, limit=6)]
+            for query in ("flaky Safari login test", "database errors at night", "laptop battery life")
+        ]
+    assert runs[True] == runs[False]
+    first = runs[True][0]
+    assert len(first) > settings.SEARCH_CANDIDATES  # BM25-only memories made it in, with their cosine
+    assert all(score < 2.0 for _, score in first)

@@ -26,12 +26,13 @@ import functools
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import DataError, connection, transaction
+from django.db import DataError, close_old_connections, connection, transaction
 from psycopg import sql
 
 from core.metrics import engine_timed_function
@@ -367,6 +368,56 @@ def fuse_scores(
     return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
 
 
+# The BM25 side needs no query vector, so it can run on its own pooled connection while the
+# request's thread embeds the query and runs the vector statement: the embedder and the BM25
+# statement's backend then use the two cores at once, and the lexical side leaves the
+# critical path. Two workers: more would only queue on the same cores.
+_lexical_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memsite-lexical")
+
+
+def _lexical_concurrent() -> bool:
+    # Inside a transaction the other connection could not see its uncommitted rows.
+    return settings.SEARCH_LEXICAL_CONCURRENT and not connection.in_atomic_block
+
+
+def _lexical_on_own_connection(
+    scope: MemoryScope, query: str, *, limit: int, filters: Filters
+) -> list[tuple[str, float, float, float | None]]:
+    close_old_connections()  # this worker thread's connection: from the pool, back to it after
+    try:
+        return lexical_scores(scope, query, limit=limit, filters=filters)
+    finally:
+        close_old_connections()
+
+
+def _score_sides_concurrently(
+    scope: MemoryScope, query: str, *, limit: int, filters: Filters
+) -> tuple[list[tuple[str, float]], list[tuple[str, float, float, float | None]]]:
+    """Both sides of score fusion, the BM25 side on a worker thread. Memories only BM25
+    found get their cosine similarity from one lookup by id afterwards: the same values
+    the sequential path computes inside the BM25 statement."""
+    lexical_future = _lexical_executor.submit(_lexical_on_own_connection, scope, query, limit=limit, filters=filters)
+    try:
+        vector = engine_embed_query(query)
+        vector_side = vector_scores(scope, vector, limit=limit, filters=filters)
+    finally:
+        wait([lexical_future])  # never leave it running past this call, even on an error
+    lexical_side = lexical_future.result()
+    found = {memory_id for memory_id, _ in vector_side}
+    similarities = _similarities([row[0] for row in lexical_side if row[0] not in found], vector)
+    return vector_side, [(i, bm25, coverage, similarities.get(i)) for i, bm25, coverage, _ in lexical_side]
+
+
+def _similarities(ids: list[str], vector: list[float]) -> dict[str, float]:
+    """Cosine similarity of `vector` to each of the memories `ids` (by primary key)."""
+    if not ids:
+        return {}
+    query = sql.SQL("SELECT id, {} FROM {} WHERE id = ANY(%s::uuid[])").format(_similarity(), _table())
+    with connection.cursor() as cursor:
+        cursor.execute(query.as_string(cursor.connection), [_vector_literal(vector), ids])
+        return {str(memory_id): float(similarity) for memory_id, similarity in cursor.fetchall()}
+
+
 @engine_timed_function("hybrid_search")  # memsite_engine_duration_seconds
 def hybrid_search(
     scope: MemoryScope,
@@ -420,8 +471,14 @@ def _hybrid_search(
     lexical_weight = settings.SEARCH_LEXICAL_WEIGHT if lexical_weight is None else lexical_weight
     use_vector = vector_weight > 0
     use_lexical = lexical_weight > 0
+    score_fusion = (fusion or settings.SEARCH_FUSION) == "score"
+    if score_fusion and use_vector and use_lexical and _lexical_concurrent():
+        vector_side, lexical_side = _score_sides_concurrently(scope, query, limit=candidates, filters=filters)
+        fused = fuse_scores(vector_side, lexical_side, coverage_weight=settings.SEARCH_COVERAGE_WEIGHT)[:limit]
+        loaded = _load([memory_id for memory_id, _ in fused])
+        return [replace(loaded[memory_id], score=score) for memory_id, score in fused if memory_id in loaded]
     vector = engine_embed_query(query) if use_vector else None
-    if (fusion or settings.SEARCH_FUSION) == "score":
+    if score_fusion:
         fused = fuse_scores(
             vector_scores(scope, vector, limit=candidates, filters=filters) if vector is not None else [],
             lexical_scores(scope, query, limit=candidates, filters=filters, vector=vector) if use_lexical else [],
