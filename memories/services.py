@@ -119,12 +119,15 @@ def _api_key_lookup_sql() -> tuple[str, tuple[list[str], ...]]:
     quote = connection.ops.quote_name
     user_model = get_user_model()
     parts = (("k", ApiKey), ("u", user_model), ("m", TenantMembership))
-    columns = [f"{alias}.{quote(f.column)}" for alias, model in parts for f in model._meta.concrete_fields]
+
+    def quoted(field: Any) -> str:  # a concrete field always has its column
+        return quote(field.column)
 
     def column(model: Any, name: str) -> str:
-        return quote(model._meta.get_field(name).column)
+        return quoted(model._meta.get_field(name))
 
-    user_pk = quote(user_model._meta.pk.column)
+    columns = [f"{alias}.{quoted(f)}" for alias, model in parts for f in model._meta.concrete_fields]
+    user_pk = quoted(user_model._meta.pk)
     # Identifiers come from the models' metadata, quoted; the key id is a parameter.
     sql = (
         f"SELECT {', '.join(columns)} FROM {quote(ApiKey._meta.db_table)} k"  # noqa: S608
