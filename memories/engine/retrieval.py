@@ -473,18 +473,19 @@ def _hybrid_search(
     use_lexical = lexical_weight > 0
     score_fusion = (fusion or settings.SEARCH_FUSION) == "score"
     if score_fusion and use_vector and use_lexical and _lexical_concurrent():
-        vector_side, lexical_side = _score_sides_concurrently(scope, query, limit=candidates, filters=filters)
-        fused = fuse_scores(vector_side, lexical_side, coverage_weight=settings.SEARCH_COVERAGE_WEIGHT)[:limit]
-        loaded = _load([memory_id for memory_id, _ in fused])
-        return [replace(loaded[memory_id], score=score) for memory_id, score in fused if memory_id in loaded]
-    vector = engine_embed_query(query) if use_vector else None
-    if score_fusion:
+        fused = fuse_scores(
+            *_score_sides_concurrently(scope, query, limit=candidates, filters=filters),
+            coverage_weight=settings.SEARCH_COVERAGE_WEIGHT,
+        )[:limit]
+    elif score_fusion:
+        vector = engine_embed_query(query) if use_vector else None
         fused = fuse_scores(
             vector_scores(scope, vector, limit=candidates, filters=filters) if vector is not None else [],
             lexical_scores(scope, query, limit=candidates, filters=filters, vector=vector) if use_lexical else [],
             coverage_weight=settings.SEARCH_COVERAGE_WEIGHT,
         )[:limit]
     else:
+        vector = engine_embed_query(query) if use_vector else None
         rankings = []
         if vector is not None:
             rankings.append((vector_ranking(scope, vector, limit=candidates, filters=filters), vector_weight))
