@@ -208,8 +208,6 @@ def main() -> int:
         print(f"LoCoMo data not found at {LOCOMO_DIR} (set MEMSITE_LOCOMO_DIR)", file=sys.stderr)
         return 2
 
-    import os
-
     os.environ.setdefault("MEMSITE_DATA_DIR", str(ROOT / "var" / "eval"))
     with bench_database():
         results = {name: SETS[name]() for name in args.sets}
