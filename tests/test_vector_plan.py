@@ -173,6 +173,62 @@ def test_a_large_users_bm25_statistics_are_cached_with_the_same_scores(large_use
     assert added[1] in found and found <= large_users["alice"] | set(added)
 
 
+SUBJECTS = ("my sister", "our landlord", "the dentist", "grandma")
+OBJECTS = ("the car insurance", "the piano lessons", "a table at the Thai place", "the flight to Lisbon", "the vet")
+
+
+def _insert_texts(scope, texts: list[str], rng: np.random.Generator) -> list[str]:
+    ids = _insert(scope, _clustered(rng, len(texts), np.eye(settings.EMBEDDING_DIMS)[:8]))
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"UPDATE \"{settings.MEMORY_COLLECTION}\" SET payload = jsonb_set(payload, '{{data}}', to_jsonb(%s::text))"  # noqa: S608
+            " WHERE id = %s",
+            list(zip(texts, ids, strict=True)),
+        )
+    return ids
+
+
+def test_a_large_users_bm25_visits_only_the_rows_that_can_rank(alice_scope, bob_scope, clean_vectors, settings):  # noqa: ARG001
+    """On the HNSW plan, BM25 first visits only the rows holding every query term (or one
+    of its rarest terms) and widens only when the rows left out could still rank: the
+    top results and their scores are those of the full pass of a small user, and another
+    user's rows never show."""
+    from django.test.utils import CaptureQueriesContext
+
+    if not database_info().iterative_index_scans:
+        pytest.skip("the server's pgvector has no iterative index scans (< 0.8): exact scans only")
+    rng = np.random.default_rng(7)
+    texts = [
+        f"{SUBJECTS[i % 4].capitalize()} asked about {OBJECTS[(i // 4) % 5]} in week {i % 9} (#{i})"
+        for i in range(1200)
+    ]
+    alice = set(_insert_texts(alice_scope, texts, rng))
+    _insert_texts(bob_scope, texts, rng)
+    queries = [
+        "what did my sister do about the car insurance?",  # all terms in 60 rows: the first visit decides
+        "the Thai place table for grandma",
+        "grandma piano 17",  # "17" is in one row: every row holding a term is visited
+        "landlord week 3 vet",
+        "lessons",
+    ]
+    for query in queries:
+        settings.SEARCH_INDEX_MIN_ROWS = 0  # exact plan: every matching row visited, statistics exact
+        vector_plan_reset()
+        full = lexical_scores(alice_scope, query, limit=10)
+        settings.SEARCH_INDEX_MIN_ROWS = 1000
+        vector_scores(alice_scope, [1.0] + [0.0] * (settings.EMBEDDING_DIMS - 1), limit=1)  # learns alice's size
+        assert vector_plan(alice_scope) == HNSW
+        with CaptureQueriesContext(connection) as captured:
+            pruned = lexical_scores(alice_scope, query, limit=10)
+        assert [row[0] for row in pruned] == [row[0] for row in full], query
+        assert {row[0] for row in pruned} <= alice
+        for ours, exact in zip(pruned, full, strict=True):
+            assert ours[1] == pytest.approx(exact[1], rel=1e-9) and ours[2] == pytest.approx(exact[2], rel=1e-9)
+        visits = [q["sql"] for q in captured.captured_queries if "AS idf0" in q["sql"]]
+        if query == queries[0]:
+            assert len(visits) == 1 and " && " in visits[0]  # rows holding every term, and no others
+
+
 @pytest.mark.django_db(transaction=True)
 def test_vectors_stay_inline_and_the_migration_moves_old_ones_back(alice_scope, clean_vectors):  # noqa: ARG001
     """Exact scans read each row's vector in place: the table keeps rows up to 4 kB inline,
