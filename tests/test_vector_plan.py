@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import connection
 
 from core.scope import MemoryScope
+from memories.engine import retrieval
 from memories.engine.retrieval import EXACT, HNSW, lexical_scores, vector_plan, vector_plan_reset, vector_scores
 from memories.engine.vector_schema import hnsw_index_name
 from memsite.dbinfo import database_info
@@ -188,7 +189,9 @@ def _insert_texts(scope, texts: list[str], rng: np.random.Generator) -> list[str
     return ids
 
 
-def test_a_large_users_bm25_visits_only_the_rows_that_can_rank(alice_scope, bob_scope, clean_vectors, settings):  # noqa: ARG001
+def test_a_large_users_bm25_visits_only_the_rows_that_can_rank(
+    alice_scope, bob_scope, clean_vectors, settings, monkeypatch
+):  # noqa: ARG001
     """On the HNSW plan, BM25 first visits only the rows holding every query term (or one
     of its rarest terms) and widens only when the rows left out could still rank: the
     top results and their scores are those of the full pass of a small user, and another
@@ -227,6 +230,16 @@ def test_a_large_users_bm25_visits_only_the_rows_that_can_rank(alice_scope, bob_
         visits = [q["sql"] for q in captured.captured_queries if "AS idf0" in q["sql"]]
         if query == queries[0]:
             assert len(visits) == 1 and " && " in visits[0]  # rows holding every term, and no others
+
+    # A user with more rows than the sample: term frequencies are estimates, so scores move a
+    # little, but the rows holding every term still come first, in the same order.
+    monkeypatch.setattr(retrieval, "LEXICAL_SAMPLE_ROWS", 300)
+    estimated = lexical_scores(alice_scope, queries[0], limit=10)
+    settings.SEARCH_INDEX_MIN_ROWS = 0
+    vector_plan_reset()
+    exact = lexical_scores(alice_scope, queries[0], limit=10)
+    assert [row[0] for row in estimated] == [row[0] for row in exact]
+    assert all(row[2] == pytest.approx(1.0) for row in estimated)
 
 
 @pytest.mark.django_db(transaction=True)
