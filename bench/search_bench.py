@@ -19,6 +19,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
+import numpy as np
 from psycopg import sql
 
 from bench.common import bench_database, percentiles, timed, write_results
@@ -42,6 +43,22 @@ def bench_attrs(i: int) -> dict:
         "tags": sorted(rng.sample(TAGS, rng.randint(1, 3))),
         "importance": 0.5,
     }
+
+
+def _literal(vector: np.ndarray) -> str:
+    return "[" + ",".join(f"{x:.7g}" for x in vector.tolist()) + "]"
+
+
+def _other_users_copy(vectors: np.ndarray, *, seed: int) -> np.ndarray:
+    """The other users hold the same texts with their vectors turned by a random rotation:
+    as many distinct vectors as rows, each user's keeping the same structure among
+    themselves, unrelated to the first user's, as different people's memories mostly are.
+    (Identical copies would share graph elements: pgvector's HNSW keeps equal vectors in one
+    element, so ten copies are a tenth of the graph they stand for. Slightly moved copies
+    put nine near-duplicates of another user around every row, which no real table has.)"""
+    rotation, triangular = np.linalg.qr(np.random.default_rng(seed).normal(size=(vectors.shape[1],) * 2))
+    rotation *= np.sign(np.diag(triangular))
+    return (vectors @ rotation).astype(np.float32)
 
 
 def fill(users: int, per_user: int) -> list:
@@ -74,8 +91,12 @@ def fill(users: int, per_user: int) -> list:
     rng = random.Random(11)
     texts = [synthetic_fact(rng, i) for i in range(per_user)]
     print(f"  embedding {len(texts)} texts", file=sys.stderr)
-    vectors = get_memory().embedding_model.embed_batch(texts)
-    literals = ["[" + ",".join(f"{x:.7g}" for x in v) + "]" for v in vectors]
+    cache = settings.DATA_DIR / f"bench-search-vectors-{per_user}.npy"  # embedding 100k texts takes ~10 min
+    if cache.exists():
+        vectors = np.load(cache)
+    else:
+        vectors = np.asarray(get_memory().embedding_model.embed_batch(texts), dtype=np.float32)
+        np.save(cache, vectors)
     now = datetime.now(UTC).isoformat()
     # pgvector builds an HNSW index far faster in one pass over loaded rows than by
     # inserting a million rows into it one at a time (its documentation says so too):
@@ -84,7 +105,8 @@ def fill(users: int, per_user: int) -> list:
     if rebuild_index:
         with connection.cursor() as cursor:
             cursor.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(hnsw_index_name())).as_string())
-    for scope in scopes:
+    for n, scope in enumerate(scopes):
+        literals = [_literal(v) for v in (vectors if n == 0 else _other_users_copy(vectors, seed=n))]
         print(f"  inserting {per_user} rows for {scope.engine_user_id}", file=sys.stderr)
         for start in range(0, per_user, CHUNK):
             rows = []
