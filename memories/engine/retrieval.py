@@ -27,6 +27,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -215,6 +216,25 @@ def vector_ranking(scope: MemoryScope, vector: list[float], *, limit: int, filte
     return [memory_id for memory_id, _ in vector_scores(scope, vector, limit=limit, filters=filters)]
 
 
+def _bm25_score_columns(matched_idf: str, total_idf: str) -> str:
+    """A visited row's BM25 (each matched term's IDF, times the length factor) and its
+    coverage (the matched share of the query's IDF), over the `owned` and `s` relations."""
+    return (
+        f"({matched_idf}) * {BM25_K1 + 1} / (1 + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * dl / s.avgdl)) AS score,"
+        f" ({matched_idf}) / nullif({total_idf}, 0) AS coverage"
+    )
+
+
+def _bm25_final_select(*, with_similarity: bool) -> str:
+    """The `top` rows as (id, bm25, coverage, cosine to the query vector or NULL), best first."""
+    select = (
+        "SELECT top.id, top.score, top.coverage, {similarity} FROM top JOIN {table} AS t ON t.id = top.id"
+        if with_similarity
+        else "SELECT id, score, coverage, NULL::float FROM top"
+    )
+    return f"{select} ORDER BY 2 DESC, 1"
+
+
 def _bm25_statement(terms: int, *, with_similarity: bool = False) -> str:
     """BM25 in one pass over the user's rows: each row is matched against each query
     term once; corpus size, mean length and document frequencies come from the same
@@ -228,11 +248,6 @@ def _bm25_statement(terms: int, *, with_similarity: bool = False) -> str:
     matched_idf = " + ".join(f"s.idf{i} * m{i}" for i in range(terms))
     total_idf = " + ".join(f"s.idf{i}" for i in range(terms))
     any_match = " + ".join(f"m{i}" for i in range(terms))
-    final = (
-        "SELECT top.id, top.score, top.coverage, {similarity} FROM top JOIN {table} AS t ON t.id = top.id"
-        if with_similarity
-        else "SELECT id, score, coverage, NULL::float FROM top"
-    )
     any_term = " || ".join("%s::tsquery" for _ in range(terms))
     # The corpus size and mean length come from one light pass over the user's rows; the
     # per-term matching only touches rows holding some query term (found through the GIN
@@ -249,11 +264,9 @@ def _bm25_statement(terms: int, *, with_similarity: bool = False) -> str:
         f" s0 AS MATERIALIZED (SELECT greatest(stats.n, count(*)) AS n, stats.avgdl, {dfs}"
         " FROM owned, stats GROUP BY stats.n, stats.avgdl),"
         f" s AS MATERIALIZED (SELECT n, avgdl, {idfs} FROM s0),"
-        f" top AS (SELECT id,"
-        f" ({matched_idf}) * {BM25_K1 + 1} / (1 + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * dl / s.avgdl)) AS score,"
-        f" ({matched_idf}) / nullif({total_idf}, 0) AS coverage"
+        f" top AS (SELECT id, {_bm25_score_columns(matched_idf, total_idf)}"
         f" FROM owned, s WHERE {any_match} > 0 ORDER BY score DESC, id LIMIT %s)"
-        f" {final} ORDER BY 2 DESC, 1"
+        f" {_bm25_final_select(with_similarity=with_similarity)}"
     )
     return stats + body
 
@@ -316,25 +329,18 @@ def _bm25_given_idf_statement(terms: int, visited: int, *, conjunctive: bool, wi
     matches = ", ".join(f"(fts @@ %s::tsquery)::int AS m{i}" for i in range(terms))
     matched_idf = " + ".join(f"s.idf{i} * m{i}" for i in range(terms))
     visit = (" && " if conjunctive else " || ").join("%s::tsquery" for _ in range(visited))
-    final = (
-        "SELECT top.id, top.score, top.coverage, {similarity} FROM top JOIN {table} AS t ON t.id = top.id"
-        if with_similarity
-        else "SELECT id, score, coverage, NULL::float FROM top"
-    )
     # Only placeholders and constants are interpolated; values travel as parameters.
     return (
         f"WITH s AS MATERIALIZED (SELECT %s::float AS avgdl, %s::float AS total, {idfs}),"  # noqa: S608
         f" owned AS MATERIALIZED (SELECT id, length(fts) AS dl, {matches} FROM {{table}}"
         f" WHERE {{owned}} AND fts @@ ({visit})),"
-        f" top AS (SELECT id,"
-        f" ({matched_idf}) * {BM25_K1 + 1} / (1 + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * dl / s.avgdl)) AS score,"
-        f" ({matched_idf}) / nullif(s.total, 0) AS coverage"
+        f" top AS (SELECT id, {_bm25_score_columns(matched_idf, 's.total')}"
         f" FROM owned, s ORDER BY score DESC, id LIMIT %s)"
-        f" {final} ORDER BY 2 DESC, 1"
+        f" {_bm25_final_select(with_similarity=with_similarity)}"
     )
 
 
-def _best_unvisited_score(idfs: list[float], *, length_factor: Any, most_terms: int) -> float:
+def _best_unvisited_score(idfs: list[float], *, length_factor: Callable[[int], float], most_terms: int) -> float:
     """The highest BM25 a row can have when it holds at most `most_terms` of the terms whose
     IDFs are `idfs`: k terms give at most the k largest IDFs, and a row holding k terms has
     at least k lexemes, and at least the corpus's shortest length (length_factor(k))."""
