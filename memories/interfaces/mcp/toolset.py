@@ -158,6 +158,15 @@ class Toolset:
             return self._error(ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "The memory service failed; retry later."))
         return _result(data)
 
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        """A tool's inputSchema, for the SDK's `Mcp-Param-*` header check before each call.
+        Without it the SDK runs and serialises a whole tools/list per tools/call (about
+        half the web process's CPU for an MCP call, measured: docs/benchmarks.md)."""
+        for tool in self.tools:
+            if tool.name == name:
+                return tool.input_schema
+        return None
+
     def _error(self, error: ServiceError) -> types.CallToolResult:
         if self.flat_errors:
             detail = error.as_dict()
@@ -169,6 +178,7 @@ class Toolset:
             self.name,
             version=self.version,
             instructions=self.instructions,
+            get_tool_input_schema=self.input_schema,
             on_list_tools=self.list_tools,
             on_call_tool=self.call_tool,
         )
