@@ -12,15 +12,25 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsite.settings")
 django_app = get_asgi_application()
 
+from django.conf import settings  # noqa: E402
+
 from memories.interfaces.mcp.registry import TOOLSETS  # noqa: E402 - needs Django set up
 from memsite.observability import RequestIdASGIMiddleware  # noqa: E402
+from memsite.threaded_django import ThreadPoolDjangoHandler  # noqa: E402
 from memsite.unavailable import BackendUnavailableMiddleware  # noqa: E402
 from oauth.provider import oauth_asgi_routes  # noqa: E402
+
+# The memory REST API: sync DRF views, the hot path next to MCP. They run on Django's sync
+# middleware chain on a thread pool, one thread hop per request (memsite/threaded_django.py).
+# Everything else (web UI, admin, the chat proxy's async streaming view) stays on Django's
+# ASGI handler.
+REST_PREFIXES = ("/v1/memories", "/v1/memory", "/v1/trash")
 
 
 def build_application():
     """A fresh ASGI app (tests build one per event loop: an MCP app's lifespan runs once)."""
     mcp_apps = {toolset.path: toolset.build_app() for toolset in TOOLSETS}
+    rest_app = ThreadPoolDjangoHandler(threads=settings.REST_THREADS)
     # The request id is bound around bearer auth, so its log lines and 401s carry one too.
     routes = {path: RequestIdASGIMiddleware(authed) for path, (_, authed) in mcp_apps.items()}
     # The OAuth endpoints are the MCP SDK's authorization-server handlers (oauth/provider.py).
@@ -48,6 +58,9 @@ def build_application():
             mounted = routes.get(scope["path"].rstrip("/"))
             if mounted is not None:
                 await mounted(scope, receive, send)
+                return
+            if scope["path"].startswith(REST_PREFIXES):
+                await rest_app(scope, receive, send)
                 return
         await django_app(scope, receive, send)
 

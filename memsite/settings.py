@@ -137,6 +137,10 @@ if _default_db.get("ENGINE") == "django.db.backends.postgresql":
     # The same backend, with a checkout check that polls the socket instead of a round trip.
     _default_db["ENGINE"] = "memsite.postgresql"
 DATABASES = {"default": _default_db}
+# The memory REST API's sync views run on this many threads per web process
+# (memsite/threaded_django.py); more requests than that wait their turn in the process.
+# Each can hold two pooled connections (a search's BM25 side runs on a second one).
+REST_THREADS = env_int("REST_THREADS", 8, minimum=1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
