@@ -4,6 +4,7 @@
 The MCP apps need their lifespan run (each SDK session manager starts there, once per
 app); this app runs all of them inside the one ASGI lifespan."""
 
+import asyncio
 import os
 from contextlib import AsyncExitStack
 
@@ -16,6 +17,7 @@ from django.conf import settings  # noqa: E402
 
 from memories.interfaces.mcp.registry import TOOLSETS  # noqa: E402 - needs Django set up
 from memsite.observability import RequestIdASGIMiddleware  # noqa: E402
+from memsite.process_start import web_process_start  # noqa: E402
 from memsite.threaded_django import ThreadPoolDjangoHandler  # noqa: E402
 from memsite.unavailable import BackendUnavailableMiddleware  # noqa: E402
 from oauth.provider import oauth_asgi_routes  # noqa: E402
@@ -45,6 +47,7 @@ def build_application():
             except Exception as exc:
                 await send({"type": "lifespan.startup.failed", "message": repr(exc)})
                 return
+            await asyncio.to_thread(web_process_start)  # engine loaded, start-up heap frozen
             await send({"type": "lifespan.startup.complete"})
             message = await receive()  # lifespan.shutdown
         if message["type"] == "lifespan.shutdown":

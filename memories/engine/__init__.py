@@ -27,6 +27,7 @@ from memories.engine.mem0_adapter import (
     engine_ping,
     engine_purge_user,
     engine_update,
+    engine_warm_up,
     get_memory,
     llm_configured,
 )
@@ -132,6 +133,7 @@ __all__ = [
     "engine_memory_ids",
     "engine_memory_of",
     "engine_ping",
+    "engine_warm_up",
     "engine_purge_messages",
     "engine_purge_user",
     "engine_rows_matching",

@@ -338,6 +338,18 @@ def engine_ping() -> None:
         )
 
 
+def engine_warm_up() -> None:
+    """Build this process's engine and run its local embedder once, so that the first call
+    does not pay for loading them (1-2 s). A remote embedder is not called: that would bill
+    a request at every start. Raises EngineError like any engine call."""
+    from memories.engine.embedders import embedder_for, embedder_spec_active
+
+    get_memory()
+    spec = embedder_spec_active()
+    if spec.name == "local":
+        _call("embed", embedder_for(spec).embed, "warm up", "search")
+
+
 def engine_llm_json(prompt: str) -> dict[str, Any]:
     """One JSON answer from the engine's LLM (issue 14's enrichment). Raises LlmUnavailable
     without an LLM and EngineError when the call fails or the answer is not a JSON object."""
