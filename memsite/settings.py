@@ -205,6 +205,13 @@ SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 1.0, minimum=0.0)
 SEARCH_LEXICAL_WEIGHT = env_float("SEARCH_LEXICAL_WEIGHT", 2.0, minimum=0.0)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
 SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 100, minimum=1)
+# Neighbour context (score fusion, unfiltered searches): each of the best
+# SEARCH_NEIGHBOUR_CANDIDATES gains SEARCH_NEIGHBOUR_WEIGHT x the better score of the
+# memories stored just before and after it (same agent and session, at most
+# SEARCH_NEIGHBOUR_WINDOW_S apart). A weight of 0 turns it off.
+SEARCH_NEIGHBOUR_WEIGHT = env_float("SEARCH_NEIGHBOUR_WEIGHT", 0.3, minimum=0.0)
+SEARCH_NEIGHBOUR_CANDIDATES = env_int("SEARCH_NEIGHBOUR_CANDIDATES", 30, minimum=1)
+SEARCH_NEIGHBOUR_WINDOW_S = env_int("SEARCH_NEIGHBOUR_WINDOW_S", 1800, minimum=0)
 # Score fusion runs the BM25 side on a second pooled connection while the request's thread
 # embeds the query and runs the vector statement (never inside a transaction, whose
 # uncommitted rows another connection cannot see). Off: one after the other.

@@ -3,8 +3,9 @@ obeys its weights."""
 
 import pytest
 
+from memories.engine import attrs_containment
 from memories.engine.retrieval import fuse, fuse_scores, hybrid_search, lexical_scores
-from memories.services import memory_remember, memory_search
+from memories.services import memory_delete, memory_remember, memory_search
 from tests.conftest import internal_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
@@ -109,7 +110,8 @@ def test_coverage_is_the_idf_weighted_share_of_the_query_terms(alice_scope):
     assert rows[both][3] is None  # no vector given, no similarity computed
 
 
-def test_hybrid_search_scores_are_cosine_plus_coverage(alice_scope):
+def test_hybrid_search_scores_are_cosine_plus_coverage(alice_scope, settings):
+    settings.SEARCH_NEIGHBOUR_WEIGHT = 0.0  # fusion alone (neighbour context: below)
     target = memory_remember(alice_scope, memory="My flight confirmation code is QX7PLM.", call=internal_call()).id
     for text in DISTRACTORS:
         memory_remember(alice_scope, memory=text, call=internal_call())
@@ -158,3 +160,66 @@ def test_bm25_beside_the_embedder_scores_exactly_like_one_after_the_other(alice_
     first = runs[True][0]
     assert len(first) > settings.SEARCH_CANDIDATES  # BM25-only memories made it in, with their cosine
     assert all(score < 2.0 for _, score in first)
+
+
+# --- Neighbour context (SEARCH_NEIGHBOUR_*) ------------------------------------------------
+CONVERSATION = [
+    "We adopted a puppy from the shelter last weekend.",
+    "His name is Biscuit and he is a beagle.",
+    "The kids walk him before school.",
+]
+
+
+def _scores(scope, query: str, **kwargs) -> dict[str, float]:
+    return {r.id: r.score for r in hybrid_search(scope, query=query, limit=10, **kwargs)}
+
+
+def test_a_memory_gains_a_share_of_its_best_neighbours_score(alice_scope, bob_scope, settings):
+    """Each candidate gains SEARCH_NEIGHBOUR_WEIGHT x the better score of the user's memories
+    stored just before and after it; bob's memory stored in between is nobody's neighbour."""
+    first = memory_remember(alice_scope, memory=CONVERSATION[0], call=internal_call()).id
+    memory_remember(bob_scope, memory="Bob's puppy Biscuit chews shoes.", call=internal_call())
+    middle = memory_remember(alice_scope, memory=CONVERSATION[1], call=internal_call()).id
+    last = memory_remember(alice_scope, memory=CONVERSATION[2], call=internal_call()).id
+    query = "What is the name of the dog we adopted?"
+    settings.SEARCH_NEIGHBOUR_WEIGHT = 0.0
+    alone = _scores(alice_scope, query)
+    settings.SEARCH_NEIGHBOUR_WEIGHT = 0.3
+    together = _scores(alice_scope, query)
+    assert set(together) == {first, middle, last}  # never bob's
+    assert together[middle] == pytest.approx(alone[middle] + 0.3 * max(alone[first], alone[last]))
+    assert together[first] == pytest.approx(alone[first] + 0.3 * alone[middle])  # bob's is not its neighbour
+    assert together[last] == pytest.approx(alone[last] + 0.3 * alone[middle])
+
+
+def test_neighbours_share_agent_and_session_and_are_close_in_time(alice_scope, settings):
+    query = "What is the name of the dog we adopted?"
+    first = memory_remember(alice_scope, memory=CONVERSATION[0], call=internal_call()).id
+    other = memory_remember(alice_scope, memory=CONVERSATION[1], fields={"session_id": "s-2"}, call=internal_call()).id
+    last = memory_remember(alice_scope, memory=CONVERSATION[2], call=internal_call()).id
+    settings.SEARCH_NEIGHBOUR_WEIGHT = 0.0
+    alone = _scores(alice_scope, query)
+    settings.SEARCH_NEIGHBOUR_WEIGHT = 0.3
+    together = _scores(alice_scope, query)
+    assert together[other] == pytest.approx(alone[other])  # another session: no neighbours
+    assert together[first] == pytest.approx(alone[first])  # its next memory is the other session's
+    assert together[last] == pytest.approx(alone[last])
+
+    settings.SEARCH_NEIGHBOUR_WINDOW_S = 0  # stored microseconds apart: too far
+    memory_remember(alice_scope, memory="Biscuit sleeps in the laundry room.", call=internal_call())
+    assert _scores(alice_scope, query)[last] == pytest.approx(alone[last])
+
+
+def test_a_trashed_neighbour_counts_for_nothing_and_filtered_searches_keep_their_scores(alice_scope, settings):
+    query = "What is the name of the dog we adopted?"
+    ids = [memory_remember(alice_scope, memory=text, call=internal_call()).id for text in CONVERSATION]
+    memory_delete(alice_scope, memory_id=ids[0], call=internal_call())  # to the trash
+    settings.SEARCH_NEIGHBOUR_WEIGHT = 0.0
+    alone = _scores(alice_scope, query)
+    settings.SEARCH_NEIGHBOUR_WEIGHT = 0.3
+    together = _scores(alice_scope, query)
+    assert ids[0] not in together
+    assert together[ids[1]] == pytest.approx(alone[ids[1]] + 0.3 * alone[ids[2]])
+
+    filtered = _scores(alice_scope, query, filters=attrs_containment(memory_type="user"))
+    assert filtered == {i: pytest.approx(alone[i]) for i in ids[1:]}
