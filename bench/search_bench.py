@@ -1,7 +1,11 @@
 """search_memory at 10k memories for one user, with 100k rows in the table across users,
 unfiltered and with a memory_type + tag filter (issue 11: within 10% p95 of unfiltered).
 
-    bench/run search [--users 10] [--per-user 10000] [--queries 200]
+    bench/run search [--users 10] [--per-user 10000] [--queries 200] [--trashed-copies 0]
+
+`--trashed-copies K` also gives the first user K trashed copies of each of their memories
+(same text, same vector): a user who cleared their memories and imported them again,
+K times, within the trash's retention.
 
 The filler rows are inserted straight into the engine's table (embedding 100k texts
 one by one through `remember` would take ~15 minutes on these machines); the searches go
@@ -79,7 +83,7 @@ def fill(users: int, per_user: int) -> list:
         # Every user's rows, not the first one's: a run interrupted while filling (or an
         # older run with fewer users) must not leave a table smaller than the one claimed.
         cursor.execute(
-            f"SELECT count(*) FROM {table} WHERE payload->>'user_id' = ANY(%s) AND payload ? 'attrs'",  # noqa: S608
+            f"SELECT count(*) FROM {table} WHERE payload->>'user_id' = ANY(%s) AND payload ? 'attrs' AND NOT trashed",  # noqa: S608
             [[s.engine_user_id for s in scopes]],
         )
         if cursor.fetchone()[0] == per_user * users:
@@ -134,7 +138,44 @@ def fill(users: int, per_user: int) -> list:
     return scopes
 
 
-def run(users: int, per_user: int, queries: int) -> dict:
+def fill_trash(scope, copies: int) -> int:
+    """K trashed copies of each of the user's live memories (same payload and vector, plus
+    the trash marker the product writes); an existing trash of another size is replaced."""
+    from django.conf import settings
+    from django.db import connection
+
+    table = settings.MEMORY_COLLECTION
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT count(*) FROM {table} WHERE payload->>'user_id' = %s AND trashed",  # noqa: S608
+            [scope.engine_user_id],
+        )
+        held = cursor.fetchone()[0]
+        cursor.execute(
+            f"SELECT count(*) FROM {table} WHERE payload->>'user_id' = %s AND NOT trashed",  # noqa: S608
+            [scope.engine_user_id],
+        )
+        live = cursor.fetchone()[0]
+        if held == live * copies:
+            return held
+        cursor.execute(
+            f"DELETE FROM {table} WHERE payload->>'user_id' = %s AND trashed",  # noqa: S608
+            [scope.engine_user_id],
+        )
+        marker = {"at": datetime.now(UTC).isoformat(), "request_id": "bench", "operation": "clear"}
+        trash = json.dumps({"trash": marker})
+        for copy in range(copies):
+            print(f"  trashing copy {copy + 1} of {copies} ({live} rows)", file=sys.stderr)
+            cursor.execute(
+                f"INSERT INTO {table} (id, vector, payload) SELECT gen_random_uuid(), vector, payload || %s::jsonb"  # noqa: S608
+                f" FROM {table} WHERE payload->>'user_id' = %s AND NOT trashed",
+                [trash, scope.engine_user_id],
+            )
+        cursor.execute(f"VACUUM ANALYZE {table}")
+    return live * copies
+
+
+def run(users: int, per_user: int, queries: int, trashed_copies: int = 0) -> dict:
     from django.conf import settings
     from django.db import connection
 
@@ -143,6 +184,7 @@ def run(users: int, per_user: int, queries: int) -> dict:
     from memories.services import memory_search
 
     scopes = fill(users, per_user)
+    trashed = fill_trash(scopes[0], trashed_copies)
     settings.RATE_LIMITS = {op: (0, 60) for op in settings.RATE_LIMITS}
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT count(*) FROM {settings.MEMORY_COLLECTION}")  # noqa: S608
@@ -167,6 +209,7 @@ def run(users: int, per_user: int, queries: int) -> dict:
     results = {
         "rows_in_table": total,
         "memories_for_user": per_user,
+        "trashed_rows_for_user": trashed,
         "search_memory": percentiles(plain),
         "search_memory_type_and_tag": percentiles(filtered),
         "hybrid_search_only": percentiles(
@@ -213,9 +256,10 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=10)
     parser.add_argument("--per-user", type=int, default=10_000)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--trashed-copies", type=int, default=0)
     args = parser.parse_args()
     with bench_database():
-        results = run(args.users, args.per_user, args.queries)
+        results = run(args.users, args.per_user, args.queries, args.trashed_copies)
     write_results("search", results)
     return 0
 

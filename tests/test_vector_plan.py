@@ -47,6 +47,39 @@ def _insert(scope, vectors: np.ndarray) -> list[str]:
     return ids
 
 
+def _explain_search(scope, query: list[float], *, plan: str, limit: int) -> str:
+    """EXPLAIN of the vector statement `vector_scores` runs, with the settings it runs it
+    under (the HNSW path sets its planner settings in its own transaction first)."""
+    statements: list[tuple[str, object]] = []
+
+    def record(execute, sql, params, many, context):
+        if not sql.startswith(("SAVEPOINT", "RELEASE", "ROLLBACK")):
+            statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        vector_scores(scope, query, limit=limit, plan=plan)
+    from django.db import transaction
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        for sql, params in statements[:-1]:
+            cursor.execute(sql, params)
+        sql, params = statements[-1]
+        cursor.execute("EXPLAIN " + sql, params)
+        explained = " ".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    return explained
+
+
+def _trash(ids: list[str]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'UPDATE "{settings.MEMORY_COLLECTION}" SET payload = payload || \'{{"trash": {{}}}}\'::jsonb'  # noqa: S608
+            " WHERE id = ANY(%s::uuid[])",
+            [ids],
+        )
+
+
 @pytest.fixture
 def large_users(alice_scope, bob_scope, clean_vectors):  # noqa: ARG001
     if not database_info().iterative_index_scans:
@@ -87,15 +120,7 @@ def test_plan_follows_the_users_size(large_users, alice_scope, django_user_model
 
 
 def test_index_path_recall_against_exact_and_tenancy(large_users, alice_scope, bob_scope):
-    with connection.cursor() as cursor:
-        # The table is small here: make the planner take the index as it does at scale.
-        cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute(
-            f"EXPLAIN SELECT id FROM \"{settings.MEMORY_COLLECTION}\" WHERE (payload->>'user_id') || '' = %s"  # noqa: S608
-            " ORDER BY vector <#> %s::vector LIMIT 10",
-            [alice_scope.engine_user_id, "[" + ",".join("0" for _ in range(settings.EMBEDDING_DIMS)) + "]"],
-        )
-        assert "hnsw" in " ".join(row[0] for row in cursor.fetchall())
+    assert hnsw_index_name() in _explain_search(alice_scope, large_users["queries"][0], plan=HNSW, limit=10)
     recalls = []
     for limit in (10, settings.SEARCH_CANDIDATES):
         for query in large_users["queries"]:
@@ -132,12 +157,8 @@ def test_index_path_skips_trashed_and_expired_rows(large_users, alice_scope):
     query = large_users["queries"][0]
     nearest = [memory_id for memory_id, _ in vector_scores(alice_scope, query, limit=10, plan=HNSW)]
     trashed, expired = nearest[:3], nearest[3:6]
+    _trash(trashed)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f'UPDATE "{settings.MEMORY_COLLECTION}" SET payload = payload || \'{{"trash": {{}}}}\'::jsonb'  # noqa: S608
-            " WHERE id = ANY(%s::uuid[])",
-            [trashed],
-        )
         cursor.execute(
             f"UPDATE \"{settings.MEMORY_COLLECTION}\" SET payload = jsonb_set(payload, '{{attrs}}',"  # noqa: S608
             ' \'{"expires_at": "2000-01-01T00:00:00+00:00"}\'::jsonb) WHERE id = ANY(%s::uuid[])',
@@ -148,6 +169,75 @@ def test_index_path_skips_trashed_and_expired_rows(large_users, alice_scope):
         assert len(found) == 10
         assert not set(found) & set(trashed + expired)
         assert set(nearest[6:]) <= set(found)
+    # Restored from the trash, the rows are back in the indexes that hold live rows only.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE \"{settings.MEMORY_COLLECTION}\" SET payload = payload - 'trash' WHERE id = ANY(%s::uuid[])",  # noqa: S608
+            [trashed],
+        )
+    for plan in (HNSW, EXACT):
+        found = [memory_id for memory_id, _ in vector_scores(alice_scope, query, limit=10, plan=plan)]
+        assert set(trashed) <= set(found)
+
+
+def test_search_indexes_hold_live_rows_and_each_plan_keeps_its_index(large_users, alice_scope):
+    """The HNSW and full-text indexes are partial on `NOT trashed` (migration 0019), so a
+    user's trash costs their searches nothing. A partial index can be scanned whole for its
+    predicate alone, which the planner preferred to the HNSW index for many candidates (a
+    bitmap of every live row): the HNSW path must keep the HNSW index at any limit, and the
+    exact path must find the user's live rows through the live-owner index."""
+    from memories.engine.vector_schema import live_owner_index_name, owner_fulltext_index_name
+
+    table = settings.MEMORY_COLLECTION
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", [table])
+        definitions = dict(cursor.fetchall())
+    for name in (hnsw_index_name(), owner_fulltext_index_name()):
+        assert definitions[name].endswith("WHERE (NOT trashed)"), definitions[name]
+    # Alice clears her memories and imports them again: twice as many rows, half in the trash.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'INSERT INTO "{table}" (id, vector, payload) SELECT gen_random_uuid(), vector,'  # noqa: S608
+            f" payload || '{{\"trash\": {{}}}}'::jsonb FROM \"{table}\" WHERE payload->>'user_id' = %s",
+            [alice_scope.engine_user_id],
+        )
+        cursor.execute(f'ANALYZE "{table}"')
+    query = large_users["queries"][1]
+    for limit in (10, settings.SEARCH_CANDIDATES, 4 * settings.SEARCH_CANDIDATES):
+        assert hnsw_index_name() in _explain_search(alice_scope, query, plan=HNSW, limit=limit)
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a table this small is cheaper to read whole
+        assert live_owner_index_name() in _explain_search(alice_scope, query, plan=EXACT, limit=10)
+    found = vector_scores(alice_scope, query, limit=10, plan=HNSW)
+    assert {memory_id for memory_id, _ in found} <= large_users["alice"]  # the originals, not the trashed copies
+    assert len(found) == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_live_search_indexes_migrate_both_ways(alice_scope, clean_vectors):  # noqa: ARG001
+    from memories.engine.vector_schema import (
+        create_live_search_indexes,
+        drop_live_search_indexes,
+        live_owner_index_name,
+    )
+
+    table = settings.MEMORY_COLLECTION
+    ids = _insert(alice_scope, np.eye(4, settings.EMBEDDING_DIMS))
+
+    def definitions() -> dict[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", [table])
+            return dict(cursor.fetchall())
+
+    with connection.schema_editor() as editor:
+        drop_live_search_indexes(editor)
+    assert live_owner_index_name() not in definitions()
+    assert "WHERE" not in definitions()[hnsw_index_name()]
+    with connection.schema_editor() as editor:
+        create_live_search_indexes(editor)
+    assert "WHERE (NOT trashed)" in definitions()[hnsw_index_name()]
+    assert live_owner_index_name() in definitions()
+    assert {m for m, _ in vector_scores(alice_scope, [1.0] * settings.EMBEDDING_DIMS, limit=10, plan=EXACT)} == set(ids)
 
 
 def test_a_large_users_bm25_statistics_are_cached_with_the_same_scores(large_users, alice_scope, settings):
@@ -306,10 +396,10 @@ def test_bm25_term_lookups_go_through_the_owner_fulltext_index(alice_scope):
         indexes = {row[0] for row in cursor.fetchall()}
         assert owner_fulltext_index_name() in indexes
         assert f"{table}_fts_idx" not in indexes
-        cursor.execute(f'DROP INDEX "{table}_user_id_idx", "{table}_user_created_idx"')
+        cursor.execute(f'DROP INDEX "{table}_user_id_idx", "{table}_user_created_idx", "{table}_live_user_id_idx"')
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute(
-            f"EXPLAIN SELECT id FROM \"{table}\" WHERE payload->>'user_id' = %s"  # noqa: S608
+        cursor.execute(  # the index holds live rows only (migration 0019), as search states
+            f"EXPLAIN SELECT id FROM \"{table}\" WHERE payload->>'user_id' = %s AND NOT trashed"  # noqa: S608
             " AND fts @@ to_tsquery('english', 'sourdough')",
             [alice_scope.engine_user_id],
         )
@@ -327,4 +417,4 @@ def test_field_filters_carry_the_owner_into_the_payload_index():
     _, params = _owned_clause({"attrs": {"memory_type": "project"}, "user_id": "default:2"}, owner="default:1")
     assert json.loads(params[-1]) == {"attrs": {"memory_type": "project"}, "user_id": "default:1"}
     _, params = _owned_clause(None, owner="default:1")
-    assert len(params) == 1  # no containment test without filters
+    assert len(params) == 2 and "user_id" not in str(params[0])  # the time and the live owner; no containment
