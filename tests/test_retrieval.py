@@ -223,3 +223,36 @@ def test_a_trashed_neighbour_counts_for_nothing_and_filtered_searches_keep_their
 
     filtered = _scores(alice_scope, query, filters=attrs_containment(memory_type="user"))
     assert filtered == {i: pytest.approx(alone[i]) for i in ids[1:]}
+
+
+def test_neighbour_probes_read_one_row_each_from_the_paging_index(alice_scope):
+    """Each probe reads the row next to a memory in the (owner, created_at, id) index. It
+    once read every row of a user the table's statistics did not know yet (estimated at one
+    row, so the planner took the one-column owner index and sorted): 600 ms a search at
+    10,000 memories. That index is gone (migration 0020); the paging index serves the owner."""
+    from django.conf import settings
+    from django.db import connection, transaction
+
+    from memories.engine import engine_embed_query
+    from memories.engine.retrieval import _neighbours
+
+    ids = [memory_remember(alice_scope, memory=text, call=internal_call()).id for text in CONVERSATION]
+    statements = []
+
+    def record(execute, sql, params, many, context):
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        found = _neighbours(alice_scope, ids, engine_embed_query("the dog"))
+    assert set(found) == set(ids)
+    table = settings.MEMORY_COLLECTION
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", [table])
+        assert f"{table}_user_id_idx" not in {row[0] for row in cursor.fetchall()}
+        cursor.execute("SET LOCAL enable_seqscan = off")  # the table is tiny here
+        sql, params = statements[-1]
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    assert f"{table}_user_created_idx" in plan and "Sort" not in plan, plan

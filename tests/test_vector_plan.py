@@ -396,7 +396,7 @@ def test_bm25_term_lookups_go_through_the_owner_fulltext_index(alice_scope):
         indexes = {row[0] for row in cursor.fetchall()}
         assert owner_fulltext_index_name() in indexes
         assert f"{table}_fts_idx" not in indexes
-        cursor.execute(f'DROP INDEX "{table}_user_id_idx", "{table}_user_created_idx", "{table}_live_user_id_idx"')
+        cursor.execute(f'DROP INDEX "{table}_user_created_idx", "{table}_live_user_id_idx"')
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute(  # the index holds live rows only (migration 0019), as search states
             f"EXPLAIN SELECT id FROM \"{table}\" WHERE payload->>'user_id' = %s AND NOT trashed"  # noqa: S608
