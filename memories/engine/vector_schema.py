@@ -199,8 +199,8 @@ def create_live_search_indexes(schema_editor: Any) -> None:
     them again five times (50,000 trashed copies) searched at p95 162 ms instead of 20 ms,
     and their exact scans (a smaller user's plan) read every trashed row too (228 ms). The
     HNSW and full-text indexes are rebuilt with the predicate `NOT trashed`, and an owner
-    index keyed on LIVE_OWNER serves the exact scan; the full owner index stays for the
-    trash's own queries (listing, restore, purge)."""
+    index keyed on LIVE_OWNER serves the exact scan. The trash's own queries (listing,
+    restore, purge) find the user's rows through the paging index (owner, created_at, id)."""
     _rebuild_search_indexes(schema_editor, live_only=True)
     schema_editor.execute(
         sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})")
