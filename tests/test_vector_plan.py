@@ -332,15 +332,17 @@ def test_a_large_users_bm25_visits_only_the_rows_that_can_rank(
     assert all(row[2] == pytest.approx(1.0) for row in estimated)
 
 
-def test_the_engine_table_is_vacuumed_from_two_percent_dead_rows(db):  # noqa: ARG001
+def test_the_engine_table_is_vacuumed_and_analysed_from_two_percent_changed_rows(db):  # noqa: ARG001
     """Dead rows in the HNSW graph cost recall until vacuumed: autovacuum starts at 2 % of
-    the table dead instead of Postgres' 20 %."""
-    from memories.engine.vector_schema import AUTOVACUUM_VACUUM_SCALE_FACTOR
+    the table dead instead of Postgres' 20 %. A user the statistics do not know is planned
+    as one row until the table is analysed: from 2 % changed rows instead of 10 %."""
+    from memories.engine.vector_schema import AUTOVACUUM_ANALYZE_SCALE_FACTOR, AUTOVACUUM_VACUUM_SCALE_FACTOR
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [settings.MEMORY_COLLECTION])
         options = cursor.fetchone()[0] or []
     assert f"autovacuum_vacuum_scale_factor={AUTOVACUUM_VACUUM_SCALE_FACTOR}" in options
+    assert f"autovacuum_analyze_scale_factor={AUTOVACUUM_ANALYZE_SCALE_FACTOR}" in options
 
 
 @pytest.mark.django_db(transaction=True)
