@@ -280,12 +280,23 @@ def keep_vectors_inline(schema_editor: Any, *, rewrite: bool = True) -> None:
 AUTOVACUUM_VACUUM_SCALE_FACTOR = 0.02
 
 
-def vacuum_sooner(schema_editor: Any) -> None:
-    schema_editor.execute(
-        sql.SQL("ALTER TABLE {} SET (autovacuum_vacuum_scale_factor = {})")
-        .format(sql.Identifier(settings.MEMORY_COLLECTION), sql.Literal(AUTOVACUUM_VACUUM_SCALE_FACTOR))
-        .as_string()
+def _set_table_option(schema_editor: Any, option: str, value: float | None) -> None:
+    """ALTER TABLE SET (option = value) on the engine's table, or RESET (option) for None."""
+    table = sql.Identifier(settings.MEMORY_COLLECTION)
+    statement = (
+        sql.SQL("ALTER TABLE {} RESET ({})").format(table, sql.SQL(option))
+        if value is None
+        else sql.SQL("ALTER TABLE {} SET ({} = {})").format(table, sql.SQL(option), sql.Literal(value))
     )
+    schema_editor.execute(statement.as_string())  # `option`: constants of ours, no input
+
+
+def vacuum_sooner(schema_editor: Any) -> None:
+    _set_table_option(schema_editor, "autovacuum_vacuum_scale_factor", AUTOVACUUM_VACUUM_SCALE_FACTOR)
+
+
+def vacuum_at_default(schema_editor: Any) -> None:
+    _set_table_option(schema_editor, "autovacuum_vacuum_scale_factor", None)
 
 
 # Postgres estimates a value missing from the table's statistics at one row when every
@@ -298,27 +309,11 @@ AUTOVACUUM_ANALYZE_SCALE_FACTOR = 0.02
 
 
 def analyze_sooner(schema_editor: Any) -> None:
-    schema_editor.execute(
-        sql.SQL("ALTER TABLE {} SET (autovacuum_analyze_scale_factor = {})")
-        .format(sql.Identifier(settings.MEMORY_COLLECTION), sql.Literal(AUTOVACUUM_ANALYZE_SCALE_FACTOR))
-        .as_string()
-    )
+    _set_table_option(schema_editor, "autovacuum_analyze_scale_factor", AUTOVACUUM_ANALYZE_SCALE_FACTOR)
 
 
 def analyze_at_default(schema_editor: Any) -> None:
-    schema_editor.execute(
-        sql.SQL("ALTER TABLE {} RESET (autovacuum_analyze_scale_factor)")
-        .format(sql.Identifier(settings.MEMORY_COLLECTION))
-        .as_string()
-    )
-
-
-def vacuum_at_default(schema_editor: Any) -> None:
-    schema_editor.execute(
-        sql.SQL("ALTER TABLE {} RESET (autovacuum_vacuum_scale_factor)")
-        .format(sql.Identifier(settings.MEMORY_COLLECTION))
-        .as_string()
-    )
+    _set_table_option(schema_editor, "autovacuum_analyze_scale_factor", None)
 
 
 def create_payload_index(schema_editor: Any) -> None:

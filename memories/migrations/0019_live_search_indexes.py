@@ -10,11 +10,11 @@ from memories.engine.vector_schema import create_live_search_indexes, drop_live_
 
 logger = logging.getLogger(__name__)
 
-# Building the HNSW graph takes about a minute per 100,000 rows on two cores.
+# Measured on two cores: 150,000 rows took 13 s; a million rows takes minutes.
 ANNOUNCE_FROM_ROWS = 50_000
 
 
-def _announce(schema_editor, action: str) -> None:
+def _announce(schema_editor) -> None:
     with schema_editor.connection.cursor() as cursor:
         cursor.execute(
             "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [settings.MEMORY_COLLECTION]
@@ -22,16 +22,16 @@ def _announce(schema_editor, action: str) -> None:
         row = cursor.fetchone()
     rows = int(row[0]) if row else 0
     if rows >= ANNOUNCE_FROM_ROWS:
-        logger.warning("%s the search indexes over about %d memories: this can take minutes", action, rows)
+        logger.warning("rebuilding the search indexes over about %d memories: this can take minutes", rows)
 
 
 def forwards(apps, schema_editor):
-    _announce(schema_editor, "rebuilding")
+    _announce(schema_editor)
     create_live_search_indexes(schema_editor)
 
 
 def backwards(apps, schema_editor):
-    _announce(schema_editor, "rebuilding")
+    _announce(schema_editor)
     drop_live_search_indexes(schema_editor)
 
 
