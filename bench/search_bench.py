@@ -147,15 +147,11 @@ def fill_trash(scope, copies: int) -> int:
     table = settings.MEMORY_COLLECTION
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT count(*) FROM {table} WHERE payload->>'user_id' = %s AND trashed",  # noqa: S608
+            f"SELECT count(*) FILTER (WHERE trashed), count(*) FILTER (WHERE NOT trashed) FROM {table}"  # noqa: S608
+            " WHERE payload->>'user_id' = %s",
             [scope.engine_user_id],
         )
-        held = cursor.fetchone()[0]
-        cursor.execute(
-            f"SELECT count(*) FROM {table} WHERE payload->>'user_id' = %s AND NOT trashed",  # noqa: S608
-            [scope.engine_user_id],
-        )
-        live = cursor.fetchone()[0]
+        held, live = cursor.fetchone()
         if held == live * copies:
             return held
         cursor.execute(

@@ -71,15 +71,6 @@ def _explain_search(scope, query: list[float], *, plan: str, limit: int) -> str:
     return explained
 
 
-def _trash(ids: list[str]) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f'UPDATE "{settings.MEMORY_COLLECTION}" SET payload = payload || \'{{"trash": {{}}}}\'::jsonb'  # noqa: S608
-            " WHERE id = ANY(%s::uuid[])",
-            [ids],
-        )
-
-
 @pytest.fixture
 def large_users(alice_scope, bob_scope, clean_vectors):  # noqa: ARG001
     if not database_info().iterative_index_scans:
@@ -157,8 +148,12 @@ def test_index_path_skips_trashed_and_expired_rows(large_users, alice_scope):
     query = large_users["queries"][0]
     nearest = [memory_id for memory_id, _ in vector_scores(alice_scope, query, limit=10, plan=HNSW)]
     trashed, expired = nearest[:3], nearest[3:6]
-    _trash(trashed)
     with connection.cursor() as cursor:
+        cursor.execute(
+            f'UPDATE "{settings.MEMORY_COLLECTION}" SET payload = payload || \'{{"trash": {{}}}}\'::jsonb'  # noqa: S608
+            " WHERE id = ANY(%s::uuid[])",
+            [trashed],
+        )
         cursor.execute(
             f"UPDATE \"{settings.MEMORY_COLLECTION}\" SET payload = jsonb_set(payload, '{{attrs}}',"  # noqa: S608
             ' \'{"expires_at": "2000-01-01T00:00:00+00:00"}\'::jsonb) WHERE id = ANY(%s::uuid[])',

@@ -213,13 +213,6 @@ def create_live_search_indexes(schema_editor: Any) -> None:
     )
 
 
-def _owner_index_statement() -> sql.Composed:
-    table = settings.MEMORY_COLLECTION
-    return sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ((payload->>'user_id'))").format(
-        sql.Identifier(f"{table}_user_id_idx"), sql.Identifier(table)
-    )
-
-
 def drop_owner_index(schema_editor: Any) -> None:
     """The one-column owner index goes: the paging index (owner, created_at, id) serves every
     owner lookup as well, and while both existed the planner could pick the wrong one. For a
@@ -232,7 +225,12 @@ def drop_owner_index(schema_editor: Any) -> None:
 
 
 def create_owner_index(schema_editor: Any) -> None:
-    schema_editor.execute(_owner_index_statement().as_string())
+    table = settings.MEMORY_COLLECTION
+    schema_editor.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ((payload->>'user_id'))")
+        .format(sql.Identifier(f"{table}_user_id_idx"), sql.Identifier(table))
+        .as_string()
+    )
 
 
 def drop_live_search_indexes(schema_editor: Any) -> None:
