@@ -3,6 +3,10 @@ unfiltered and with a memory_type + tag filter (issue 11: within 10% p95 of unfi
 
     bench/run search [--users 10] [--per-user 10000] [--queries 200] [--trashed-copies 0]
 
+Besides back-to-back searches, it times searches spaced out in time (each finds the
+user's cached statistics expired) and the first search of a process that has not seen
+the user yet.
+
 `--trashed-copies K` also gives the first user K trashed copies of each of their memories
 (same text, same vector): a user who cleared their memories and imported them again,
 K times, within the trash's retention.
@@ -176,7 +180,7 @@ def run(users: int, per_user: int, queries: int, trashed_copies: int = 0) -> dic
     from django.db import connection
 
     from core.scope import CallContext
-    from memories.engine.retrieval import hybrid_search
+    from memories.engine.retrieval import hybrid_search, vector_plan_reset
     from memories.services import memory_search
 
     scopes = fill(users, per_user)
@@ -212,10 +216,28 @@ def run(users: int, per_user: int, queries: int, trashed_copies: int = 0) -> dic
             [timed(lambda q=synthetic_query(rng): hybrid_search(scope, query=q, limit=30)) for _ in range(queries)]
         ),
     }
+
+    # Agents that search now and then. "spaced": each search finds the user's statistics
+    # (row count, corpus statistics) expired, as one searching less often than
+    # SEARCH_PLAN_CACHE_S does, with a pause before it in which the previous one's refresh
+    # runs. "first in process": the process has never seen the user.
+    def search_after(prepare) -> float:
+        prepare()
+        return timed(
+            lambda q=synthetic_query(rng): memory_search(scope, query=q, top_k=10, call=CallContext(channel="internal"))
+        )
+
+    cache_s, settings.SEARCH_PLAN_CACHE_S = settings.SEARCH_PLAN_CACHE_S, 0.0
+    vector_plan_reset()  # entries cached above would stay fresh for their minute
+    search_after(lambda: None)  # the user's statistics, stored expired
+    spaced = min(queries, 100)
+    results["search_memory_spaced"] = percentiles([search_after(lambda: time.sleep(0.2)) for _ in range(spaced)])
+    settings.SEARCH_PLAN_CACHE_S = cache_s
+    results["search_memory_first_in_process"] = percentiles([search_after(vector_plan_reset) for _ in range(spaced)])
     # A/B in the same run: the adaptive plan (above) against an exact scan for the same user,
     # and the index path's vector recall against exact on the same queries.
     from memories.engine import engine_embed_query
-    from memories.engine.retrieval import EXACT, HNSW, vector_plan, vector_plan_reset, vector_scores
+    from memories.engine.retrieval import EXACT, HNSW, vector_plan, vector_scores
 
     results["plan_for_user"] = vector_plan(scope)
     threshold = settings.SEARCH_INDEX_MIN_ROWS

@@ -95,19 +95,63 @@ def test_plan_follows_the_users_size(large_users, alice_scope, django_user_model
     charlie_scope = MemoryScope.for_user(
         django_user_model.objects.create_user("charlie", "charlie@example.com", "pw-c-1")
     )
-    query = large_users["queries"][0]
     settings.SEARCH_INDEX_MIN_ROWS = ROWS_PER_USER
-    assert vector_plan(alice_scope) == EXACT  # size unknown yet: scan exactly, and learn it
-    vector_scores(alice_scope, query, limit=5, filters={"data": "synthetic 1"})
-    assert vector_plan(alice_scope) == EXACT  # a filtered scan does not tell the user's size
-    vector_scores(alice_scope, query, limit=5)
+    # A size not known yet is counted through the live-owner index, up to the threshold:
+    # a large user is never scanned exactly just to learn it.
     assert vector_plan(alice_scope) == HNSW
-    vector_scores(charlie_scope, query, limit=5)
+    assert retrieval._user_rows_cache[alice_scope.engine_user_id][1] == ROWS_PER_USER
     assert vector_plan(charlie_scope) == EXACT  # no rows
-    settings.SEARCH_INDEX_MIN_ROWS = ROWS_PER_USER + 1
+    with connection.cursor() as cursor:  # one of alice's rows to the trash: no longer counted
+        cursor.execute(
+            f'UPDATE "{settings.MEMORY_COLLECTION}" SET payload = payload || %s::jsonb WHERE id = %s',  # noqa: S608
+            ['{"trash": {}}', next(iter(large_users["alice"]))],
+        )
+    vector_plan_reset()
     assert vector_plan(alice_scope) == EXACT
+    vector_scores(alice_scope, large_users["queries"][0], limit=5)  # the exact scan counts every row
+    assert retrieval._user_rows_cache[alice_scope.engine_user_id][1] == ROWS_PER_USER - 1
     settings.SEARCH_INDEX_MIN_ROWS = 0  # off
     assert vector_plan(alice_scope) == EXACT
+
+
+@pytest.mark.django_db(transaction=True)
+def test_expired_statistics_are_served_and_refreshed_in_the_background(alice_scope, settings, clean_vectors):  # noqa: ARG001
+    """An agent searching less often than SEARCH_PLAN_CACHE_S gets the previous row count
+    and corpus statistics at once; a background thread refreshes them. Inside a transaction
+    they are refreshed on the spot (another connection would not see its rows)."""
+    if not database_info().iterative_index_scans:
+        pytest.skip("the server's pgvector has no iterative index scans (< 0.8): exact scans only")
+    from django.db import transaction
+
+    def background_done() -> None:  # the one statistics thread runs its queue in order
+        retrieval._stats_refresh_executor.submit(lambda: None).result(timeout=30)
+
+    def corpus_rows() -> float:
+        with connection.cursor() as cursor:
+            return retrieval._corpus_stats(alice_scope, cursor)[0]
+
+    rng = np.random.default_rng(5)
+    settings.SEARCH_INDEX_MIN_ROWS = 3
+    settings.SEARCH_PLAN_CACHE_S = 0.0  # every entry is expired as soon as it is stored
+    vector_plan_reset()
+    try:
+        _insert(alice_scope, _clustered(rng, 2, np.eye(settings.EMBEDDING_DIMS)[:2]))
+        assert vector_plan(alice_scope) == EXACT  # counted now: 2 rows
+        _insert(alice_scope, _clustered(rng, 2, np.eye(settings.EMBEDDING_DIMS)[:2]))
+        assert vector_plan(alice_scope) == EXACT  # the expired count, while it is refreshed
+        background_done()
+        assert vector_plan(alice_scope) == HNSW  # the refreshed one: 4 rows (3 counted)
+        assert corpus_rows() == 4  # never computed before: on the spot
+        _insert(alice_scope, _clustered(rng, 1, np.eye(settings.EMBEDDING_DIMS)[:2]))
+        assert corpus_rows() == 4
+        background_done()
+        assert corpus_rows() == 5
+        _insert(alice_scope, _clustered(rng, 1, np.eye(settings.EMBEDDING_DIMS)[:2]))
+        with transaction.atomic():
+            assert corpus_rows() == 6
+        background_done()
+    finally:
+        vector_plan_reset()
 
 
 def test_index_path_recall_against_exact_and_tenancy(large_users, alice_scope, bob_scope):
