@@ -126,12 +126,14 @@ _corpus_stats_cache: dict[str, tuple[float, float, float, float]] = {}
 # A user's live row count (which plan) and, for a large user, their corpus statistics (BM25's
 # normalisation) are cached per process for SEARCH_PLAN_CACHE_S. An agent that searches
 # less often than that would otherwise pay for them on every search: an exact scan to learn
-# the size, then a pass over all their rows for the statistics (at 30k memories, 63 ms p50
-# against 22 ms; docs/benchmarks.md). So an expired entry is still served and
-# refreshed on a background thread (one refresh per entry in flight); only a user never
-# seen by this process, or a search inside a transaction (another connection would not see
-# its rows), computes them on the spot. Both only steer the plan and BM25's scale: values
-# one refresh old rank the same as fresh ones for a corpus of thousands.
+# the size, then a pass over all their rows for the statistics (at 30k memories, 54-57 ms p50
+# against 21-23 ms; docs/benchmarks.md). So an expired entry is still served and refreshed on
+# a background thread (one refresh per entry in flight). A size never seen by this process
+# is counted on the spot (through an index, up to the threshold); a large user's first
+# search computes BM25's statistics with the query while the cache is filled behind it.
+# Inside a transaction (another connection would not see its rows) both are computed on the
+# spot. Both only steer the plan and BM25's scale: values one refresh old rank the same as
+# fresh ones for a corpus of thousands.
 STATS_REFRESH_DELAY_S = 0.1
 STATS_REFRESH_BACKLOG = 1000
 _stats_refresh_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memsite-search-stats")
@@ -360,14 +362,22 @@ def _bm25_statement(terms: int, *, with_similarity: bool = False) -> str:
 
 def _corpus_stats(scope: MemoryScope, cursor: Any) -> tuple[float, float, float] | None:
     """(row count, mean tsvector length, shortest non-empty tsvector length) of a large
-    user's live rows, cached per process (see "Per-user search statistics"); None for a user
-    on the exact plan (their pass is cheap and exact)."""
-    if vector_plan(scope) != HNSW:
+    user's live rows, cached per process (see "Per-user search statistics"). None for a user
+    on the exact plan (their pass is cheap and exact), and for a large user this process has
+    not seen yet, while their statistics are computed in the background: that first search
+    computes them with the query, in the one pass a small user's search makes."""
+    with _plan_lock:
+        size_known = scope.engine_user_id in _user_rows_cache
+    # Counting a size is the vector side's: a user it has not counted yet is searched here
+    # in that one pass too, rather than after a count of its own (+8 ms p50 at 30k rows).
+    if not size_known or vector_plan(scope) != HNSW:
         return None
     with _plan_lock:
         hit = _corpus_stats_cache.get(scope.engine_user_id)
-    if hit and (_cached(hit[0]) or _refresh_later("corpus", scope, _count_corpus_stats)):
+    if hit and _cached(hit[0]):
         return hit[1], hit[2], hit[3]
+    if _refresh_later("corpus", scope, _count_corpus_stats):
+        return (hit[1], hit[2], hit[3]) if hit else None
     return _count_corpus_stats(scope, cursor)
 
 
@@ -534,7 +544,8 @@ def lexical_scores(
             return []
         # A large user's corpus statistics come from a cache (a pass over all their rows
         # per query cost more than the matching itself) and their term frequencies from a
-        # sample; a small user's or a filtered search's are computed with the query, exactly.
+        # sample; a small user's, a filtered search's and a large user's first search's are
+        # computed with the query, exactly.
         stats = None if filters else _corpus_stats(scope, cursor)
         if stats is not None:
             return _large_user_lexical_scores(scope, cursor, lexemes, stats=stats, limit=limit, vector=vector)
