@@ -32,8 +32,9 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -169,15 +170,23 @@ def _refresh_on_own_connection(
     # refresh would take a core from it (measured at 10k rows: 26 ms p50 instead of 22). A
     # backlog runs without waiting.
     time.sleep(max(0.0, queued_at + STATS_REFRESH_DELAY_S - time.monotonic()))
-    close_old_connections()  # this thread's own connection, back to the pool after
     try:
-        with connection.cursor() as cursor:
+        with _own_connection(), connection.cursor() as cursor:
             refresh(scope, cursor)
     except Exception as exc:  # noqa: BLE001 - the stale entry stays; the next search queues again
         logger.warning("search statistics refresh failed (%s); the previous values stay", type(exc).__name__)
     finally:
         with _plan_lock:
             _stats_refreshing.discard(key)
+
+
+@contextmanager
+def _own_connection() -> Iterator[None]:
+    """A worker thread's own connection: from the pool, and back to it afterwards."""
+    close_old_connections()
+    try:
+        yield
+    finally:
         close_old_connections()
 
 
@@ -623,11 +632,8 @@ def _lexical_concurrent() -> bool:
 def _lexical_on_own_connection(
     scope: MemoryScope, query: str, *, limit: int, filters: Filters
 ) -> list[tuple[str, float, float, float | None]]:
-    close_old_connections()  # this worker thread's connection: from the pool, back to it after
-    try:
+    with _own_connection():
         return lexical_scores(scope, query, limit=limit, filters=filters)
-    finally:
-        close_old_connections()
 
 
 def _score_sides_concurrently(
