@@ -32,3 +32,32 @@ def test_tampered_files_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(embedder, "_model_path", lambda: fake)
     with pytest.raises(embedder.EmbedderAssetError, match="sha256"):
         embedder.MiniLMEmbedder()
+
+
+def _fp32_reference_session():
+    """The pinned model as published: int8 weights widened to fp32 at load."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    return onnxruntime.InferenceSession(str(embedder._model_path()), sess_options=options)
+
+
+def test_int8_kernels_follow_the_published_model(minilm, monkeypatch):
+    texts = [
+        "what did my friend Tom do about the piano lessons?",
+        "I'm vegan and I cook for my sister on Sundays",
+        "Where did we go skiing last winter?",
+        "a much longer sentence about quarterly planning " * 20,
+    ]
+    fast = minilm.encode(texts)
+    monkeypatch.setattr(minilm, "_session", _fp32_reference_session())
+    published = minilm.encode(texts)
+    assert (fast * published).sum(axis=1).min() >= 0.9995
+
+
+def test_every_weight_product_is_moved_and_a_different_model_refused():
+    rewritten = embedder._with_int8_matmuls(embedder._model_path().read_bytes())
+    assert rewritten.count(b"MatMulNBits") == embedder.INT8_WEIGHT_PRODUCTS
+    with pytest.raises(embedder.EmbedderAssetError, match="0 int8 weight products"):
+        embedder._with_int8_matmuls(rewritten)
