@@ -297,13 +297,41 @@ def test_a_large_users_bm25_statistics_are_cached_with_the_same_scores(large_use
         cached = lexical_scores(alice_scope, "synthetic 7", limit=10)
     with CaptureQueriesContext(connection) as second:
         again = lexical_scores(alice_scope, "synthetic 7", limit=10)
-    assert len(second.captured_queries) == len(first.captured_queries) - 1  # no statistics pass
+    # No statistics pass, and no term sample (test_a_large_users_term_samples_are_taken_once_per_term).
+    assert len(second.captured_queries) == len(first.captured_queries) - 2
     assert [row[0] for row in cached] == [row[0] for row in again] == [row[0] for row in computed]
     for ours, exact in zip(again, computed, strict=True):
         assert ours[1] == pytest.approx(exact[1], rel=1e-9) and ours[2] == pytest.approx(exact[2], rel=1e-9)
     added = _insert(alice_scope, np.array(large_users["queries"][:2]))  # "synthetic 0/1", after caching
     found = {row[0] for row in lexical_scores(alice_scope, "synthetic 1", limit=ROWS_PER_USER + 5)}
     assert added[1] in found and found <= large_users["alice"] | set(added)
+
+
+def test_a_large_users_term_samples_are_taken_once_per_term(large_users, alice_scope, settings):
+    """The sample that estimates a query term's document frequency is taken once per
+    SEARCH_PLAN_CACHE_S and term: the same query again skips it with the same scores, a
+    query with one new term samples only that term, and an expired term is sampled again."""
+    from django.test.utils import CaptureQueriesContext
+
+    settings.SEARCH_INDEX_MIN_ROWS = ROWS_PER_USER
+    vector_scores(alice_scope, large_users["queries"][0], limit=5)  # learns alice's size
+    assert vector_plan(alice_scope) == HNSW
+
+    def search(query: str) -> tuple[list, list[int]]:
+        with CaptureQueriesContext(connection) as captured:
+            rows = lexical_scores(alice_scope, query, limit=10)
+        sampled = [q["sql"].count("FILTER") for q in captured.captured_queries if "AS sample" in q["sql"]]
+        return rows, sampled
+
+    first, sampled = search("synthetic 7")
+    assert sampled == [2]
+    again, sampled = search("synthetic 7")
+    assert sampled == [] and again == first
+    settings.SEARCH_PLAN_CACHE_S = 0  # what is sampled from here on is stored expired
+    _, sampled = search("synthetic 8")
+    assert sampled == [1]  # "synthet" is known
+    _, sampled = search("synthetic 8")
+    assert sampled == [1]
 
 
 SUBJECTS = ("my sister", "our landlord", "the dentist", "grandma")
