@@ -181,3 +181,29 @@ def test_a_refused_event_is_isolated_and_retryable(api_client, alice_key, fake_g
     assert usage_events_retry(event_ids=[poisoned.pk]) == 1
     assert usage_events_deliver().delivered == 1
     assert set(fake_gateway.received_ids()) == set(_outbox_ids())
+
+
+def test_the_call_that_opens_a_window_does_not_wait_for_the_broker(monkeypatch, settings):
+    """Publishing the delivery task runs on the publisher thread: the commit hook returns
+    while the broker is still busy, and commits meanwhile do not queue a second publish."""
+    from billing import services
+
+    started, release, published = threading.Event(), threading.Event(), []
+
+    def slow_publish(**options):
+        started.set()
+        release.wait(5)
+        published.append(options)
+
+    monkeypatch.setattr(services.deliver_usage_events_task, "apply_async", slow_publish)
+    monkeypatch.setattr(services, "_window_ends_at", 0.0)
+    settings.USAGE_ENQUEUE_WINDOW_S = 0.0  # every commit may publish
+    blocker = threading.Event()
+    services._publisher.submit(blocker.wait, 5)  # holds the publisher: the next publish waits
+    services._enqueue_delivery()
+    services._enqueue_delivery()  # covered by the one still waiting
+    blocker.set()
+    assert started.wait(5) and not published
+    release.set()
+    services._publisher.submit(lambda: None).result(5)
+    assert published == [{"countdown": None}]
