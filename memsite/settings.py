@@ -205,6 +205,12 @@ SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 1.0, minimum=0.0)
 SEARCH_LEXICAL_WEIGHT = env_float("SEARCH_LEXICAL_WEIGHT", 2.0, minimum=0.0)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
 SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 100, minimum=1)
+# Score fusion's BM25 side looks this deep (RRF's looks SEARCH_CANDIDATES deep). A fused
+# score is cosine + coverage, so BM25 only nominates candidates: its top 50 and top 100 give
+# the same recall on both eval sets (LoCoMo 0.6248 against 0.6242, paraphrase 0.9542; 30:
+# LoCoMo 0.6202), and for a large user the pruned BM25 proves a top 50 in one visit of the
+# rows holding every query term far more often than a top 100 (docs/benchmarks.md).
+SEARCH_LEXICAL_CANDIDATES = env_int("SEARCH_LEXICAL_CANDIDATES", 50, minimum=1)
 # Neighbour context (score fusion, unfiltered searches): each of the best
 # SEARCH_NEIGHBOUR_CANDIDATES gains SEARCH_NEIGHBOUR_WEIGHT x the better score of the
 # memories stored just before and after it (same agent and session, at most

@@ -663,12 +663,14 @@ def _lexical_on_own_connection(
 
 
 def _score_sides_concurrently(
-    scope: MemoryScope, query: str, *, limit: int, filters: Filters
+    scope: MemoryScope, query: str, *, limit: int, lexical_limit: int, filters: Filters
 ) -> tuple[list[tuple[str, float]], list[tuple[str, float, float, float | None]], list[float]]:
     """Both sides of score fusion, the BM25 side on a worker thread, and the query vector.
     Memories only BM25 found get their cosine similarity from one lookup by id afterwards:
     the same values the sequential path computes inside the BM25 statement."""
-    lexical_future = _lexical_executor.submit(_lexical_on_own_connection, scope, query, limit=limit, filters=filters)
+    lexical_future = _lexical_executor.submit(
+        _lexical_on_own_connection, scope, query, limit=lexical_limit, filters=filters
+    )
     try:
         vector = engine_embed_query(query)
         vector_side = vector_scores(scope, vector, limit=limit, filters=filters)
@@ -818,20 +820,25 @@ def _hybrid_search(
     rrf_k: int | None,
 ) -> list[EngineMemory]:
     candidates = max(limit, settings.SEARCH_CANDIDATES)
+    lexical_candidates = max(limit, settings.SEARCH_LEXICAL_CANDIDATES)
     vector_weight = settings.SEARCH_VECTOR_WEIGHT if vector_weight is None else vector_weight
     lexical_weight = settings.SEARCH_LEXICAL_WEIGHT if lexical_weight is None else lexical_weight
     use_vector = vector_weight > 0
     use_lexical = lexical_weight > 0
     score_fusion = (fusion or settings.SEARCH_FUSION) == "score"
     if score_fusion and use_vector and use_lexical and _lexical_concurrent():
-        vector_side, lexical_side, embedded = _score_sides_concurrently(scope, query, limit=candidates, filters=filters)
+        vector_side, lexical_side, embedded = _score_sides_concurrently(
+            scope, query, limit=candidates, lexical_limit=lexical_candidates, filters=filters
+        )
         fused = fuse_scores(vector_side, lexical_side, coverage_weight=settings.SEARCH_COVERAGE_WEIGHT)
         fused = _with_neighbour_context(scope, fused, vector=embedded, limit=limit, filters=filters)[:limit]
     elif score_fusion:
         query_vector = engine_embed_query(query) if use_vector else None
         fused = fuse_scores(
             vector_scores(scope, query_vector, limit=candidates, filters=filters) if query_vector is not None else [],
-            lexical_scores(scope, query, limit=candidates, filters=filters, vector=query_vector) if use_lexical else [],
+            lexical_scores(scope, query, limit=lexical_candidates, filters=filters, vector=query_vector)
+            if use_lexical
+            else [],
             coverage_weight=settings.SEARCH_COVERAGE_WEIGHT,
         )
         if query_vector is not None:
