@@ -70,6 +70,17 @@ class Service:
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.process.pid).children(recursive=True)
 
+    def command_lines(self) -> dict[int, str]:
+        """pid -> command line of each descendant still running. Postgres backends come and
+        go while the list is read; one that exits in between is skipped, not an error."""
+        lines = {}
+        for process in self.descendants():
+            try:
+                lines[process.pid] = " ".join(process.cmdline())
+            except psutil.NoSuchProcess:  # ZombieProcess is one too
+                continue
+        return lines
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -129,7 +140,7 @@ def _mcp_initialize(port: int, token: str | None = None) -> tuple[int, dict]:
 def test_start_stop_kill_restart(service):
     service.start()
     children = service.descendants()
-    names = " ".join(" ".join(p.cmdline()) for p in children)
+    names = " ".join(service.command_lines().values())
     assert "uvicorn" in names and "worker" in names and "beat" in names and "postgres" in names
 
     status, body = _mcp_initialize(service.port)
