@@ -85,8 +85,9 @@ def _call() -> CallContext:
 # search_memory: 10 (11 with neighbours) since the query in its audit detail is sealed the same way; 8 on this
 # thread's connection since the BM25 side's two statements (tokenise, score) run on the
 # lexical worker's connection (SEARCH_LEXICAL_CONCURRENT; 10 here without it); one more
-# each since the best candidates read their neighbours (retrieval._with_neighbour_context).
-QUERIES = {"remember": 14, "search_memory": 9, "search_memory_sequential": 11, "list_memory": 6}
+# each since the best candidates read their neighbours (retrieval._with_neighbour_context);
+# one less each since that statement also reads the rows the search returns (no `_load`).
+QUERIES = {"remember": 14, "search_memory": 8, "search_memory_sequential": 10, "list_memory": 6}
 
 
 @pytest.fixture

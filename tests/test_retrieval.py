@@ -142,7 +142,7 @@ def test_score_fusion_keeps_filters(alice_scope, fusion):
 
 def test_bm25_beside_the_embedder_scores_exactly_like_one_after_the_other(alice_scope, bob_scope, settings):
     """SEARCH_LEXICAL_CONCURRENT runs the BM25 side on another connection while the query is
-    embedded; memories only BM25 found get their cosine by id afterwards. Same ids, same
+    embedded; its memories get their cosine by id there once the query is embedded. Same ids, same
     scores as the sequential path, with candidates so few that BM25 finds some the vector
     side did not; the other user's matching memory never shows."""
     settings.SEARCH_CANDIDATES = 2
@@ -160,6 +160,38 @@ def test_bm25_beside_the_embedder_scores_exactly_like_one_after_the_other(alice_
     first = runs[True][0]
     assert len(first) > settings.SEARCH_CANDIDATES  # BM25-only memories made it in, with their cosine
     assert all(score < 2.0 for _, score in first)
+
+
+def test_an_embedding_failure_beside_bm25_fails_the_search_and_frees_the_worker(alice_scope, monkeypatch):
+    """The BM25 worker waits for the query vector to look up its candidates' cosines; when
+    the embedder fails, the search fails with the engine's error instead of waiting forever,
+    and the next search finds the worker free."""
+    import threading
+
+    from memories.engine import EngineError, retrieval
+
+    for text in DISTRACTORS:
+        memory_remember(alice_scope, memory=text, call=internal_call())
+    embed = retrieval.engine_embed_query
+
+    def failing(query: str) -> list[float]:
+        raise EngineError("embedder down")
+
+    monkeypatch.setattr(retrieval, "engine_embed_query", failing)
+    outcome: list[object] = []
+
+    def search() -> None:
+        try:
+            hybrid_search(alice_scope, query="laptop battery", limit=3)
+        except EngineError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=search)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive() and len(outcome) == 1
+    monkeypatch.setattr(retrieval, "engine_embed_query", embed)
+    assert hybrid_search(alice_scope, query="laptop battery", limit=3)
 
 
 # --- Neighbour context (SEARCH_NEIGHBOUR_*) ------------------------------------------------
@@ -244,7 +276,7 @@ def test_neighbour_probes_read_one_row_each_from_the_paging_index(alice_scope):
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(record):
-        found = _neighbours(alice_scope, ids, engine_embed_query("the dog"))
+        found, _ = _neighbours(alice_scope, ids, engine_embed_query("the dog"))
     assert set(found) == set(ids)
     table = settings.MEMORY_COLLECTION
     with transaction.atomic(), connection.cursor() as cursor:

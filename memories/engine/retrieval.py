@@ -34,7 +34,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -613,14 +613,18 @@ def fuse(rankings: list[tuple[list[str], float]], *, k: int) -> list[tuple[str, 
     return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
 
 
-def _load(ids: list[str]) -> dict[str, EngineMemory]:
-    if not ids:
-        return {}
+def _load(ids: list[str], *, documents: dict[str, str] | None = None) -> dict[str, EngineMemory]:
+    """The memories `ids`; those in `documents` (id -> payload as JSON text, already read
+    by this search's neighbour statement) without another round trip."""
+    documents = documents or {}
+    loaded = {i: engine_memory_from_row(i, json.loads(documents[i])) for i in ids if i in documents}
+    missing = [i for i in ids if i not in loaded]
+    if not missing:
+        return loaded
     query = sql.SQL("SELECT id, payload FROM {} WHERE id = ANY(%s::uuid[])").format(_table())
     with connection.cursor() as cursor:
-        cursor.execute(query.as_string(cursor.connection), [ids])
+        cursor.execute(query.as_string(cursor.connection), [missing])
         rows = cursor.fetchall()
-    loaded = {}
     for memory_id, payload in rows:
         payload = payload if isinstance(payload, dict) else json.loads(payload)
         loaded[str(memory_id)] = engine_memory_from_row(memory_id, payload)
@@ -656,31 +660,35 @@ def _lexical_concurrent() -> bool:
 
 
 def _lexical_on_own_connection(
-    scope: MemoryScope, query: str, *, limit: int, filters: Filters
+    scope: MemoryScope, query: str, *, limit: int, filters: Filters, vector: Future[list[float]]
 ) -> list[tuple[str, float, float, float | None]]:
+    """The BM25 side, then (once the request's thread has embedded the query) its
+    candidates' cosine similarities, both on this worker's own connection: the lookup runs
+    while the request's thread runs the vector statement, instead of after it."""
     with _own_connection():
-        return lexical_scores(scope, query, limit=limit, filters=filters)
+        lexical_side = lexical_scores(scope, query, limit=limit, filters=filters)
+        similarities = _similarities([row[0] for row in lexical_side], vector.result())
+    return [(i, bm25, coverage, similarities.get(i)) for i, bm25, coverage, _ in lexical_side]
 
 
 def _score_sides_concurrently(
     scope: MemoryScope, query: str, *, limit: int, lexical_limit: int, filters: Filters
 ) -> tuple[list[tuple[str, float]], list[tuple[str, float, float, float | None]], list[float]]:
     """Both sides of score fusion, the BM25 side on a worker thread, and the query vector.
-    Memories only BM25 found get their cosine similarity from one lookup by id afterwards:
-    the same values the sequential path computes inside the BM25 statement."""
+    The memories BM25 found get their cosine similarity from one lookup by id on that
+    worker: the same values the sequential path computes inside the BM25 statement."""
+    vector: Future[list[float]] = Future()
     lexical_future = _lexical_executor.submit(
-        _lexical_on_own_connection, scope, query, limit=lexical_limit, filters=filters
+        _lexical_on_own_connection, scope, query, limit=lexical_limit, filters=filters, vector=vector
     )
     try:
-        vector = engine_embed_query(query)
-        vector_side = vector_scores(scope, vector, limit=limit, filters=filters)
+        embedded = engine_embed_query(query)
+        vector.set_result(embedded)
+        vector_side = vector_scores(scope, embedded, limit=limit, filters=filters)
     finally:
+        vector.cancel()  # the embedding failed: the worker stops waiting for it (no-op once set)
         wait([lexical_future])  # never leave it running past this call, even on an error
-    lexical_side = lexical_future.result()
-    found = {memory_id for memory_id, _ in vector_side}
-    similarities = _similarities([row[0] for row in lexical_side if row[0] not in found], vector)
-    lexical_scored = [(i, bm25, coverage, similarities.get(i)) for i, bm25, coverage, _ in lexical_side]
-    return vector_side, lexical_scored, vector
+    return vector_side, lexical_future.result(), embedded
 
 
 def _similarities(ids: list[str], vector: list[float]) -> dict[str, float]:
@@ -706,13 +714,20 @@ def _similarities(ids: list[str], vector: list[float]) -> dict[str, float]:
 # one person's unrelated facts are stored one after another.
 
 
-def _neighbours(scope: MemoryScope, ids: list[str], vector: list[float]) -> dict[str, list[tuple[str, float]]]:
+def _neighbours(
+    scope: MemoryScope, ids: list[str], vector: list[float]
+) -> tuple[dict[str, list[tuple[str, float]]], dict[str, str]]:
     """For each memory of `ids`: its neighbours (id, cosine similarity to `vector`) that
     pass the liveness, session, agent and time tests above. One statement, two probes of
     the (owner, created_at, id) index per id, each reading one row: the row next to it,
     live or not. Testing liveness in the probe would walk past every trashed row (a user
     who cleared 15,000 memories: 10 ms a probe); a trashed or expired row in between
-    only means no neighbour on that side."""
+    only means no neighbour on that side.
+
+    Also each of `ids`' payload as JSON text (parsed only for the memories the search
+    returns): the search's final top k is among these rows, so `_load` needs no round trip
+    of its own. A memory with no row next to it on either side (a user's only memory)
+    comes back in one row without a neighbour."""
     columns = sql.SQL(
         "payload->>'created_at' AS at, payload->'attrs'->>'session_id' AS session,"
         " payload->'attrs'->>'agent_id' AS agent"
@@ -734,8 +749,9 @@ def _neighbours(scope: MemoryScope, ids: list[str], vector: list[float]) -> dict
 
     query = sql.SQL(
         "SELECT c.id, c.at, c.session, c.agent, n.id, n.similarity, n.at, n.session, n.agent, n.live"
-        " FROM (SELECT id, {columns} FROM {table} WHERE id = ANY(%s::uuid[])) AS c"
-        " CROSS JOIN LATERAL ({before} UNION ALL {after}) AS n"
+        ", c.document FROM (SELECT id, {columns}, payload::text AS document FROM {table}"
+        " WHERE id = ANY(%s::uuid[])) AS c"
+        " LEFT JOIN LATERAL ({before} UNION ALL {after}) AS n ON true"
     ).format(columns=columns, table=_table(), before=nearest(True), after=nearest(False))
     one_side = [_vector_literal(vector), engine_timestamp(datetime.now(UTC)), scope.engine_user_id]
     with connection.cursor() as cursor:
@@ -743,32 +759,35 @@ def _neighbours(scope: MemoryScope, ids: list[str], vector: list[float]) -> dict
         rows = cursor.fetchall()
     window = settings.SEARCH_NEIGHBOUR_WINDOW_S
     found: dict[str, list[tuple[str, float]]] = {}
-    for memory_id, at, session, agent, other_id, similarity, other_at, other_session, other_agent, live in rows:
-        if not live or (session, agent) != (other_session, other_agent):
+    documents: dict[str, str] = {}
+    for memory_id, at, session, agent, other_id, similarity, other_at, other_session, other_agent, live, doc in rows:
+        documents[str(memory_id)] = doc
+        if other_id is None or not live or (session, agent) != (other_session, other_agent):
             continue
         apart = abs((datetime.fromisoformat(at) - datetime.fromisoformat(other_at)).total_seconds())
         if apart <= window:
             found.setdefault(str(memory_id), []).append((str(other_id), float(similarity)))
-    return found
+    return found, documents
 
 
 def _with_neighbour_context(
     scope: MemoryScope, fused: list[tuple[str, float]], *, vector: list[float], limit: int, filters: Filters
-) -> list[tuple[str, float]]:
+) -> tuple[list[tuple[str, float]], dict[str, str]]:
     """`fused` (best first) with its best SEARCH_NEIGHBOUR_CANDIDATES (at least `limit`)
-    re-scored by their neighbours, best first again. Unfiltered searches only: a filtered
-    one asks for memories by their fields, not by their conversation."""
+    re-scored by their neighbours, best first again; and the payloads the neighbour
+    statement read (`_neighbours`). Unfiltered searches only: a filtered one asks for
+    memories by their fields, not by their conversation."""
     weight = settings.SEARCH_NEIGHBOUR_WEIGHT
     if weight <= 0 or filters or not fused:
-        return fused
+        return fused, {}
     top = fused[: max(limit, settings.SEARCH_NEIGHBOUR_CANDIDATES)]
     scores = dict(fused)
-    neighbours = _neighbours(scope, [memory_id for memory_id, _ in top], vector)
+    neighbours, documents = _neighbours(scope, [memory_id for memory_id, _ in top], vector)
     rescored = dict(fused)
     for memory_id, own in top:
         context = [scores.get(other_id, similarity) for other_id, similarity in neighbours.get(memory_id, [])]
         rescored[memory_id] = own + weight * max([0.0, *context])
-    return sorted(rescored.items(), key=lambda pair: (-pair[1], pair[0]))
+    return sorted(rescored.items(), key=lambda pair: (-pair[1], pair[0])), documents
 
 
 @engine_timed_function("hybrid_search")  # memsite_engine_duration_seconds
@@ -826,12 +845,14 @@ def _hybrid_search(
     use_vector = vector_weight > 0
     use_lexical = lexical_weight > 0
     score_fusion = (fusion or settings.SEARCH_FUSION) == "score"
+    documents: dict[str, str] = {}
     if score_fusion and use_vector and use_lexical and _lexical_concurrent():
         vector_side, lexical_side, embedded = _score_sides_concurrently(
             scope, query, limit=candidates, lexical_limit=lexical_candidates, filters=filters
         )
         fused = fuse_scores(vector_side, lexical_side, coverage_weight=settings.SEARCH_COVERAGE_WEIGHT)
-        fused = _with_neighbour_context(scope, fused, vector=embedded, limit=limit, filters=filters)[:limit]
+        fused, documents = _with_neighbour_context(scope, fused, vector=embedded, limit=limit, filters=filters)
+        fused = fused[:limit]
     elif score_fusion:
         query_vector = engine_embed_query(query) if use_vector else None
         fused = fuse_scores(
@@ -842,7 +863,7 @@ def _hybrid_search(
             coverage_weight=settings.SEARCH_COVERAGE_WEIGHT,
         )
         if query_vector is not None:
-            fused = _with_neighbour_context(scope, fused, vector=query_vector, limit=limit, filters=filters)
+            fused, documents = _with_neighbour_context(scope, fused, vector=query_vector, limit=limit, filters=filters)
         fused = fused[:limit]
     else:
         vector = engine_embed_query(query) if use_vector else None
@@ -852,5 +873,5 @@ def _hybrid_search(
         if use_lexical:
             rankings.append((lexical_ranking(scope, query, limit=candidates, filters=filters), lexical_weight))
         fused = fuse(rankings, k=rrf_k or settings.SEARCH_RRF_K)[:limit]
-    loaded = _load([memory_id for memory_id, _ in fused])
+    loaded = _load([memory_id for memory_id, _ in fused], documents=documents)
     return [replace(loaded[memory_id], score=score) for memory_id, score in fused if memory_id in loaded]
