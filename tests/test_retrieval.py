@@ -162,6 +162,24 @@ def test_bm25_beside_the_embedder_scores_exactly_like_one_after_the_other(alice_
     assert all(score < 2.0 for _, score in first)
 
 
+def test_a_filtered_bm25_counts_its_statistics_over_the_matching_rows_only(alice_scope, bob_scope):
+    """A field-filtered BM25 (one read of the matching rows for both the statistics and
+    the matching) scores exactly like an unfiltered BM25 over a user who holds only those
+    rows: corpus size, mean length and term frequencies are the filtered rows'."""
+    tagged = [text for i, text in enumerate(DISTRACTORS) if i % 2 == 0]
+    for text in DISTRACTORS:
+        fields = {"memory_type": "project"} if text in tagged else None
+        memory_remember(alice_scope, memory=text, fields=fields, call=internal_call())
+    for text in tagged:
+        memory_remember(bob_scope, memory=text, call=internal_call())
+    for query in ("production database errors", "laptop battery and Safari", "payments retried on Monday"):
+        filtered = lexical_scores(alice_scope, query, limit=10, filters=attrs_containment(memory_type="project"))
+        alone = lexical_scores(bob_scope, query, limit=10)
+        assert filtered and len(filtered) == len(alone), query
+        for ours, expected in zip(filtered, alone, strict=True):
+            assert ours[1] == pytest.approx(expected[1], rel=1e-9) and ours[2] == pytest.approx(expected[2], rel=1e-9)
+
+
 def test_an_embedding_failure_beside_bm25_fails_the_search_and_frees_the_worker(alice_scope, monkeypatch):
     """The BM25 worker waits for the query vector to look up its candidates' cosines; when
     the embedder fails, the search fails with the engine's error instead of waiting forever,
