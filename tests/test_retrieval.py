@@ -190,7 +190,6 @@ def test_an_embedding_failure_beside_bm25_fails_the_search_and_frees_the_worker(
 
     for text in DISTRACTORS:
         memory_remember(alice_scope, memory=text, call=internal_call())
-    embed = retrieval.engine_embed_query
 
     def failing(query: str) -> list[float]:
         raise EngineError("embedder down")
@@ -208,7 +207,7 @@ def test_an_embedding_failure_beside_bm25_fails_the_search_and_frees_the_worker(
     worker.start()
     worker.join(20)
     assert not worker.is_alive() and len(outcome) == 1
-    monkeypatch.setattr(retrieval, "engine_embed_query", embed)
+    monkeypatch.undo()  # the embedder back
     assert hybrid_search(alice_scope, query="laptop battery", limit=3)
 
 

@@ -361,13 +361,11 @@ def _bm25_statement(terms: int, *, with_similarity: bool = False, filtered: bool
     # the same number. Scores are exactly those of a full pass, at a third of its cost.
     # A filtered search's rows come from the payload index, whose lookup (1.5 ms for a
     # 10k-memory user's 600 matching rows) both would pay: they share one instead.
+    base = "WITH base AS MATERIALIZED (SELECT id, fts FROM {table} WHERE {owned})," if filtered else "WITH"
+    rows = "base" if filtered else "{table} WHERE {owned}"
     stats = (
-        "WITH base AS MATERIALIZED (SELECT id, fts FROM {table} WHERE {owned}),"
-        " stats AS MATERIALIZED (SELECT count(*)::float AS n, greatest(avg(length(fts)), 1)::float AS avgdl"
-        " FROM base),"
-        if filtered
-        else "WITH stats AS MATERIALIZED (SELECT count(*)::float AS n, greatest(avg(length(fts)), 1)::float AS avgdl"
-        " FROM {table} WHERE {owned}),"
+        f"{base} stats AS MATERIALIZED (SELECT count(*)::float AS n,"  # noqa: S608 - constants only
+        f" greatest(avg(length(fts)), 1)::float AS avgdl FROM {rows}),"
     )
     source = "base WHERE" if filtered else "{table} WHERE {owned} AND"
     # Only placeholders and constants are interpolated.
@@ -677,7 +675,9 @@ def _lexical_on_own_connection(
 ) -> list[tuple[str, float, float, float | None]]:
     """The BM25 side, then (once the request's thread has embedded the query) its
     candidates' cosine similarities, both on this worker's own connection: the lookup runs
-    while the request's thread runs the vector statement, instead of after it."""
+    while the request's thread runs the vector statement, instead of after it. It covers
+    the candidates the vector side finds too (it cannot wait for that side's answer
+    without going back onto the critical path); `fuse_scores` keeps the vector side's."""
     with _own_connection():
         lexical_side = lexical_scores(scope, query, limit=limit, filters=filters)
         similarities = _similarities([row[0] for row in lexical_side], vector.result())
