@@ -44,7 +44,7 @@ def _collect() -> dict[str, list[dict]]:
         literal = "[" + ",".join(f"{x:.7g}" for x in engine_embed_query(question)) + "]"
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT id, -(vector <#> %s::vector) FROM {table} WHERE payload->>'user_id' = %s"  # noqa: S608
+                f"SELECT id, -(vector <#> %s::vector) FROM {table} WHERE payload->>'user_id' = %s AND NOT trashed"  # noqa: S608
                 " ORDER BY vector <#> %s::vector LIMIT %s",
                 [literal, owner, literal, DEPTH],
             )
@@ -55,7 +55,7 @@ def _collect() -> dict[str, list[dict]]:
             if lexemes:
                 matches = ", ".join("(fts @@ %s::tsquery)::int" for _ in lexemes)
                 cursor.execute(
-                    f"SELECT id, length(fts), {matches} FROM {table} WHERE payload->>'user_id' = %s",  # noqa: S608
+                    f"SELECT id, length(fts), {matches} FROM {table} WHERE payload->>'user_id' = %s AND NOT trashed",  # noqa: S608
                     [*(_tsquery(x) for x in lexemes), owner],
                 )
                 rows = cursor.fetchall()
@@ -69,7 +69,10 @@ def _collect() -> dict[str, list[dict]]:
 
     def by_text(owner: str) -> dict[str, str]:
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT payload->>'data', id FROM {table} WHERE payload->>'user_id' = %s", [owner])  # noqa: S608
+            cursor.execute(
+                f"SELECT payload->>'data', id FROM {table} WHERE payload->>'user_id' = %s AND NOT trashed",  # noqa: S608
+                [owner],
+            )
             return {text: str(i) for text, i in cursor.fetchall()}
 
     sets: dict[str, list[dict]] = {"locomo": [], "golden": [], "paraphrase": []}
