@@ -142,6 +142,20 @@ def combine(item: dict, lexical: dict[str, float], fn: Callable[[float, float], 
     return _top({d: fn(vec.get(d, floor), lexical.get(d, 0.0)) for d in set(vec) | set(lexical)}, 10)
 
 
+def gated(item: dict, unrelated: float, related: float) -> list[str]:
+    """cosine + coverage x the product's `coverage_gate` of the memory's cosine."""
+    from memories.engine.retrieval import coverage_gate
+
+    vec = dict(item["vec"])
+    floor = min(vec.values(), default=0.0)
+    lexical = coverage(item)
+    scores = {}
+    for d in set(vec) | set(lexical):
+        cosine = vec.get(d, floor)
+        scores[d] = cosine + lexical.get(d, 0.0) * coverage_gate(cosine, unrelated=unrelated, related=related)
+    return _top(scores, 10)
+
+
 def bm25_over_max(item: dict) -> dict[str, float]:
     if not item["terms"]:
         return {}
@@ -166,7 +180,14 @@ METHODS: dict[str, Callable[[dict], list[str]]] = {
     "cosine + BM25/max": lambda it: combine(it, bm25_over_max(it), lambda c, v: c + v),
     "cosine + 0.5 coverage": lambda it: combine(it, coverage(it), lambda c, v: c + 0.5 * v),
     "cosine + 0.75 coverage": lambda it: combine(it, coverage(it), lambda c, v: c + 0.75 * v),
-    "cosine + coverage (default)": lambda it: combine(it, coverage(it), lambda c, v: c + v),
+    "cosine + coverage (previous default)": lambda it: combine(it, coverage(it), lambda c, v: c + v),
+    "cosine + coverage x gate(cosine 0 -> 0.1)": lambda it: gated(it, 0.0, 0.1),
+    "cosine + coverage x gate(cosine 0 -> 0.2)": lambda it: gated(it, 0.0, 0.2),
+    "cosine + coverage x gate(cosine 0.05 -> 0.25) (default)": lambda it: gated(it, 0.05, 0.25),
+    "cosine + coverage x gate(cosine 0.1 -> 0.3)": lambda it: gated(it, 0.1, 0.3),
+    "cosine + coverage x gate(cosine 0.15 -> 0.3)": lambda it: gated(it, 0.15, 0.3),
+    "cosine + coverage x gate(cosine 0.1 -> 0.4)": lambda it: gated(it, 0.1, 0.4),
+    "cosine + coverage x gate(cosine 0.25 -> 0.45)": lambda it: gated(it, 0.25, 0.45),
 }
 
 

@@ -201,6 +201,15 @@ SEARCH_CANDIDATE_FACTOR = env_int("SEARCH_CANDIDATE_FACTOR", 3, minimum=1)
 # weight of 0 turns that side off.
 SEARCH_FUSION = env_choice("SEARCH_FUSION", "score", ("score", "rrf"))
 SEARCH_COVERAGE_WEIGHT = env_float("SEARCH_COVERAGE_WEIGHT", 1.0, minimum=0.0)
+# Coverage counts only as far as the memory's meaning is related to the query: none at or
+# below SEARCH_COVERAGE_UNRELATED_COSINE, in full from SEARCH_COVERAGE_RELATED_COSINE up.
+# A memory sharing a word but not the meaning then gains nothing from the word. Every gate
+# from (0-0.15) to (0.15-0.3) gives the same recall (paraphrase set 0.95 -> 0.963, LoCoMo
+# unchanged, eval/fusion_lab.py); these are the middle of that range.
+SEARCH_COVERAGE_UNRELATED_COSINE = env_float("SEARCH_COVERAGE_UNRELATED_COSINE", 0.05, minimum=-1.0)
+SEARCH_COVERAGE_RELATED_COSINE = env_float(
+    "SEARCH_COVERAGE_RELATED_COSINE", 0.25, minimum=SEARCH_COVERAGE_UNRELATED_COSINE
+)
 SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 1.0, minimum=0.0)
 SEARCH_LEXICAL_WEIGHT = env_float("SEARCH_LEXICAL_WEIGHT", 2.0, minimum=0.0)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)

@@ -1,12 +1,17 @@
 """Hybrid retrieval: exact identifiers come first, paraphrases still work, the fusion
 obeys its weights."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from memories.engine import attrs_containment
-from memories.engine.retrieval import fuse, fuse_scores, hybrid_search, lexical_scores
+from memories.engine.retrieval import coverage_gate, fuse, fuse_scores, hybrid_search, lexical_scores
 from memories.services import memory_delete, memory_remember, memory_search
 from tests.conftest import internal_call
+
+PARAPHRASE_SET = Path(__file__).resolve().parent.parent / "eval" / "golden_paraphrase.jsonl"
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -76,6 +81,20 @@ def test_score_fusion_adds_weighted_coverage_to_the_cosine():
     assert fused == pytest.approx({"a": 0.60, "b": 1.50, "c": 0.45})
     assert [i for i, _ in fuse_scores(vector, lexical, coverage_weight=0.0)] == ["a", "b", "c"]
     assert [i for i, _ in fuse_scores([], lexical, coverage_weight=1.0)] == ["b", "c"]
+
+
+def test_coverage_counts_as_far_as_the_memory_is_related_to_the_query():
+    assert coverage_gate(0.02, unrelated=0.05, related=0.25) == 0.0
+    assert coverage_gate(0.15, unrelated=0.05, related=0.25) == pytest.approx(0.5)
+    assert coverage_gate(0.60, unrelated=0.05, related=0.25) == 1.0
+    assert coverage_gate(None, unrelated=0.05, related=0.25) == 1.0  # the vector side was off
+    assert coverage_gate(0.10, unrelated=0.10, related=0.10) == 0.0  # a step when both are equal
+    vector = [("fact", 0.40), ("shares-a-word", 0.01)]
+    lexical = [("shares-a-word", 5.0, 0.50, 0.01), ("fact", 1.0, 0.10, 0.40)]
+    ungated = dict(fuse_scores(vector, lexical, coverage_weight=1.0))
+    assert max(ungated, key=ungated.get) == "shares-a-word"
+    gated = dict(fuse_scores(vector, lexical, coverage_weight=1.0, gate=(0.05, 0.25)))
+    assert gated == pytest.approx({"fact": 0.50, "shares-a-word": 0.01})
 
 
 def test_words_shared_without_the_meaning_weigh_less_than_under_rank_fusion(alice_scope, settings):
@@ -305,3 +324,24 @@ def test_neighbour_probes_read_one_row_each_from_the_paging_index(alice_scope):
         plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)
     assert f"{table}_user_created_idx" in plan and "Sort" not in plan, plan
+
+
+def test_a_memory_sharing_a_word_but_not_the_meaning_does_not_outrank_the_paraphrase(alice_scope, settings):
+    """One person of the eval's paraphrase set: their ten facts among the set's distractors,
+    which share words with the questions but answer none. "work" is in two distractors
+    unrelated in meaning ("Friday deploys are banned at work.", cosine 0.11), not in the
+    answer; without the gate both outranked it."""
+    settings.SEARCH_FUSION = "score"
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "remember": (0, 60)}  # 106 memories in a row
+    rows = [json.loads(line) for line in PARAPHRASE_SET.read_text().splitlines() if line.strip()]
+    facts = {
+        row["query"]: memory_remember(alice_scope, memory=row["memory"], call=internal_call()).id
+        for row in rows
+        if row.get("user") == "femi" and row.get("query")
+    }
+    for row in rows:
+        if not row.get("query"):
+            memory_remember(alice_scope, memory=row["memory"], call=internal_call())
+    query = "Where in the hospital do I work at the moment?"
+    found = memory_search(alice_scope, query=query, top_k=5, call=internal_call())
+    assert facts[query] in [r.id for r in found]

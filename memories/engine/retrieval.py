@@ -7,7 +7,7 @@ embedding comes from the engine.
 
 Score fusion (SEARCH_FUSION=score) adds two similarities in [0, 1]-ish ranges:
 
-    score = cosine(query, memory) + SEARCH_COVERAGE_WEIGHT * coverage
+    score = cosine + SEARCH_COVERAGE_WEIGHT * coverage * gate(cosine)
 
 where coverage is the IDF-weighted share of the query's terms the memory contains
 (sum of the matched terms' IDF / sum of every query term's IDF, terms absent from the
@@ -17,7 +17,12 @@ wins; a paraphrase shares few of its terms with any memory (the terms it does no
 carry the most IDF), so coverage stays small everywhere and meaning decides; a memory
 that shares one common word with the query gets little. Rank fusion, by contrast, gives
 BM25's first hit a fixed bonus however weak its match, which is how a memory sharing a
-word but not the meaning used to beat the paraphrase it should have lost to.
+word but not the meaning used to beat the paraphrase it should have lost to. The gate
+finishes that job: coverage counts in proportion to the memory's cosine to the query
+(none at or below SEARCH_COVERAGE_UNRELATED_COSINE, all from SEARCH_COVERAGE_RELATED_COSINE
+up), so a word shared by an unrelated memory ("Friday deploys are banned at work.",
+cosine 0.11 to "Where in the hospital do I work at the moment?") no longer outweighs
+meaning.
 
 Then, for unfiltered score-fusion searches, each of the best candidates gains a share of
 its neighbours' scores (the memories stored just before and after it in the same
@@ -642,20 +647,43 @@ def _load(ids: list[str], *, documents: dict[str, str] | None = None) -> dict[st
     return loaded
 
 
+def coverage_gate(similarity: float | None, *, unrelated: float, related: float) -> float:
+    """How much of a memory's lexical coverage counts, by its cosine to the query: none at
+    or below `unrelated`, all from `related` up, linearly between. A memory that shares the
+    query's words but not its meaning sits near cosine 0 with MiniLM and gains little or
+    nothing from the shared word. Without a cosine (a search with the vector side off)
+    coverage counts in full."""
+    if similarity is None:
+        return 1.0
+    if related <= unrelated:
+        return 1.0 if similarity > unrelated else 0.0
+    return min(1.0, max(0.0, (similarity - unrelated) / (related - unrelated)))
+
+
 def fuse_scores(
     vector: list[tuple[str, float]],
     lexical: list[tuple[str, float, float, float | None]],
     *,
     coverage_weight: float,
+    gate: tuple[float, float] | None = None,
 ) -> list[tuple[str, float]]:
-    """Score fusion: cosine similarity + coverage_weight x coverage, best first. A memory
-    only the vector side found has coverage 0 (it contains none of the query's terms
-    among the lexical candidates); one only the lexical side found brings its own cosine."""
+    """Score fusion: cosine similarity + coverage_weight x coverage x `coverage_gate`, best
+    first; `gate` is (unrelated, related) cosines, and None lets all coverage count.
+    A memory only the vector side found has coverage 0 (it contains none of the query's
+    terms among the lexical candidates); one only the lexical side found brings its own
+    cosine."""
     scores = dict(vector)
     for memory_id, _bm25, coverage, similarity in lexical:
-        base = scores.get(memory_id, similarity if similarity is not None else 0.0)
-        scores[memory_id] = base + coverage_weight * coverage
+        cosine = scores.get(memory_id, similarity)
+        weight = coverage_weight
+        if gate is not None:
+            weight *= coverage_gate(cosine, unrelated=gate[0], related=gate[1])
+        scores[memory_id] = (cosine if cosine is not None else 0.0) + weight * coverage
     return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
+
+
+def _coverage_gate_setting() -> tuple[float, float]:
+    return (settings.SEARCH_COVERAGE_UNRELATED_COSINE, settings.SEARCH_COVERAGE_RELATED_COSINE)
 
 
 # The BM25 side needs no query vector, so it can run on its own pooled connection while the
@@ -863,7 +891,9 @@ def _hybrid_search(
         vector_side, lexical_side, embedded = _score_sides_concurrently(
             scope, query, limit=candidates, lexical_limit=lexical_candidates, filters=filters
         )
-        fused = fuse_scores(vector_side, lexical_side, coverage_weight=settings.SEARCH_COVERAGE_WEIGHT)
+        fused = fuse_scores(
+            vector_side, lexical_side, coverage_weight=settings.SEARCH_COVERAGE_WEIGHT, gate=_coverage_gate_setting()
+        )
         fused, documents = _with_neighbour_context(scope, fused, vector=embedded, limit=limit, filters=filters)
         fused = fused[:limit]
     elif score_fusion:
@@ -874,6 +904,7 @@ def _hybrid_search(
             if use_lexical
             else [],
             coverage_weight=settings.SEARCH_COVERAGE_WEIGHT,
+            gate=_coverage_gate_setting(),
         )
         if query_vector is not None:
             fused, documents = _with_neighbour_context(scope, fused, vector=query_vector, limit=limit, filters=filters)
