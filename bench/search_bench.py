@@ -122,7 +122,7 @@ def fill(users: int, per_user: int) -> list:
                 payload = {
                     "data": texts[i], "hash": hashlib.md5(texts[i].encode()).hexdigest(),  # noqa: S324
                     "created_at": now, "updated_at": now, "user_id": scope.engine_user_id,
-                    "text_lemmatized": texts[i], "role": "user", "pinned": False, "source": "bench",
+                    "role": "user", "pinned": False, "source": "bench",
                     "attrs": bench_attrs(i),
                 }  # fmt: skip
                 rows.append((literals[i], json.dumps(payload)))

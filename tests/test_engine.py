@@ -98,3 +98,31 @@ def test_engine_failures_become_engine_error(alice_scope):
 
 def test_ping():
     engine.engine_ping()
+
+
+def test_memories_are_stored_without_mem0s_keyword_lemmas_which_nothing_reads(alice_scope):
+    """mem0's lemmas served its own keyword search, which the engine never runs (hybrid
+    search reads the `fts` column): new rows skip them, an update drops an older row's
+    copy, and their index is gone."""
+    from memories.services import memory_remember, memory_search, memory_update
+    from tests.conftest import internal_call
+
+    table = settings.MEMORY_COLLECTION
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [table])
+        assert not [d for (d,) in cursor.fetchall() if "text_lemmatized" in d]
+    memory_id = memory_remember(alice_scope, memory="I am training for the Lisbon marathon", call=internal_call()).id
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT payload ? 'text_lemmatized' FROM {table} WHERE id = %s", [memory_id])  # noqa: S608
+        assert cursor.fetchone() == (False,)
+        # A row stored before migration 0022 carries them.
+        cursor.execute(
+            f'UPDATE {table} SET payload = payload || \'{{"text_lemmatized": "train lisbon marathon"}}\' WHERE id = %s',  # noqa: S608
+            [memory_id],
+        )
+    memory_update(alice_scope, memory_id=memory_id, memory="I am training for the Porto marathon", call=internal_call())
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT payload ? 'text_lemmatized', payload->>'data' FROM {table} WHERE id = %s", [memory_id])  # noqa: S608
+        assert cursor.fetchone() == (False, "I am training for the Porto marathon")
+    found = memory_search(alice_scope, query="Porto marathon", top_k=1, call=internal_call())
+    assert [m.id for m in found] == [memory_id]

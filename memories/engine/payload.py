@@ -33,6 +33,10 @@ OWN_PAYLOAD_KEYS = frozenset({KEY_ATTRS, KEY_TRASH, KEY_RECALL})
 # The request that made a row through mem0's own writes (ingest): how the reconciler
 # finds the rows of a call that crashed before it recorded them.
 KEY_REQUEST_ID = "memsite_request_id"
+# mem0's lemmas of the text, for its own keyword search (`Memory.search`, which the engine
+# never calls; retrieval.py searches the `fts` column). Rows stored before migration 0022
+# and rows mem0's LLM ingest stores carry them; nothing reads them.
+LEGACY_LEMMAS_KEY = "text_lemmatized"
 # Keys the engine keeps in a row's payload for itself; the rest is the memory's metadata.
 ENGINE_PAYLOAD_KEYS = frozenset(
     {
@@ -41,7 +45,7 @@ ENGINE_PAYLOAD_KEYS = frozenset(
         KEY_CREATED_AT,
         KEY_UPDATED_AT,
         KEY_USER_ID,
-        "text_lemmatized",
+        LEGACY_LEMMAS_KEY,
         "role",
         "actor_id",
         KEY_REQUEST_ID,

@@ -58,6 +58,24 @@ def create_vector_tables(schema_editor: Any) -> None:
             schema_editor.execute(statement.as_string())
 
 
+def _lemmas_index_name() -> str:
+    return f"{settings.MEMORY_COLLECTION}_text_lemmatized_idx"
+
+
+def drop_lemmas_index(schema_editor: Any) -> None:
+    """mem0's index for its own keyword search (`Memory.search`), which the engine never
+    calls: every write paid for it (retrieval.py searches the `fts` column instead)."""
+    _drop_index(schema_editor, _lemmas_index_name())
+
+
+def create_lemmas_index(schema_editor: Any) -> None:
+    schema_editor.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (to_tsvector('simple', payload->>'text_lemmatized'))")
+        .format(sql.Identifier(_lemmas_index_name()), sql.Identifier(settings.MEMORY_COLLECTION))
+        .as_string()
+    )
+
+
 def create_paging_index(schema_editor: Any) -> None:
     """Keyset paging of one user's memories in creation order (list_memory)."""
     table = settings.MEMORY_COLLECTION

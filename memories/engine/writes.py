@@ -38,6 +38,7 @@ from memories.engine.payload import (
     KEY_TEXT,
     KEY_UPDATED_AT,
     KEY_USER_ID,
+    LEGACY_LEMMAS_KEY,
     EngineMemory,
     MemoryAttrs,
     engine_memory_from_row,
@@ -52,23 +53,19 @@ _history = PostgresHistoryStore()
 
 @dataclass(frozen=True)
 class EmbeddedText:
-    """A text with its vector and BM25 lemmas, computed outside any transaction."""
+    """A text with its vector, computed outside any transaction."""
 
     text: str
     vector: list[float]
-    lemmatized: str
 
 
 def engine_embed_text(text: str) -> EmbeddedText:
     """The slow half of a write (embedding): call it before opening the transaction."""
     get_memory()  # first: it turns mem0's telemetry off before mem0 is imported
-    from mem0.utils.lemmatization import lemmatize_for_bm25
-
     from memories.engine.embedders import embedder_active
 
     vector = cast(list[float], _call("embed", embedder_active().embed, text, "add"))
-    lemmatized = cast(str, _call("lemmatize", lemmatize_for_bm25, text))
-    return EmbeddedText(text=text, vector=list(vector), lemmatized=lemmatized)
+    return EmbeddedText(text=text, vector=list(vector))
 
 
 def engine_embed_texts(texts: list[str]) -> list[EmbeddedText]:
@@ -77,8 +74,6 @@ def engine_embed_texts(texts: list[str]) -> list[EmbeddedText]:
     if not texts:
         return []
     get_memory()
-    from mem0.utils.lemmatization import lemmatize_for_bm25
-
     from memories.engine.embedders import embedder_active
 
     embedder = embedder_active()
@@ -88,10 +83,7 @@ def engine_embed_texts(texts: list[str]) -> list[EmbeddedText]:
         vectors = [cast(list[float], _call("embed", embedder.embed, text, "add")) for text in texts]
     if len(vectors) != len(texts):
         raise EngineError("the embedder returned a different number of vectors than texts")
-    return [
-        EmbeddedText(text=text, vector=list(vector), lemmatized=cast(str, _call("lemmatize", lemmatize_for_bm25, text)))
-        for text, vector in zip(texts, vectors, strict=True)
-    ]
+    return [EmbeddedText(text=text, vector=list(vector)) for text, vector in zip(texts, vectors, strict=True)]
 
 
 def _require_transaction() -> None:
@@ -139,7 +131,6 @@ def engine_insert_text(
             "hash": _md5(embedded.text),
             KEY_CREATED_AT: created_at,
             KEY_UPDATED_AT: created_at,
-            "text_lemmatized": embedded.lemmatized,
             KEY_ATTRS: (attrs or MemoryAttrs()).as_payload(),
         }
     )
@@ -225,8 +216,7 @@ def engine_update_row(
         raise EngineError("memory engine update: the row has no text")
     payload[KEY_TEXT] = text
     payload["hash"] = _md5(text)
-    if embedded is not None:
-        payload["text_lemmatized"] = embedded.lemmatized
+    payload.pop(LEGACY_LEMMAS_KEY, None)  # an older row's copy, which nothing reads
     if attrs is not None:
         payload[KEY_ATTRS] = attrs.as_payload()
     payload[KEY_CREATED_AT] = existing.get(KEY_CREATED_AT)
@@ -387,7 +377,6 @@ def engine_insert_imported(
             "hash": _md5(embedded.text),
             KEY_CREATED_AT: created,
             KEY_UPDATED_AT: updated_at or created,
-            "text_lemmatized": embedded.lemmatized,
             KEY_ATTRS: attrs.as_payload(),
         }
     )
