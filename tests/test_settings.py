@@ -67,3 +67,11 @@ def test_bad_port_is_refused():
 def test_gemini_embedder_needs_a_key():
     result = _import_settings(EMBEDDER="gemini")
     assert "EMBEDDER=gemini needs GOOGLE_API_KEY" in result.stderr
+
+
+def test_the_coverage_gate_must_open_above_where_it_closes():
+    result = _import_settings(SEARCH_COVERAGE_UNRELATED_COSINE="0.3", SEARCH_COVERAGE_RELATED_COSINE="0.1")
+    assert result.returncode != 0
+    assert "SEARCH_COVERAGE_RELATED_COSINE must be >= 0.3" in result.stderr
+    step = _import_settings(SEARCH_COVERAGE_UNRELATED_COSINE="0.2", SEARCH_COVERAGE_RELATED_COSINE="0.2")
+    assert step.returncode == 0, step.stderr  # equal: a step instead of a ramp
