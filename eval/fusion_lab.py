@@ -146,14 +146,7 @@ def gated(item: dict, unrelated: float, related: float) -> list[str]:
     """cosine + coverage x the product's `coverage_gate` of the memory's cosine."""
     from memories.engine.retrieval import coverage_gate
 
-    vec = dict(item["vec"])
-    floor = min(vec.values(), default=0.0)
-    lexical = coverage(item)
-    scores = {}
-    for d in set(vec) | set(lexical):
-        cosine = vec.get(d, floor)
-        scores[d] = cosine + lexical.get(d, 0.0) * coverage_gate(cosine, unrelated=unrelated, related=related)
-    return _top(scores, 10)
+    return combine(item, coverage(item), lambda c, v: c + v * coverage_gate(c, unrelated=unrelated, related=related))
 
 
 def bm25_over_max(item: dict) -> dict[str, float]:

@@ -2,16 +2,14 @@
 obeys its weights."""
 
 import json
-from pathlib import Path
 
 import pytest
 
+from eval.harness import PARAPHRASE
 from memories.engine import attrs_containment
 from memories.engine.retrieval import coverage_gate, fuse, fuse_scores, hybrid_search, lexical_scores
 from memories.services import memory_delete, memory_remember, memory_search
 from tests.conftest import internal_call
-
-PARAPHRASE_SET = Path(__file__).resolve().parent.parent / "eval" / "golden_paraphrase.jsonl"
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -333,7 +331,7 @@ def test_a_memory_sharing_a_word_but_not_the_meaning_does_not_outrank_the_paraph
     answer; without the gate both outranked it."""
     settings.SEARCH_FUSION = "score"
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "remember": (0, 60)}  # 106 memories in a row
-    rows = [json.loads(line) for line in PARAPHRASE_SET.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in PARAPHRASE.read_text().splitlines() if line.strip()]
     facts = {
         row["query"]: memory_remember(alice_scope, memory=row["memory"], call=internal_call()).id
         for row in rows

@@ -50,30 +50,31 @@ def create_vector_tables(schema_editor: Any) -> None:
             sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ((payload->>'user_id'))").format(
                 sql.Identifier(f"{table}_user_id_idx"), sql.Identifier(table)
             ),
-            sql.SQL(
-                "CREATE INDEX IF NOT EXISTS {} ON {} USING gin (to_tsvector('simple', payload->>'text_lemmatized'))"
-            ).format(sql.Identifier(f"{table}_text_lemmatized_idx"), sql.Identifier(table)),
+            _lemmas_index_statement(table),
         ]
         for statement in statements:
             schema_editor.execute(statement.as_string())
 
 
-def _lemmas_index_name() -> str:
-    return f"{settings.MEMORY_COLLECTION}_text_lemmatized_idx"
+def _lemmas_index_name(table: str) -> str:
+    return f"{table}_text_lemmatized_idx"
+
+
+def _lemmas_index_statement(table: str) -> sql.Composed:
+    # mem0's own index, created with the tables (migration 0001) and dropped by 0022.
+    return sql.SQL(
+        "CREATE INDEX IF NOT EXISTS {} ON {} USING gin (to_tsvector('simple', payload->>'text_lemmatized'))"
+    ).format(sql.Identifier(_lemmas_index_name(table)), sql.Identifier(table))
 
 
 def drop_lemmas_index(schema_editor: Any) -> None:
     """mem0's index for its own keyword search (`Memory.search`), which the engine never
     calls: every write paid for it (retrieval.py searches the `fts` column instead)."""
-    _drop_index(schema_editor, _lemmas_index_name())
+    _drop_index(schema_editor, _lemmas_index_name(settings.MEMORY_COLLECTION))
 
 
 def create_lemmas_index(schema_editor: Any) -> None:
-    schema_editor.execute(
-        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (to_tsvector('simple', payload->>'text_lemmatized'))")
-        .format(sql.Identifier(_lemmas_index_name()), sql.Identifier(settings.MEMORY_COLLECTION))
-        .as_string()
-    )
+    schema_editor.execute(_lemmas_index_statement(settings.MEMORY_COLLECTION).as_string())
 
 
 def create_paging_index(schema_editor: Any) -> None:
