@@ -42,15 +42,18 @@ def advisory_xact_lock(*keys: str, timeout_s: float | None = None) -> None:
     timeout_ms = int((timeout_s if timeout_s is not None else settings.MEMORY_LOCK_TIMEOUT_S) * 1000)
     try:
         # No savepoint: a timeout fails the whole call, and the caller's atomic rolls back.
+        # One round trip: the statements of one simple query run in order inside the
+        # transaction, the caller's timeout kept in a transaction-local setting meanwhile.
+        # Only the advisory wait is bounded; the rest of the transaction waits as usual.
+        ordered = sorted(set(keys))  # one order everywhere: no deadlocks between callers
+        statements = [
+            "SELECT set_config('memsite.lock_timeout_outside', current_setting('lock_timeout'), true),"
+            " set_config('lock_timeout', %s, true)",
+            *["SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"] * len(ordered),
+            "SELECT set_config('lock_timeout', current_setting('memsite.lock_timeout_outside'), true)",
+        ]
         with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)", [f"{timeout_ms}ms"]
-            )
-            previous = cursor.fetchone()[0]
-            for key in sorted(set(keys)):  # one order everywhere: no deadlocks between callers
-                cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
-            # Only the advisory wait is bounded; the rest of the transaction waits as usual.
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+            cursor.execute("; ".join(statements), [f"{timeout_ms}ms", *ordered])
     except OperationalError as exc:
         # Only lock_timeout (55P03) means busy; a lost connection is backend_unavailable (503).
         if getattr(exc.__cause__, "sqlstate", None) != "55P03":

@@ -1,0 +1,60 @@
+"""Transaction-level advisory locks (core.locks): every key held until the transaction ends,
+only the wait bounded by the lock timeout, a busy key answered with `conflict`."""
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from core.errors import ErrorCode, ServiceError
+from core.locks import advisory_xact_lock
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _other_connection() -> psycopg.Connection:
+    params = {k: v for k, v in connection.get_connection_params().items() if k not in ("cursor_factory", "context")}
+    return psycopg.connect(**params, autocommit=True)
+
+
+def _held_elsewhere(other: psycopg.Connection, key: str) -> bool:
+    row = other.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [key]).fetchone()
+    if row[0]:
+        other.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
+    return not row[0]
+
+
+def test_every_key_is_held_until_the_transaction_ends():
+    other = _other_connection()
+    try:
+        with transaction.atomic():
+            advisory_xact_lock("lock-test:b", "lock-test:a", "lock-test:a")
+            assert _held_elsewhere(other, "lock-test:a") and _held_elsewhere(other, "lock-test:b")
+        assert not _held_elsewhere(other, "lock-test:a") and not _held_elsewhere(other, "lock-test:b")
+    finally:
+        other.close()
+
+
+def test_only_the_wait_is_bounded_the_transactions_own_lock_timeout_comes_back():
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '7s'")
+        advisory_xact_lock("lock-test:timeout", timeout_s=0.25)
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        assert cursor.fetchone()[0] == "7s"
+
+
+def test_a_busy_key_is_a_conflict_and_the_transaction_rolls_back():
+    other = _other_connection()
+    try:
+        other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", ["lock-test:busy"])
+        with pytest.raises(ServiceError) as raised, transaction.atomic():
+            advisory_xact_lock("lock-test:free", "lock-test:busy", timeout_s=0.2)
+        assert raised.value.code == ErrorCode.CONFLICT
+        assert "lock-test" not in raised.value.message  # no key in the message
+        assert not _held_elsewhere(other, "lock-test:free")  # rolled back: released
+    finally:
+        other.close()
+
+
+def test_outside_a_transaction_it_refuses():
+    with pytest.raises(RuntimeError):
+        advisory_xact_lock("lock-test:none")
