@@ -49,7 +49,7 @@ def _insert(scope, vectors: np.ndarray) -> list[str]:
 
 def _explain_search(scope, query: list[float], *, plan: str, limit: int) -> str:
     """EXPLAIN of the vector statement `vector_scores` runs, with the settings it runs it
-    under (the HNSW path sets its planner settings in its own transaction first)."""
+    under (the HNSW path sends its planner settings and the search as one simple query)."""
     statements: list[tuple[str, object]] = []
 
     def record(execute, sql, params, many, context):
@@ -65,7 +65,10 @@ def _explain_search(scope, query: list[float], *, plan: str, limit: int) -> str:
         for sql, params in statements[:-1]:
             cursor.execute(sql, params)
         sql, params = statements[-1]
-        cursor.execute("EXPLAIN " + sql, params)
+        settings_part, search = sql.rsplit("; ", 1) if "; " in sql else ("", sql)
+        cursor.execute(f"{settings_part}; EXPLAIN {search}" if settings_part else f"EXPLAIN {search}", params)
+        if settings_part:
+            cursor.nextset()
         explained = " ".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)
     return explained

@@ -46,7 +46,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from django.conf import settings
-from django.db import DataError, close_old_connections, connection, transaction
+from django.db import DataError, close_old_connections, connection
 from psycopg import sql
 
 from core.metrics import engine_timed_function
@@ -303,16 +303,28 @@ def vector_scores(
         # live rows only (196 ms at 100k live rows, for 400 candidates).
         # With a field filter the planner keeps its choice: the index scan would have to
         # iterate past every row the filter rejects (measured: filtered p95 1.4x unfiltered).
-        with transaction.atomic(), connection.cursor() as cursor:
+        # Settings and search go in one round trip: several statements in one simple query
+        # run as one transaction (an implicit one outside an atomic block), so the local
+        # settings hold for the search and end with it. That saves the BEGIN, the COMMIT and a
+        # round trip of their own (0.5-1 ms of a 10k user's search).
+        settings_statement = (
+            "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
+            " set_config('hnsw.ef_search', %s, true), set_config('enable_seqscan', %s, true),"
+            " set_config('enable_bitmapscan', %s, true); "
+        )
+        with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
-                " set_config('hnsw.ef_search', %s, true), set_config('enable_seqscan', %s, true),"
-                " set_config('enable_bitmapscan', %s, true)",
-                [str(max(settings.SEARCH_HNSW_EF_SEARCH, limit)), *(["on" if filters else "off"] * 2)],
+                settings_statement + query.as_string(cursor.connection),
+                [
+                    str(max(settings.SEARCH_HNSW_EF_SEARCH, limit)),
+                    *(["on" if filters else "off"] * 2),
+                    _vector_literal(vector),
+                    scope.engine_user_id,
+                    *params,
+                    limit,
+                ],
             )
-            cursor.execute(
-                query.as_string(cursor.connection), [_vector_literal(vector), scope.engine_user_id, *params, limit]
-            )
+            cursor.nextset()  # past the settings' row, to the search's
             rows = sorted(cursor.fetchall(), key=lambda row: (float(row[1]), str(row[0])))
     return [(str(row[0]), _similarity_of(float(row[1]), negate=negate)) for row in rows]
 
