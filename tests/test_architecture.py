@@ -81,13 +81,14 @@ def _call() -> CallContext:
 
 # Queries on Django's connection per call through the dispatcher (mem0's own pool is not
 # counted). A change here is a deliberate decision: update the pin and say why.
-# remember: 14 since its audit snapshot is sealed with the user's data key (one lookup);
+# remember: 12 since its advisory lock takes one round trip, not three (core.locks); it was
+# 14 since its audit snapshot is sealed with the user's data key (one lookup);
 # search_memory: 10 (11 with neighbours) since the query in its audit detail is sealed the same way; 8 on this
 # thread's connection since the BM25 side's two statements (tokenise, score) run on the
 # lexical worker's connection (SEARCH_LEXICAL_CONCURRENT; 10 here without it); one more
 # each since the best candidates read their neighbours (retrieval._with_neighbour_context);
 # one less each since that statement also reads the rows the search returns (no `_load`).
-QUERIES = {"remember": 14, "search_memory": 8, "search_memory_sequential": 10, "list_memory": 6}
+QUERIES = {"remember": 12, "search_memory": 8, "search_memory_sequential": 10, "list_memory": 6}
 
 
 @pytest.fixture
