@@ -158,7 +158,10 @@ class AuditEventAdmin(ReadOnlyAdmin):
 class MemoryHistoryAdmin(ReadOnlyAdmin):
     list_display = ("recorded_at", "memory_id", "event", "old_short", "new_short", "changed_by", "request_id")
     list_filter = ("event",)
-    search_fields = ("=memory_id", "=request_id")
+    # Exact lookups, served by the columns' indexes. Django's "=" prefix means iexact, which
+    # compares upper() of every row: a sequential scan of the whole history per search.
+    search_fields = ("memory_id__exact", "request_id__exact")
+    search_help_text = "An exact memory id or request id."
     ordering = ("-recorded_at",)
     paginator = EstimatedCountPaginator
     show_full_result_count = False

@@ -90,6 +90,11 @@ def test_update_then_delete_shows_versions_and_who(
     assert page.status_code == 200
     for text in (b"Dr. Sousa", b"Dr. Lima", b"DELETE", b"alice (mcp)"):
         assert text in page.content
+    by_request = admin_client.get(f"/admin/audit/memoryhistory/?q={history[1].request_id}")
+    assert [h.event for h in by_request.context["cl"].result_list] == ["UPDATE"]
+    # Exact lookups, which the columns' indexes serve (not iexact's upper() of every row).
+    searched = str(page.context["cl"].queryset.query)
+    assert "UPPER" not in searched and f'"memory_id" = {memory_id}' in searched
     events = admin_client.get(f"/admin/audit/auditevent/?q={memory_id}")
     assert events.status_code == 200
     listed = list(events.context["cl"].result_list)

@@ -354,6 +354,7 @@ ADMIN_BAD_PARAMETERS = [
     "/admin/audit/auditevent/?q=a%00",
     "/admin/audit/auditevent/?turn_id=%00",
     "/admin/audit/memoryhistory/?q=%00",
+    "/admin/billing/usageevent/?q=%00",
 ]
 
 

@@ -1,3 +1,5 @@
+import uuid
+
 import pytest
 
 from billing.models import UsageEvent
@@ -42,3 +44,20 @@ def test_plain_users_cannot_reach_it(client, alice):
     client.force_login(alice)
     response = client.get("/admin/billing/usageevent/")
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_staff_search_by_exact_user_id_or_request_id(admin_client, events, alice):
+    def found(term: str) -> list[int]:
+        page = admin_client.get("/admin/billing/usageevent/", {"q": term})
+        assert page.status_code == 200
+        searched = str(page.context["cl"].queryset.query)
+        assert "UPPER" not in searched  # exact lookups, served by the indexes
+        return sorted(e.pk for e in page.context["cl"].result_list)
+
+    alices = sorted(UsageEvent.objects.filter(user_id=str(alice.pk)).values_list("pk", flat=True))
+    assert found(str(alice.pk)) == alices and len(alices) == 2
+    assert found(f" {events.request_id} ") == [events.pk]
+    assert found(str(events.request_id).upper()) == [events.pk]  # a UUID in any spelling
+    assert found(events.request_id.hex) == [events.pk]
+    assert found(str(uuid.uuid4())) == []
+    assert found("not-a-request-id") == []  # no error for a term that is not a UUID
