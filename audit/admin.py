@@ -181,7 +181,8 @@ class AuthFailureWindowAdmin(ReadOnlyAdmin):
     """401s per client address per minute (the first of each window is also an audit row)."""
 
     list_display = ("window_start", "ip", "count", "first_channel", "last_seen_at")
-    search_fields = ("=ip",)
+    search_fields = ("ip__exact",)  # through the (ip, window_start) index; "=" would be iexact
+    search_help_text = "An exact client address."
     ordering = ("-window_start", "-count")
     list_filter = (("window_start", admin.DateFieldListFilter),)
     readonly_fields = [f.name for f in AuthFailureWindow._meta.fields]

@@ -396,3 +396,7 @@ def test_auth_failure_windows_are_visible_in_the_admin(client, django_user_model
     response = client.get("/admin/audit/authfailurewindow/")
     assert response.status_code == 200
     assert b"127.0.0.1" in response.content
+    searched = client.get("/admin/audit/authfailurewindow/", {"q": "127.0.0.1"})
+    assert [w.ip for w in searched.context["cl"].result_list] == ["127.0.0.1"]
+    assert "UPPER" not in str(searched.context["cl"].queryset.query)  # exact: the index serves it
+    assert not client.get("/admin/audit/authfailurewindow/", {"q": "10.0.0.9"}).context["cl"].result_list
