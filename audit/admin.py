@@ -21,6 +21,15 @@ from core.choices import Channel, Operation
 _UUID = re.compile(r"^[0-9a-fA-F-]{32,36}$")
 
 
+def _canonical_uuid(term: str) -> str:
+    """A UUID as the rows store it (lowercase, hyphenated), however it was pasted; any
+    other term as it is."""
+    try:
+        return str(uuid.UUID(term))
+    except ValueError:
+        return term
+
+
 class EstimatedCountPaginator(Paginator):
     """COUNT(*) over millions of rows is the slow part of a changelist; when nothing
     filters the list, use the planner's row estimate instead."""
@@ -129,10 +138,7 @@ class AuditEventAdmin(ReadOnlyAdmin):
         if term.isdigit():
             return queryset.filter(Q(subject_user_id=int(term)) | Q(actor_user_id=int(term))), False
         if _UUID.match(term):
-            try:
-                canonical = str(uuid.UUID(term))
-            except ValueError:
-                canonical = term
+            canonical = _canonical_uuid(term)
             return queryset.filter(Q(request_id=canonical) | Q(memory_ids__contains=[canonical])), False
         return queryset.filter(Q(actor_username=term) | Q(staff_username=term) | Q(turn_id=term)), False
 
@@ -158,14 +164,21 @@ class AuditEventAdmin(ReadOnlyAdmin):
 class MemoryHistoryAdmin(ReadOnlyAdmin):
     list_display = ("recorded_at", "memory_id", "event", "old_short", "new_short", "changed_by", "request_id")
     list_filter = ("event",)
-    # Exact lookups, served by the columns' indexes. Django's "=" prefix means iexact, which
-    # compares upper() of every row: a sequential scan of the whole history per search.
-    search_fields = ("memory_id__exact", "request_id__exact")
-    search_help_text = "An exact memory id or request id."
+    search_fields = ("memory_id", "request_id")  # shows the search box; see get_search_results
+    search_help_text = "A memory id or request id."
     ordering = ("-recorded_at",)
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     readonly_fields = [f.name for f in MemoryHistory._meta.fields]
+
+    def get_search_results(self, request, queryset, search_term):
+        """Exact lookups, served by the columns' indexes. (Django's "=" prefix means iexact,
+        which compares upper() of every row: a sequential scan of the whole history.)"""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        term = _canonical_uuid(term)
+        return queryset.filter(Q(memory_id=term) | Q(request_id=term)), False
 
     @admin.display(description="old")
     def old_short(self, obj):

@@ -92,6 +92,8 @@ def test_update_then_delete_shows_versions_and_who(
         assert text in page.content
     by_request = admin_client.get(f"/admin/audit/memoryhistory/?q={history[1].request_id}")
     assert [h.event for h in by_request.context["cl"].result_list] == ["UPDATE"]
+    pasted = admin_client.get("/admin/audit/memoryhistory/", {"q": f" {memory_id.upper()} "})
+    assert len(pasted.context["cl"].result_list) == 3  # a UUID in any spelling
     # Exact lookups, which the columns' indexes serve (not iexact's upper() of every row).
     searched = str(page.context["cl"].queryset.query)
     assert "UPPER" not in searched and f'"memory_id" = {memory_id}' in searched
