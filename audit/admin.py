@@ -15,7 +15,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
 from audit.crypto import content_display
-from audit.models import AuditEvent, AuditExportBatch, AuthFailureWindow, MemoryHistory
+from audit.models import ACTED_FOR_ANOTHER, AuditEvent, AuditExportBatch, AuthFailureWindow, MemoryHistory
 from core.choices import Channel, Operation
 
 _UUID = re.compile(r"^[0-9a-fA-F-]{32,36}$")
@@ -136,7 +136,8 @@ class AuditEventAdmin(ReadOnlyAdmin):
         if not term:
             return queryset, False
         if term.isdigit():
-            return queryset.filter(Q(subject_user_id=int(term)) | Q(actor_user_id=int(term))), False
+            user_id = int(term)
+            return queryset.filter(Q(subject_user_id=user_id) | (Q(actor_user_id=user_id) & ACTED_FOR_ANOTHER)), False
         if _UUID.match(term):
             canonical = _canonical_uuid(term)
             return queryset.filter(Q(request_id=canonical) | Q(memory_ids__contains=[canonical])), False

@@ -40,6 +40,13 @@ class MemoryHistory(models.Model):
         return f"{self.event} {self.memory_id}"
 
 
+# Rows whose actor is not their subject (a service or tenant admin acting for a user; no
+# subject at all). NULL-safe: Django negates the equality with IS NOT NULL checks. The
+# admin's search by user id repeats this condition so that the planner can use the
+# partial index built on it.
+ACTED_FOR_ANOTHER = ~models.Q(actor_user_id=models.F("subject_user_id"))
+
+
 class AuditEvent(models.Model):
     """One row per call that reads or changes memories (MCP, REST, UI, admin), success or
     not. Append-only: database triggers refuse UPDATE, DELETE and TRUNCATE except for the
@@ -90,6 +97,22 @@ class AuditEvent(models.Model):
             models.Index(fields=["outcome", "-id"], name="audit_outcome_recent"),
             models.Index(fields=["occurred_at"], name="audit_occurred_at"),
             models.Index(fields=["turn_id", "id"], name="audit_turn", condition=~models.Q(turn_id="")),
+            # The admin's search by user id or username and its actor/staff links: without
+            # these, "subject or actor is user 7" and a username scan the whole table.
+            # Most rows are a user acting on their own memories, which audit_subject_recent
+            # already finds by id: only rows where the actor is someone else (a delegated
+            # role) need an index by actor id, which keeps it off most inserts.
+            models.Index(fields=["actor_user_id", "-id"], name="audit_actor_recent", condition=ACTED_FOR_ANOTHER),
+            models.Index(fields=["actor_username", "-id"], name="audit_actor_name_recent"),
+            # Staff act on few rows: index only those.
+            models.Index(
+                fields=["staff_user_id", "-id"],
+                name="audit_staff_recent",
+                condition=models.Q(staff_user_id__isnull=False),
+            ),
+            models.Index(
+                fields=["staff_username", "-id"], name="audit_staff_name_recent", condition=~models.Q(staff_username="")
+            ),
             GinIndex(fields=["memory_ids"], name="audit_memory_ids"),
         ]
 

@@ -13,12 +13,12 @@ from bench.common import bench_database, percentiles, timed, write_results
 
 FILL = """
 INSERT INTO audit_auditevent (occurred_at, request_id, channel, operation, outcome, error_code, actor_user_id,
-    actor_username, actor_auth, actor_client_app, staff_username, tenant, subject_user_id, memory_ids, detail,
-    user_agent, turn_id, turn_event)
+    actor_username, actor_auth, actor_client_app, actor_role, staff_username, tenant, subject_user_id, memory_ids,
+    detail, user_agent, turn_id, turn_event)
 SELECT now() - (i || ' seconds')::interval, md5(i::text), 'mcp',
     (ARRAY['remember', 'search_memory', 'list_memory', 'update_memory'])[1 + i %% 4],
     CASE WHEN i %% 20 = 0 THEN 'error' ELSE 'ok' END, CASE WHEN i %% 20 = 0 THEN 'not_found' ELSE '' END,
-    1 + i %% 1000, 'user' || (1 + i %% 1000), 'api_key', 'bench-agent', '', 'default', 1 + i %% 1000,
+    1 + i %% 1000, 'user' || (1 + i %% 1000), 'api_key', 'bench-agent', 'user', '', 'default', 1 + i %% 1000,
     jsonb_build_array(md5(i::text)::uuid::text), '{}'::jsonb, 'bench', '', ''
 FROM generate_series(%s, %s) AS i
 """
@@ -58,6 +58,7 @@ def run(rows: int, repeat: int) -> dict:
         "operation + outcome filter": "/admin/audit/auditevent/?operation=update_memory&outcome=error",
         "search a memory id": f"/admin/audit/auditevent/?q={memory_id}",
         "search a username": "/admin/audit/auditevent/?q=user7",
+        "search a user id": "/admin/audit/auditevent/?q=7",
         "last 7 days": "/admin/audit/auditevent/?occurred_at__gte="
         + time.strftime("%Y-%m-%d", time.gmtime(time.time() - 7 * 86400)),
     }

@@ -1,6 +1,7 @@
 """The audit trail: one row per call with the right outcome, history with who did it,
 a forensic admin that support can browse but not change, and append-only storage."""
 
+import re
 import uuid
 
 import pytest
@@ -157,6 +158,39 @@ def test_plain_user_cannot_reach_admin(client, alice, transactional_db):
     client.force_login(alice)
     response = client.get("/admin/audit/auditevent/")
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_search_by_user_id_or_username_is_exact_and_index_served(admin_client, alice, bob, db):
+    def row(**fields):
+        return AuditEvent.objects.create(request_id=str(uuid.uuid4()), channel="mcp", outcome="ok", **fields)
+
+    own = row(operation="remember", actor_user_id=alice.pk, actor_username="alice", subject_user_id=alice.pk)
+    # A delegated call: bob's service acted on alice's memories.
+    delegated = row(operation="remember", actor_user_id=bob.pk, actor_username="bob", subject_user_id=alice.pk)
+    by_staff = row(operation="admin_view_memory", staff_user_id=bob.pk, staff_username="sam", subject_user_id=bob.pk)
+    row(operation="remember", actor_user_id=bob.pk, actor_username="alicex", subject_user_id=bob.pk)
+
+    def found(term):
+        page = admin_client.get("/admin/audit/auditevent/", {"q": term})
+        assert page.status_code == 200
+        return {e.pk for e in page.context["cl"].result_list}, page.context["cl"].queryset
+
+    assert found(str(alice.pk))[0] == {own.pk, delegated.pk}
+    assert found(str(bob.pk))[0] >= {delegated.pk}
+    assert found("alice")[0] == {own.pk}  # exact: not "alicex"
+    assert found("sam")[0] == {by_staff.pk}
+    # Each search is served by its columns' indexes, ORed: with sequential scans priced
+    # out, the plan reads them and nothing else (a 1M-row table scanned per search took
+    # 155 ms, docs/benchmarks.md).
+    with transaction.atomic():
+        connection.cursor().execute("SET LOCAL enable_seqscan = off")
+        for term, indexes in (
+            (str(alice.pk), {"audit_subject_recent", "audit_actor_recent"}),
+            ("alice", {"audit_actor_name_recent", "audit_staff_name_recent", "audit_turn"}),
+        ):
+            plan = found(term)[1].explain()
+            scans = set(re.findall(r"Bitmap Index Scan on (\w+)", plan))
+            assert scans == indexes and "Filter" not in plan and "Seq Scan" not in plan, plan
 
 
 def test_rows_are_append_only(transactional_db, alice):
