@@ -37,6 +37,9 @@ class UsageEvent(models.Model):
         indexes = [
             models.Index(fields=["next_attempt_at"], name="usage_event_undelivered", condition=Q(status="pending")),
             models.Index(fields=["operation", "created_at"]),
+            # What support looks for among millions of delivered rows (the admin's
+            # status filter, newest first); few rows, and only rows that failed.
+            models.Index(fields=["-created_at"], name="usage_event_failed", condition=Q(status="failed")),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(count__gte=1), name="usage_event_count_positive"),

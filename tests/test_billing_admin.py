@@ -61,3 +61,42 @@ def test_staff_search_by_exact_user_id_or_request_id(admin_client, events, alice
     assert found(events.request_id.hex) == [events.pk]
     assert found(str(uuid.uuid4())) == []
     assert found("not-a-request-id") == []  # no error for a term that is not a UUID
+
+
+def test_pages_never_read_the_whole_outbox(admin_client, events):
+    """The outbox gains a row per billed call: no filter choices by SELECT DISTINCT, no
+    date hierarchy, and support's "failed" filter goes through its own index."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    for url in (
+        "/admin/billing/usageevent/",
+        "/admin/billing/usageevent/?status__exact=failed",
+        "/admin/billing/usageevent/?operation=remember&channel=mcp",
+    ):
+        with CaptureQueriesContext(connection) as queries:
+            page = admin_client.get(url)
+        assert page.status_code == 200, url
+        statements = " ".join(q["sql"] for q in queries.captured_queries)
+        assert "DISTINCT" not in statements and "DATE_TRUNC" not in statements, url
+    failed = admin_client.get("/admin/billing/usageevent/?status__exact=failed").context["cl"]
+    assert [e.pk for e in failed.result_list] == [events.pk]
+    with transaction.atomic():
+        connection.cursor().execute("SET LOCAL enable_seqscan = off")
+        plan = failed.queryset.explain()
+    assert "usage_event_failed" in plan and "Seq Scan" not in plan, plan
+
+
+def test_filtered_counts_stop_at_a_bound(admin_client, events, monkeypatch):
+    """Past COUNT_EXACT_UP_TO matches, a filtered page shows the planner's estimate
+    instead of counting every match; below it, the exact count."""
+    from audit.admin import EstimatedCountPaginator
+
+    for _ in range(4):
+        UsageEvent.objects.create(user_id="9", operation="remember", channel="mcp")
+    monkeypatch.setattr(EstimatedCountPaginator, "COUNT_EXACT_UP_TO", 2)
+    over = admin_client.get("/admin/billing/usageevent/", {"q": "9"})
+    assert over.status_code == 200 and over.context["cl"].result_count >= 3
+    assert len(over.context["cl"].result_list) == 4
+    monkeypatch.setattr(EstimatedCountPaginator, "COUNT_EXACT_UP_TO", 10)
+    assert admin_client.get("/admin/billing/usageevent/", {"q": "9"}).context["cl"].result_count == 4
