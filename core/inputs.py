@@ -24,6 +24,18 @@ _INVALID_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")
 _JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 
 
+_ASCII_DIGITS = re.compile(r"[0-9]+")
+
+
+def digits_int(text: str, *, max_digits: int = 18) -> int | None:
+    """The number `text` spells in ASCII digits only, at most `max_digits` of them (18 fit
+    a bigint); None for anything else. `str.isdigit()` is no such check: it is true for
+    "²", which int() refuses, and for other scripts' digits, which int() reads."""
+    if len(text) > max_digits or not _ASCII_DIGITS.fullmatch(text):
+        return None
+    return int(text)
+
+
 class InputError(ValueError):
     """Input no surface may pass on. `too_large` tells 413 from 400. Messages name the
     problem and where it is, never the offending content."""

@@ -7,6 +7,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.inputs import digits_int
+
 DEFAULT_TENANT = "default"
 
 
@@ -29,7 +31,8 @@ class MemoryScope:
     def from_engine_user_id(cls, engine_user_id: str) -> MemoryScope | None:
         """The scope a partition key belongs to (background jobs); None if malformed."""
         tenant, _, pk = engine_user_id.rpartition(":")
-        return cls(tenant=tenant, user_pk=int(pk)) if tenant and pk.isdigit() else None
+        user_pk = digits_int(pk)
+        return cls(tenant=tenant, user_pk=user_pk) if tenant and user_pk is not None else None
 
     @classmethod
     def for_user(cls, user: Any, *, client_app: str | None = None, tenant: str | None = None) -> MemoryScope:

@@ -4,6 +4,7 @@ from django.db import transaction
 from audit.admin import EstimatedCountPaginator, ReadOnlyAdmin, history_table
 from audit.services import audit_staff_action
 from core.choices import Operation
+from core.inputs import digits_int
 from core.scope import DEFAULT_TENANT
 from memories.engine import EngineMemory, engine_memory_of, engine_rows_matching, engine_rows_newest_first
 from memories.models import ApiKey, EngineMemoryRow, ExternalIdentity, RateWindow, Tenant, TenantMembership
@@ -17,7 +18,7 @@ def _memory(row: EngineMemoryRow) -> EngineMemory:
 
 def _user_pk(engine_user_id: str) -> int | None:
     _, _, pk = (engine_user_id or "").rpartition(":")
-    return int(pk) if pk.isdigit() else None
+    return digits_int(pk)
 
 
 @admin.register(EngineMemoryRow)

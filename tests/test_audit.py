@@ -179,6 +179,8 @@ def test_search_by_user_id_or_username_is_exact_and_index_served(admin_client, a
     assert found(str(bob.pk))[0] >= {delegated.pk}
     assert found("alice")[0] == {own.pk}  # exact: not "alicex"
     assert found("sam")[0] == {by_staff.pk}
+    for odd in ("\u00b2", "9" * 30):  # a digit int() refuses; past bigint: nothing, not an error
+        assert found(odd)[0] == set()
     # Each search is served by its columns' indexes, ORed: with sequential scans priced
     # out, the plan reads them and nothing else (a 1M-row table scanned per search took
     # 155 ms, docs/benchmarks.md).

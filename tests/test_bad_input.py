@@ -367,6 +367,34 @@ def test_admin_search_and_filters_refuse_nul(client, django_user_model):
         assert b"invalid_argument" in response.content
 
 
+# "²".isdigit() is true and int("²") raises; a number past bigint or timedelta's range
+# overflows. Each was a 500 somewhere (core.inputs.digits_int now reads them all).
+ODD_NUMBERS = ["\u00b2", "9" * 30]
+
+
+def test_admin_number_parameters_take_odd_digits(client, django_user_model):
+    staff = django_user_model.objects.create_superuser("sam", "sam@example.com", "sam-password-1")
+    client.force_login(staff)
+    for odd in ODD_NUMBERS:
+        for path, params in (
+            ("/admin/audit/auditevent/", {"q": odd}),
+            ("/admin/memories/enginememoryrow/", {"q": f"user:{odd}"}),
+            ("/admin/billing/usageevent/totals/", {"days": odd}),
+        ):
+            assert client.get(path, params).status_code == 200, (path, params)
+
+
+def test_web_key_expiry_takes_odd_digits(alice_browser):
+    from memories.models import ApiKey
+
+    keys = ApiKey.objects.count()
+    for odd in ODD_NUMBERS:
+        response = alice_browser.post("/keys/", {"name": "k", "expires_days": odd}, follow=True)
+        assert response.status_code == 200
+        assert b"a number of days from 1 to 3650" in response.content
+    assert ApiKey.objects.count() == keys  # no key made
+
+
 # --- 401s are counted -------------------------------------------------------------------------
 def test_unauthenticated_requests_are_counted_with_one_sampled_audit_row(api_client, memsite_server):
     for token in (None, "msk_nope_nope", "not-even-a-key"):

@@ -14,6 +14,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KT
 
+from core.inputs import digits_int
 from core.scope import MemoryScope
 from memories.models import EngineMemoryRow
 
@@ -295,7 +296,7 @@ def engine_rows_newest_first(rows: QuerySet[EngineMemoryRow]) -> QuerySet[Engine
 
 def engine_rows_matching(rows: QuerySet[EngineMemoryRow], term: str) -> QuerySet[EngineMemoryRow]:
     """`user:<pk>`, a memory id, or words of the text (rows from engine_rows_newest_first)."""
-    if term.startswith("user:") and term[5:].isdigit():
+    if term.startswith("user:") and digits_int(term[5:]) is not None:
         return rows.filter(owner_id__endswith=f":{term[5:]}")  # type: ignore[misc]
     try:
         return rows.filter(id=uuid.UUID(term))

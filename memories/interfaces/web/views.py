@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from core.calls import call_context_from_request
 from core.choices import ALL_PERMISSIONS, Channel, MemoryType, Permission
 from core.errors import ErrorCode, ServiceError
+from core.inputs import digits_int
 from core.scope import MemoryScope
 from memories.auth import Principal
 from memories.interfaces.wellknown import MEMORY_MCP_PATH
@@ -364,12 +365,13 @@ def api_keys(request):
         if "permissions_shown" not in request.POST:
             chosen = ALL_PERMISSIONS  # a form without the choice: today's default
         expires_days = request.POST.get("expires_days", "").strip()
+        days = digits_int(expires_days, max_digits=4)
         if not chosen:
             messages.error(request, "Choose at least one permission.")
-        elif expires_days and not (expires_days.isdigit() and 1 <= int(expires_days) <= 3650):
+        elif expires_days and not (days is not None and 1 <= days <= 3650):
             messages.error(request, "Expiry: a number of days from 1 to 3650, or never.")
         else:
-            expires_at = timezone.now() + timedelta(days=int(expires_days)) if expires_days else None
+            expires_at = timezone.now() + timedelta(days=days) if days is not None else None
             _, new_key = api_key_issue(user=request.user, name=name, permissions=chosen, expires_at=expires_at)
             messages.success(request, "Key created. Copy it now: it will not be shown again.")
     keys = ApiKey.objects.filter(user=request.user).order_by("-created_at")

@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from core.choices import Role, permissions_parse
 from core.errors import ServiceError
+from core.inputs import digits_int
 from core.scope import DEFAULT_TENANT, user_tenant
 from memories.services import api_key_issue
 from memories.tenancy import tenant_user_create
@@ -14,8 +15,8 @@ from memories.tenancy import tenant_user_create
 def parse_expiry(raw: str) -> datetime:
     """`30d`, `12h`, an ISO date (end of that day, UTC) or an ISO datetime."""
     raw = raw.strip()
-    if raw[:-1].isdigit() and raw[-1:] in ("d", "h"):
-        amount = int(raw[:-1])
+    amount = digits_int(raw[:-1], max_digits=5)
+    if amount is not None and raw[-1:] in ("d", "h"):
         return timezone.now() + (timedelta(days=amount) if raw.endswith("d") else timedelta(hours=amount))
     try:
         parsed = datetime.fromisoformat(raw)
