@@ -184,12 +184,19 @@ FIELD_NAMES = ("memory_type", "tags", "importance", "agent_id", "session_id", "e
 
 
 def parse_instant(value: str, *, what: str) -> datetime:
-    """An ISO 8601 date or date-time; naive ones are taken as UTC."""
+    """An ISO 8601 date or date-time, as a UTC instant; naive ones are taken as UTC.
+
+    Converted here, where a bad value is still the caller's mistake: an instant whose UTC
+    form leaves datetime's range (9999-12-31T23:59:59-05:00, 0001-01-01T00:00:00+05:00)
+    raised OverflowError deep in the engine, a 500."""
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
     except ValueError:
         raise ValueError(f"{what} must be an ISO 8601 date-time, e.g. 2026-12-31T00:00:00Z") from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    try:
+        return when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
+    except OverflowError:
+        raise ValueError(f"{what} is out of range: use an instant between years 0001 and 9999 in UTC") from None
 
 
 class FieldsMixin(StrictInput):

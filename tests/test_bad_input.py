@@ -101,6 +101,8 @@ MCP_CASES = [
     ("list_memory", {"filters": {"k": [[[[1]]]]}}),
     ("ingest", {"messages": [{"role": "user", "content": "hi\u0000"}]}),
     *[("list_memory", {"cursor": cursor}) for cursor in BAD_CURSORS],
+    # In UTC, past datetime's range: was an OverflowError in the engine, "retry later".
+    ("remember", {"memory": "far", "expires_at": "9999-12-31T23:59:59-05:00"}),
 ]
 
 
@@ -113,6 +115,37 @@ def test_mcp_bad_arguments_are_coded_400s_that_change_nothing_but_one_audit_row(
         assert error["message"] and "Traceback" not in error["message"]
         assert_only_audited(before, state())
     assert mcp.ok("list_memory", {})["memories"][0]["id"] == existing
+
+
+# The other two MCP servers: (path, tool, arguments).
+OTHER_MCP_CASES = [
+    # Unhashable item fields: `in` on a set raised TypeError, answered "retry later".
+    ("memory-lifecycle", "memory_before_turn", {"session_id": "s1", "current_input": [{"type": ["message"]}]}),
+    (
+        "memory-lifecycle",
+        "memory_after_turn",
+        {"session_id": "s1", "turn_id": "t1", "input_items": [{"role": {"a": 1}, "content": "x"}]},
+    ),
+    # Refused before the rate limit counts it.
+    ("memory-toolkit", "hybrid_search", {"query": "x", "vector_weight": 0, "text_weight": 0}),
+]
+
+
+def test_lifecycle_and_toolkit_bad_arguments_change_nothing_but_one_audit_row(mcp_as, alice_key, existing):  # noqa: ARG001
+    for server, tool, arguments in OTHER_MCP_CASES:
+        mcp = mcp_as(alice_key)
+        mcp.url = mcp.url.replace("/engines/memory/mcp", f"/engines/{server}/mcp")
+        before = state()
+        result = mcp.call(tool, arguments)
+        assert result.is_error, (tool, result.structured_content)
+        error = result.structured_content
+        if isinstance(error["error"], dict):
+            error = error["error"]
+        else:  # the toolkit's flat shape (seed 003): {"error": message, "code": ...}
+            error = {**error, "message": error["error"]}
+        assert error["code"] == "invalid_argument", (tool, arguments, error)
+        assert error["message"] and "Traceback" not in error["message"]
+        assert_only_audited(before, state())
 
 
 def _mcp_post(url: str, token: str, body: bytes, *, method: str = "POST") -> tuple[int, dict, bytes]:
@@ -283,6 +316,14 @@ REST_BODY_CASES = [
     ("patch", "/v1/memories/%00", b'{"memory": "ok"}', 400),
     ("delete", "/v1/memories/" + "a" * 300, b"", 400),
     ("delete", "/v1/memories/not-a-uuid", b"", 400),
+    # Instants whose UTC form leaves datetime's range: were OverflowError 500s.
+    ("post", "/v1/memories", b'{"memory": "far fact", "expires_at": "9999-12-31T23:59:59-05:00"}', 400),
+    ("post", "/v1/memory", b'{"content": "far fact", "expires_at": "9999-12-31T23:59:59-05:00"}', 400),
+    ("patch", f"/v1/memories/{UUID}", b'{"expires_at": "9999-12-31T23:59:59-05:00"}', 400),
+    ("post", "/v1/memories/forget", b'{"time_range": {"start": "0001-01-01T00:00:00+05:00"}, "dry_run": true}', 400),
+    ("post", "/v1/memories/forget", b'{"time_range": {"end": "9999-12-31T23:59:59-05:00"}, "confirm": true}', 400),
+    # A body that does not parse on the seed-001 forget route: was answered but not audited.
+    ("post", f"/v1/memory/{UUID}/forget", b"{", 400),
 ]
 
 

@@ -297,11 +297,12 @@ def toolkit_hybrid_search(
 ) -> dict[str, Any]:
     """Our hybrid retrieval with weighted reciprocal rank fusion of the vector and
     full-text rankings (weights: arguments, else RRF_VECTOR_WEIGHT / RRF_TEXT_WEIGHT)."""
-    rate_limit_consume(scope, operation=Operation.HYBRID_SEARCH)
     vector_weight = settings.RRF_VECTOR_WEIGHT if vector_weight is None else vector_weight
     text_weight = settings.RRF_TEXT_WEIGHT if text_weight is None else text_weight
     if vector_weight == 0 and text_weight == 0:
+        # Before the rate limit: a refused call must change nothing but its audit row.
         raise ServiceError(ErrorCode.INVALID_ARGUMENT, "vector_weight and text_weight cannot both be 0")
+    rate_limit_consume(scope, operation=Operation.HYBRID_SEARCH)
     limit = _limit(limit)
     found = _search(
         scope,

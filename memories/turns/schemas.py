@@ -34,12 +34,15 @@ def _too_large(message: str) -> PydanticCustomError:
 def _item_ok(item: Any) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise ValueError("each item must be an object")
+    # Strings first: `in` on a set hashes its operand, and a list there raised TypeError,
+    # which pydantic does not turn into a validation error (the call failed as a 500).
     kind = item.get("type", "message")
-    if kind not in ITEM_TYPES:
+    if not isinstance(kind, str) or kind not in ITEM_TYPES:
         raise ValueError(f"item type must be one of {sorted(ITEM_TYPES)}")
     limit = settings.MCP_MEMORY_MAX_PART_CHARS
     if kind == "message":
-        if item.get("role") not in ROLES:
+        role = item.get("role")
+        if not isinstance(role, str) or role not in ROLES:
             raise ValueError(f"a message item needs a role in {sorted(ROLES)}")
         content = item.get("content")
         if isinstance(content, str):

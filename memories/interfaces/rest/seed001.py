@@ -313,8 +313,11 @@ class SeedMemoryForgetView(APIView):
     def post(self, request, memory_id: str):
         def build() -> tuple[dict[str, Any], dict[str, Any]]:
             claimed = _query_claim(request)
-            if isinstance(request.data, dict) and request.data.get("scope") is not None:
-                claimed = {**claimed, **_scope_of(request.data["scope"])}
+            # The body is optional, but one that does not parse is answered and audited
+            # like any bad argument (reading request.data raised past the dispatcher).
+            body = _body_dict(request)
+            if body.get("scope") is not None:
+                claimed = {**claimed, **_scope_of(body["scope"])}
             return {"memory_id": memory_id}, claimed
 
         return Response(_execute(request, "forget_memory", build))
