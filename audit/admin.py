@@ -16,8 +16,10 @@ from django.utils.html import format_html, format_html_join
 
 from audit.crypto import content_display
 from audit.models import ACTED_FOR_ANOTHER, AuditEvent, AuditExportBatch, AuthFailureWindow, MemoryHistory
+from audit.services import audit_staff_action
 from core.choices import Channel, Operation
 from core.inputs import digits_int
+from core.scope import DEFAULT_TENANT
 
 _UUID = re.compile(r"^[0-9a-fA-F-]{32,36}$")
 
@@ -100,6 +102,33 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class ContentListAudited:
+    """A changelist whose rows show memory text leaves one audit row per page shown: which
+    memories staff saw, and whether they searched (not the search term, which may itself
+    be memory text). Opening one memory is audited by each change view."""
+
+    def shown_memory_id(self, obj) -> str:
+        raise NotImplementedError
+
+    def changelist_view(self, request, extra_context=None):
+        response = super().changelist_view(request, extra_context)
+        changelist = (getattr(response, "context_data", None) or {}).get("cl")
+        if changelist is not None and request.method == "GET":
+            shown = [self.shown_memory_id(obj) for obj in changelist.result_list]
+            if shown:
+                audit_staff_action(
+                    request,
+                    operation=Operation.ADMIN_LIST_CONTENT,
+                    memory_ids=list(dict.fromkeys(shown)),
+                    detail={
+                        "page": self.model._meta.label_lower,
+                        "rows": len(shown),
+                        "searched": bool(changelist.query),
+                    },
+                )
+        return response
+
+
 def _snapshot_display(value):
     opened = content_display(value)
     return "-" if opened is None else opened if isinstance(opened, str) else json.dumps(opened, indent=1)
@@ -129,6 +158,21 @@ class AuditEventAdmin(ReadOnlyAdmin):
         {"before": "before_content", "after": "after_content", "detail": "detail_content"}.get(f.name, f.name)
         for f in AuditEvent._meta.fields
     ]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # A row holding a memory's text (a change's before and after, a stored turn) shows
+        # it opened: reading it is audited like opening the memory itself.
+        event = self.get_object(request, object_id)
+        if event is not None and (event.before is not None or event.after is not None or "content" in event.detail):
+            audit_staff_action(
+                request,
+                operation=Operation.ADMIN_VIEW_MEMORY,
+                subject_user_id=event.subject_user_id,
+                memory_ids=list(event.memory_ids or []),
+                tenant=event.tenant or DEFAULT_TENANT,
+                detail={"audit_event": event.pk},
+            )
+        return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="before")
     def before_content(self, obj):
@@ -182,7 +226,7 @@ class AuditEventAdmin(ReadOnlyAdmin):
 
 
 @admin.register(MemoryHistory)
-class MemoryHistoryAdmin(ReadOnlyAdmin):
+class MemoryHistoryAdmin(ContentListAudited, ReadOnlyAdmin):
     list_display = ("recorded_at", "memory_id", "event", "old_short", "new_short", "changed_by", "request_id")
     list_filter = ("event",)
     search_fields = ("memory_id", "request_id")  # shows the search box; see get_search_results
@@ -200,6 +244,20 @@ class MemoryHistoryAdmin(ReadOnlyAdmin):
             return queryset, False
         term = _canonical_uuid(term)
         return queryset.filter(Q(memory_id=term) | Q(request_id=term)), False
+
+    def shown_memory_id(self, obj) -> str:
+        return obj.memory_id
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        version = self.get_object(request, object_id)
+        if version is not None:
+            audit_staff_action(
+                request,
+                operation=Operation.ADMIN_VIEW_MEMORY,
+                memory_ids=[version.memory_id],
+                detail={"history_row": str(version.pk)},
+            )
+        return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="old")
     def old_short(self, obj):

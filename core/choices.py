@@ -29,6 +29,8 @@ class Operation(models.TextChoices):
     PURGE_DUE = "purge_due"
     # Staff actions in the admin.
     ADMIN_VIEW_MEMORY = "admin_view_memory"
+    # A list page that shows memory text (memories, memory history): the ids it showed.
+    ADMIN_LIST_CONTENT = "admin_list_content"
     ADMIN_REVOKE_API_KEY = "admin_revoke_api_key"
     ADMIN_RETRY_USAGE_EVENTS = "admin_retry_usage_events"
     # A request without a valid credential (sampled: the first per ip per minute).

@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 from django.db import transaction
 
-from audit.admin import EstimatedCountPaginator, ReadOnlyAdmin, history_table
+from audit.admin import ContentListAudited, EstimatedCountPaginator, ReadOnlyAdmin, history_table
 from audit.services import audit_staff_action
 from core.choices import Operation
 from core.inputs import digits_int
@@ -22,8 +22,9 @@ def _user_pk(engine_user_id: str) -> int | None:
 
 
 @admin.register(EngineMemoryRow)
-class MemoryAdmin(ReadOnlyAdmin):
-    """The engine's table, read-only. Opening a memory (its content) is audited."""
+class MemoryAdmin(ContentListAudited, ReadOnlyAdmin):
+    """The engine's table, read-only. Opening a memory (its content), or a page of them,
+    is audited."""
 
     list_display = (
         "id",
@@ -57,6 +58,9 @@ class MemoryAdmin(ReadOnlyAdmin):
         if not term:
             return queryset, False
         return engine_rows_matching(queryset, term), False
+
+    def shown_memory_id(self, obj) -> str:
+        return str(obj.id)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         memory = self.get_object(request, object_id)

@@ -1,6 +1,7 @@
 """The audit trail: one row per call with the right outcome, history with who did it,
 a forensic admin that support can browse but not change, and append-only storage."""
 
+import json
 import re
 import uuid
 
@@ -101,7 +102,9 @@ def test_update_then_delete_shows_versions_and_who(
     events = admin_client.get(f"/admin/audit/auditevent/?q={memory_id}")
     assert events.status_code == 200
     listed = list(events.context["cl"].result_list)
-    assert [(e.operation, e.actor_username) for e in reversed(listed)] == [
+    # The three history pages above were staff reading this memory: each is on its trail.
+    assert [e.operation for e in listed if e.staff_username] == ["admin_list_content"] * 3
+    assert [(e.operation, e.actor_username) for e in reversed(listed) if not e.staff_username] == [
         ("remember", "alice"),
         ("update_memory", "alice"),
         ("delete_memory", "alice"),
@@ -152,6 +155,40 @@ def test_support_browses_but_changes_nothing(client, support_user, alice, transa
     audit_row = AuditEvent.objects.first()
     assert client.post(f"/admin/audit/auditevent/{audit_row.pk}/delete/", {"post": "yes"}).status_code == 403
     assert AuditEvent.objects.filter(pk=audit_row.pk).exists()
+
+
+def test_staff_reading_memory_text_is_audited(client, support_user, alice, transactional_db, clean_vectors):
+    """Every admin page that shows a memory's text leaves an audit row naming what was
+    shown: list pages (the ids on the page), a history version, an audit row's opened
+    snapshots. The search term is not kept (it may be memory text itself)."""
+    scope = MemoryScope.for_user(alice)
+    memory_id = memory_remember(scope, memory="Alice bakes sourdough", call=internal_call()).id
+    from memories.services import memory_update
+
+    memory_update(scope, memory_id=memory_id, memory="Alice bakes rye sourdough", call=internal_call())
+    client.force_login(support_user)
+
+    def staff_rows(fn):
+        rows = _rows_added(fn)
+        assert all(r.staff_username == "sam" and r.channel == "admin" for r in rows)
+        return [(r.operation, r.memory_ids, r.subject_user_id) for r in rows]
+
+    for url in ("/admin/memories/enginememoryrow/", "/admin/audit/memoryhistory/"):
+        listed = staff_rows(lambda url=url: client.get(url))
+        assert listed == [("admin_list_content", [memory_id], None)], url
+    searched = _rows_added(lambda: client.get("/admin/memories/enginememoryrow/", {"q": "sourdough"}))
+    assert [r.detail for r in searched] == [{"page": "memories.enginememoryrow", "rows": 1, "searched": True}]
+    assert "sourdough" not in json.dumps([r.detail for r in searched])
+    version = MemoryHistory.objects.filter(memory_id=memory_id, event="UPDATE").get()
+    opened = staff_rows(lambda: client.get(f"/admin/audit/memoryhistory/{version.pk}/change/"))
+    assert opened == [("admin_view_memory", [memory_id], None)]
+    update_row = AuditEvent.objects.get(operation="update_memory")
+    opened = staff_rows(lambda: client.get(f"/admin/audit/auditevent/{update_row.pk}/change/"))
+    assert opened == [("admin_view_memory", [memory_id], alice.pk)]
+    # Rows without memory text (this staff row itself) open without another one.
+    assert staff_rows(lambda: client.get(f"/admin/audit/auditevent/{searched[0].pk}/change/")) == []
+    # An empty page shows nothing: nothing to record.
+    assert staff_rows(lambda: client.get("/admin/memories/enginememoryrow/", {"q": "no such words"})) == []
 
 
 def test_plain_user_cannot_reach_admin(client, alice, transactional_db):
