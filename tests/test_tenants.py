@@ -317,6 +317,11 @@ def test_delegated_call_audits_actor_and_subject_and_bills_the_subject(acme, api
         format="json",
     )
     assert stored.status_code == 201 and stored.json()["memory"]["scope"]["user_id"] == "ann"
+    prefetched = client.post(
+        "/v1/memory/prefetch", {"query": "email", "scope": {"tenant_id": "acme", "user_id": "ann"}}, format="json"
+    )
+    assert prefetched.status_code == 200, prefetched.json()
+    assert {m["scope"]["user_id"] for m in prefetched.json()["memories"]} == {"ann"}  # the subject, not the bot
     # Header and scope naming different users: the scope must match whom the call runs as.
     mixed = client.post(
         "/v1/memory/search", {"query": "x", "scope": {"user_id": "support-bot"}}, format="json", **{SUBJECT: "acme/ann"}

@@ -13,7 +13,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from memories.interfaces.rest.seed001 import _body_dict, _execute, _only, _scope_of, seed_memory
+from memories.interfaces.rest.seed001 import _body_dict, _effective, _execute, _only, _scope_of, seed_memory
 from memories.interfaces.rest.views import COMMON_ERRORS, _errors
 
 _prefetch_request = inline_serializer(
@@ -61,5 +61,5 @@ class SeedMemoryPrefetchView(APIView):
 
         result = _execute(request, "memory_prefetch", build)
         return Response(
-            {"notes": result["notes"], "memories": [seed_memory(request.auth, m) for m in result["memories"]]}
+            {"notes": result["notes"], "memories": [seed_memory(_effective(request), m) for m in result["memories"]]}
         )
