@@ -100,6 +100,31 @@ def test_compaction_in_before_turn_never_drops_the_current_input(alice, clean_ve
     assert tiny["input_items"][-1] == current[0]
 
 
+def test_recall_fact_ids_are_the_facts_shown_when_the_budget_cuts_some(alice, alice_scope, clean_vectors):
+    """A fact whose own text holds "- " lines must not make the facts the budget cut
+    count as shown."""
+    from memories.services import memory_remember
+    from tests.conftest import internal_call
+
+    listed = memory_remember(
+        alice_scope, memory="Garden jobs for Saturday:\n- prune the roses\n- mow the lawn", call=internal_call()
+    ).id
+    for n in range(2):
+        memory_remember(
+            alice_scope, memory=f"Garden note {n}: " + "compost turning schedule " * 60, call=internal_call()
+        )
+    result = run(
+        alice,
+        "memory_before_turn",
+        session_id="g",
+        current_input=[user_msg("Which garden jobs for Saturday: prune the roses?")],
+        max_input_tok=256,
+    )
+    block = next(i["content"] for i in result["input_items"] if i["role"] == "developer")
+    assert result["recall_fact_ids"] == [listed]
+    assert "Garden note" not in block
+
+
 def test_after_turn_exactly_once_and_audit_has_only_hashes(alice, alice_scope, clean_vectors):
     said = "I prefer green tea over coffee."
     first = turn(alice, "s", "t1", said)

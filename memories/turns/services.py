@@ -198,10 +198,12 @@ def turn_input_assemble(
     session_summary: str,
     base_instructions: str,
     max_input_tok: int,
-) -> tuple[list[dict[str, Any]], int]:
-    """(input_items, compacted context count): instructions, memory block, summary,
-    recent context, current input. Past the budget, the oldest context items are folded
-    into the summary, then facts and the summary give way; the current input never."""
+) -> tuple[list[dict[str, Any]], int, int]:
+    """(input_items, compacted context count, facts shown): instructions, memory block,
+    summary, recent context, current input. Past the budget, the oldest context items are
+    folded into the summary, then facts and the summary give way; the current input never.
+    The facts shown are the block's first ones, counted here rather than read back from
+    the text (a fact's own text may hold a line that looks like another fact)."""
     budget = int(settings.MCP_MEMORY_COMPACT_THRESHOLD * max_input_tok)
     head = [message("system", base_instructions)] if base_instructions else []
     facts_shown = len(block.facts)
@@ -219,7 +221,7 @@ def turn_input_assemble(
     summary = session_summary
     items = build(summary)
     if items_token_count(items) <= budget:
-        return items, 0
+        return items, 0, facts_shown
     # Fold the oldest context into the summary until the rest fits.
     fixed = items_token_count(build("")) - items_token_count(kept)
     while kept and fixed + items_token_count(kept) + 64 > budget:
@@ -236,7 +238,7 @@ def turn_input_assemble(
     if items_token_count(items) > budget and summary:
         summary = ""
         items = build(summary)
-    return items, len(folded)
+    return items, len(folded), facts_shown
 
 
 def turn_before(
@@ -260,7 +262,7 @@ def turn_before(
     state = SessionState.objects.filter(
         engine_user_id=scope.engine_user_id, project=project, session_id=session_id
     ).first()
-    items, compacted = turn_input_assemble(
+    items, compacted, facts_shown = turn_input_assemble(
         current_input=current_input,
         context=context,
         block=block,
@@ -268,7 +270,7 @@ def turn_before(
         base_instructions=base_instructions,
         max_input_tok=max_input_tok,
     )
-    recall_ids = block.ids[: _facts_shown(items)]
+    recall_ids = block.ids[:facts_shown]
     count = items_token_count(items)
     with transaction.atomic():
         call_succeeded(
@@ -287,14 +289,6 @@ def turn_before(
             },
         )
     return {"input_items": items, "recall_fact_ids": recall_ids, "context_token_count": count}
-
-
-def _facts_shown(items: list[dict[str, Any]]) -> int:
-    for item in items:
-        content = item.get("content")
-        if item.get("role") == "developer" and isinstance(content, str) and content.startswith(MEMORY_BLOCK_HEADER):
-            return content.count("\n- ")
-    return 0
 
 
 # --- after_turn ------------------------------------------------------------------------------------
