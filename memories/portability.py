@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import io
 import json
+import lzma
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from core.errors import ErrorCode, ServiceError
+from core.inputs import MAX_JSON_DEPTH, InputError, json_depth_check, json_loads_safe, json_value_check, text_problem
 from memories import schemas
-from memories.engine import engine_timestamp
+from memories.engine import TIER_KEY, engine_timestamp
 
 FORMAT_NAME = "memsite.memories"
 FORMAT_VERSION = 1
@@ -56,6 +59,25 @@ class ImportItem:
     access_count: int = 0
     last_recalled_at: str | None = None
 
+    @property
+    def kind(self) -> tuple[str, str, str]:
+        """What lets two memories with equal texts live side by side in one user's data:
+        the toolkit keeps a short-term copy (`tier: stm`, expiring) beside the long-term
+        memory of the same message, and a memory type or an expiry makes a different
+        memory of the same words. Equal texts of the same kind are one memory twice."""
+        tier = self.metadata.get(TIER_KEY)
+        return (
+            tier if isinstance(tier, str) else "",
+            self.fields.get("expires_at") or "",
+            self.fields.get("memory_type") or "user",
+        )
+
+    @property
+    def holds_hash_first(self) -> bool:
+        """Whether this one, of equal texts, should hold the text's dedupe hash: as in
+        live data, the long-term memory rather than a short-term or expiring copy."""
+        return self.metadata.get(TIER_KEY) != "stm" and not self.fields.get("expires_at")
+
 
 def _invalid(message: str) -> ServiceError:
     return ServiceError(ErrorCode.INVALID_ARGUMENT, message)
@@ -74,15 +96,35 @@ def _timestamp(value: Any, *, where: str) -> str | None:
         raise _invalid(f"{where}: timestamp is not ISO-8601") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return engine_timestamp(when)
+    try:
+        return engine_timestamp(when)
+    except OverflowError:  # 9999-12-31 at -05:00 is past year 9999 in UTC (0001-01-01 at +05:00 before year 1)
+        raise _invalid(f"{where}: timestamp is out of range") from None
+
+
+def _text(value: Any, *, where: str, max_chars: int) -> str:
+    """A string from the file that is stored as it is: Postgres refuses NUL and lone
+    surrogates, so they must be a coded refusal here, not a database error later."""
+    if not isinstance(value, str) or len(value) > max_chars:
+        raise _invalid(f"{where}: must be text of at most {max_chars} characters")
+    problem = text_problem(value)
+    if problem:
+        raise _invalid(f"{where}: {problem}")
+    return value
 
 
 def _label(value: Any, *, where: str) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or len(value) > LABEL_MAX_CHARS:
-        raise _invalid(f"{where}: must be text of at most {LABEL_MAX_CHARS} characters")
-    return value
+    return _text(value, where=where, max_chars=LABEL_MAX_CHARS)
+
+
+def _key(value: Any, *, where: str) -> str | int | None:
+    """An id OpenMemory links records by: text or an integer (or absent). Anything else
+    (a list, an object) could not even be looked up, so the file is refused."""
+    if value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise _invalid(f"{where} must be text or an integer")
 
 
 FIELD_KEYS = ("memory_type", "tags", "importance", "agent_id", "session_id", "why_stored")
@@ -119,23 +161,26 @@ def _versions(raw: Any, *, where: str) -> list[dict[str, Any]]:
     versions = []
     for n, version in enumerate(raw):
         here = f"{where} history[{n}]"
-        if not isinstance(version, dict) or version.get("event") not in HISTORY_EVENTS:
+        event = version.get("event") if isinstance(version, dict) else None
+        # Type first: a list or object is unhashable and cannot be looked up in the set.
+        if not isinstance(version, dict) or not isinstance(event, str) or event not in HISTORY_EVENTS:
             raise _invalid(f"{here}: needs an event (ADD, UPDATE, DELETE or NONE)")
+        texts: dict[str, str | None] = {}
         for key in ("old_memory", "new_memory"):
             value = version.get(key)
-            if value is not None and (not isinstance(value, str) or len(value) > schemas.MEMORY_MAX_CHARS):
-                raise _invalid(f"{here}: {key} must be text of at most {schemas.MEMORY_MAX_CHARS} characters")
+            limit = schemas.MEMORY_MAX_CHARS
+            texts[key] = None if value is None else _text(value, where=f"{here} {key}", max_chars=limit)
         changed_by = version.get("changed_by") or ""
         if not isinstance(changed_by, str):
             raise _invalid(f"{here}: changed_by must be text")
+        changed_by = _text(changed_by[:300], where=f"{here} changed_by", max_chars=300)
         versions.append(
             {
-                "event": version["event"],
-                "old_memory": version.get("old_memory"),
-                "new_memory": version.get("new_memory"),
-                "created_at": _timestamp(version.get("created_at"), where=here),
-                "updated_at": _timestamp(version.get("updated_at"), where=here),
-                "changed_by": changed_by[:300],
+                "event": event,
+                **texts,
+                "created_at": _timestamp(version.get("created_at"), where=f"{here} created_at"),
+                "updated_at": _timestamp(version.get("updated_at"), where=f"{here} updated_at"),
+                "changed_by": changed_by,
             }
         )
     return versions
@@ -153,9 +198,12 @@ def _parse_memsite(data: bytes) -> list[ImportItem]:
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
         raise _invalid(f"line 1 is not a {FORMAT_NAME} header")
     if header.get("version") != FORMAT_VERSION:
-        raise _invalid(f"format version {header.get('version')!r} is not supported (expected {FORMAT_VERSION})")
+        # Not quoted: the header is the file's content.
+        raise _invalid(f"this format version is not supported (expected {FORMAT_VERSION})")
     count = header.get("count")
-    if not isinstance(count, int) or count != len(lines) - 1:
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise _invalid("line 1: the header's count must be an integer")
+    if count != len(lines) - 1:
         raise _invalid(f"the file is truncated: its header announces {count} memories, it holds {len(lines) - 1}")
     items = []
     for n, line in enumerate(lines[1:], start=2):
@@ -177,8 +225,8 @@ def _parse_memsite(data: bytes) -> list[ImportItem]:
                 metadata=metadata,
                 source=_label(record.get("source"), where=f"{where} source") or "import",
                 client_app=_label(record.get("client_app"), where=f"{where} client_app"),
-                created_at=_timestamp(record.get("created_at"), where=where),
-                updated_at=_timestamp(record.get("updated_at"), where=where),
+                created_at=_timestamp(record.get("created_at"), where=f"{where} created_at"),
+                updated_at=_timestamp(record.get("updated_at"), where=f"{where} updated_at"),
                 versions=_versions(record.get("history"), where=where),
                 fields=fields,
                 access_count=_count(record.get("access_count"), where=where),
@@ -189,10 +237,16 @@ def _parse_memsite(data: bytes) -> list[ImportItem]:
 
 
 def _json_line(line: str, *, where: str) -> Any:
+    # One memory per line: the project's limits for one JSON value hold (the record's
+    # metadata sits as deep in it as in `remember`'s arguments).
     try:
-        return json.loads(line)
-    except ValueError:
-        raise _invalid(f"{where} is not valid JSON (is the file truncated?)") from None
+        return json_loads_safe(line)
+    except InputError as exc:
+        if exc.too_large:
+            raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"{where}: {exc.message}") from None
+        if exc.message.startswith("not valid JSON"):  # rather than too deep or a bad string
+            raise _invalid(f"{where} is not valid JSON (is the file truncated?)") from None
+        raise _invalid(f"{where}: {exc.message}") from None
 
 
 def _parse_mem0(data: bytes) -> list[ImportItem]:
@@ -216,18 +270,33 @@ def _parse_mem0(data: bytes) -> list[ImportItem]:
                 metadata=metadata,
                 source="mem0",
                 client_app=None,
-                created_at=_timestamp(record.get("created_at"), where=where),
-                updated_at=_timestamp(record.get("updated_at"), where=where),
+                created_at=_timestamp(record.get("created_at"), where=f"{where} created_at"),
+                updated_at=_timestamp(record.get("updated_at"), where=f"{where} updated_at"),
             )
         )
     return items
 
 
+# A memory's metadata sits two levels deeper in a mem0 or OpenMemory document
+# (`results[n].metadata`) than in `remember`'s arguments.
+DOCUMENT_MAX_DEPTH = MAX_JSON_DEPTH + 2
+
+
 def _json_document(data: bytes, *, what: str) -> Any:
+    """The whole file as one JSON value, with json_loads_safe's checks (depth counted
+    before parsing, finite numbers, no NUL or lone surrogates anywhere) but not its
+    20,000-value cap, which one value of an import may exceed many times over (20,000
+    memories): the file's size (IMPORT_MAX_BYTES, checked before) bounds the work."""
     try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        text = data.decode("utf-8")
+        json_depth_check(text, max_depth=DOCUMENT_MAX_DEPTH)
+        value = json.loads(text)
+        json_value_check(value, max_depth=DOCUMENT_MAX_DEPTH, max_nodes=len(text) + 1)
+    except InputError as exc:
+        raise _invalid(f"the {what}: {exc.message}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise _invalid(f"the {what} is not valid JSON (is the file truncated?)") from None
+    return value
 
 
 def _parse_openmemory(data: bytes, *, max_bytes: int) -> list[ImportItem]:
@@ -242,33 +311,51 @@ def _parse_openmemory(data: bytes, *, max_bytes: int) -> list[ImportItem]:
             if member.file_size > max_bytes:  # a zip bomb is refused before inflating it
                 raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"memories.json exceeds {max_bytes} bytes")
             raw = archive.read(member)
-    except (zipfile.BadZipFile, EOFError, OSError, zipfile.LargeZipFile):
+    except (zipfile.BadZipFile, EOFError, OSError, zipfile.LargeZipFile, zlib.error, lzma.LZMAError):
         raise _invalid("the file is not a valid zip (is it truncated?)") from None
+    except (RuntimeError, NotImplementedError):  # zipfile's errors for these, not bugs of ours
+        raise _invalid("memories.json in the zip is encrypted or uses an unsupported compression method") from None
     document = _json_document(raw, what="OpenMemory memories.json")
     if not isinstance(document, dict) or not isinstance(document.get("memories"), list):
         raise _invalid('OpenMemory memories.json needs a "memories" list')
-    apps = {a.get("id"): a.get("name") for a in document.get("apps") or [] if isinstance(a, dict)}
-    category_names = {c.get("id"): c.get("name") for c in document.get("categories") or [] if isinstance(c, dict)}
+    # Every id is type-checked before it is used as a dict key: a list or an object in
+    # the file would otherwise be a TypeError (a 500), not a coded refusal.
+    apps = {
+        _key(a.get("id"), where=f"apps[{n}] id"): a.get("name")
+        for n, a in enumerate(_om_list(document, "apps"))
+        if isinstance(a, dict)
+    }
+    category_names = {
+        _key(c.get("id"), where=f"categories[{n}] id"): c.get("name")
+        for n, c in enumerate(_om_list(document, "categories"))
+        if isinstance(c, dict)
+    }
     categories: dict[Any, list[str]] = {}
-    for link in document.get("memory_categories") or []:
-        name = category_names.get(link.get("category_id")) if isinstance(link, dict) else None
+    for n, link in enumerate(_om_list(document, "memory_categories")):
+        if not isinstance(link, dict):
+            continue
+        name = category_names.get(_key(link.get("category_id"), where=f"memory_categories[{n}] category_id"))
+        memory_id = _key(link.get("memory_id"), where=f"memory_categories[{n}] memory_id")
         if isinstance(name, str) and name.strip():
-            categories.setdefault(link.get("memory_id"), []).append(name.strip())
+            categories.setdefault(memory_id, []).append(name.strip())
     items = []
     for n, record in enumerate(document["memories"]):
         where = f"memories[{n}]"
         if not isinstance(record, dict):
             raise _invalid(f"{where}: expected a JSON object")
-        if record.get("state") in OPENMEMORY_SKIPPED_STATES:
+        state = record.get("state")
+        if state is not None and not isinstance(state, str):
+            raise _invalid(f"{where} state must be text")
+        if state in OPENMEMORY_SKIPPED_STATES:
             continue
         metadata = record.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise _invalid(f"{where}: metadata must be an object")
-        tags = categories.get(record.get("id")) or None
+        tags = categories.get(_key(record.get("id"), where=f"{where} id")) or None
         text, pinned, metadata, fields = _checked(
             record.get("content"), False, metadata, where=where, fields={"tags": tags}
         )
-        app = apps.get(record.get("app_id"))
+        app = apps.get(_key(record.get("app_id"), where=f"{where} app_id"))
         items.append(
             ImportItem(
                 text=text,
@@ -276,12 +363,22 @@ def _parse_openmemory(data: bytes, *, max_bytes: int) -> list[ImportItem]:
                 metadata=metadata,
                 source="openmemory",
                 client_app=_label(app, where=f"{where} app") if isinstance(app, str) else None,
-                created_at=_timestamp(record.get("created_at"), where=where),
-                updated_at=_timestamp(record.get("updated_at"), where=where),
+                created_at=_timestamp(record.get("created_at"), where=f"{where} created_at"),
+                updated_at=_timestamp(record.get("updated_at"), where=f"{where} updated_at"),
                 fields=fields,
             )
         )
     return items
+
+
+def _om_list(document: dict[str, Any], key: str) -> list[Any]:
+    """One of memories.json's optional lists (absent or null: empty)."""
+    value = document.get(key)
+    if not value:  # absent, null or empty
+        return []
+    if not isinstance(value, list):
+        raise _invalid(f'OpenMemory memories.json: "{key}" must be a list')
+    return value
 
 
 def import_items_parse(*, data: bytes, source: str, max_bytes: int, max_memories: int) -> list[ImportItem]:

@@ -1077,18 +1077,17 @@ def memory_import(
     reported there), then every memory, history row and dedupe hash, the audit row and
     the usage event commit in ONE transaction. Idempotent: a text the user already has
     (the dedupe rule of `remember`), or one appearing twice in the file, is skipped, so
-    importing a file twice adds nothing. Memories whose expiry has passed are skipped."""
+    importing a file twice adds nothing. Equal texts of different kinds (a toolkit
+    short-term copy beside its long-term memory: `ImportItem.kind`) all come in, as they
+    lived side by side where they were exported; the long-term one holds the hash.
+    Memories whose expiry has passed are skipped."""
     if len(items) > settings.IMPORT_MAX_MEMORIES:
         raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"at most {settings.IMPORT_MAX_MEMORIES} memories per import")
     rate_limit_consume(scope, operation=Operation.IMPORT_MEMORIES)
     now = engine_timestamp(datetime.now(UTC))
-    expired = 0
-    wanted: dict[str, ImportItem] = {}
-    for item in items:
-        if item.fields.get("expires_at") and item.fields["expires_at"] <= now:
-            expired += 1
-        else:
-            wanted.setdefault(content_sha256(item.text), item)  # the first of equal texts wins
+    live = [item for item in items if not (item.fields.get("expires_at") and item.fields["expires_at"] <= now)]
+    expired = len(items) - len(live)
+    wanted = _import_groups(live)
     known = set(
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256__in=list(wanted)).values_list(
             "sha256", flat=True
@@ -1096,12 +1095,21 @@ def memory_import(
     )
     embedded: dict[str, EmbeddedText] = {}
     for _attempt in range(2):
-        todo = [digest for digest in wanted if digest not in known and digest not in embedded]
+        # Keyed by the exact text: equal texts of a group may differ in case or spacing.
+        todo = list(
+            dict.fromkeys(
+                item.text
+                for digest, group in wanted.items()
+                if digest not in known
+                for item in group
+                if item.text not in embedded
+            )
+        )
         with _engine_errors():
             for start in range(0, len(todo), IMPORT_EMBED_BATCH):
                 batch = todo[start : start + IMPORT_EMBED_BATCH]
-                for digest, text in zip(batch, engine_embed_texts([wanted[d].text for d in batch]), strict=True):
-                    embedded[digest] = text
+                for text, vector_text in zip(batch, engine_embed_texts(batch), strict=True):
+                    embedded[text] = vector_text
                 if progress:
                     progress(start + len(batch), len(todo))
         try:
@@ -1110,6 +1118,7 @@ def memory_import(
                 wanted=wanted,
                 embedded=embedded,
                 call=call,
+                keep_client_app=source == "memsite",
                 counts={"source": source, "memories": len(items), "expired": expired},
             )
         except _HashGone:
@@ -1120,14 +1129,37 @@ def memory_import(
     raise backend_unavailable()
 
 
+def _import_groups(items: list[ImportItem]) -> dict[str, list[ImportItem]]:
+    """The file's memories by text hash (the dedupe rule of `remember`): per text, one
+    item of each kind (the first wins; the others are the same memory twice), the one
+    to hold the hash first."""
+    groups: dict[str, dict[tuple[str, str, str], ImportItem]] = {}
+    for item in items:
+        groups.setdefault(content_sha256(item.text), {}).setdefault(item.kind, item)
+    return {
+        digest: sorted(kinds.values(), key=lambda item: not item.holds_hash_first)  # stable: file order otherwise
+        for digest, kinds in groups.items()
+    }
+
+
 def _import_write(
     scope: MemoryScope,
     *,
-    wanted: dict[str, ImportItem],
+    wanted: dict[str, list[ImportItem]],
     embedded: dict[str, EmbeddedText],
     call: CallContext,
+    keep_client_app: bool,
     counts: dict[str, Any],
 ) -> list[str]:
+    """Insert each wanted group whose text the user does not have yet: its first item
+    holds the dedupe hash, the others (other kinds of the same text) live beside it
+    without one, as in the exporting user's data. A text the user already has skips its
+    whole group, so importing the same file again adds nothing.
+
+    `keep_client_app`: a memsite file says which app stored each memory, and a null
+    there means none did, so it is kept as it was exported (a round trip changes
+    nothing); other products' files name no memsite client, so the importing one is
+    recorded where they name no app."""
     created: list[str] = []
     try:
         with _engine_errors(), transaction.atomic(), _attributed(call):
@@ -1136,28 +1168,32 @@ def _import_write(
             # unique constraint and the whole import answers `conflict` (retry).
             advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
             owned = _hash_owners(scope, digests=list(wanted))
-            for digest, item in wanted.items():
+            for digest, group in wanted.items():
                 if digest in owned:
                     continue
-                if digest not in embedded:
+                if any(item.text not in embedded for item in group):
                     raise _HashGone()
-                memory_id = engine_insert_imported(
-                    scope,
-                    embedded=embedded[digest],
-                    metadata={
-                        **item.metadata,
-                        "pinned": item.pinned,
-                        "source": item.source,
-                        "client_app": item.client_app or scope.client_app,
-                    },
-                    attrs=_import_attrs(item),
-                    created_at=item.created_at,
-                    updated_at=item.updated_at,
-                    recall=(item.access_count, item.last_recalled_at),
-                    versions=item.versions,
-                )
-                ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
-                created.append(memory_id)
+                for position, item in enumerate(group):
+                    memory_id = engine_insert_imported(
+                        scope,
+                        embedded=embedded[item.text],
+                        metadata={
+                            **item.metadata,
+                            "pinned": item.pinned,
+                            "source": item.source,
+                            "client_app": item.client_app if keep_client_app else item.client_app or scope.client_app,
+                        },
+                        attrs=_import_attrs(item),
+                        created_at=item.created_at,
+                        updated_at=item.updated_at,
+                        recall=(item.access_count, item.last_recalled_at),
+                        versions=item.versions,
+                    )
+                    if position == 0:
+                        ContentHash.objects.create(
+                            engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id
+                        )
+                    created.append(memory_id)
             call_succeeded(
                 scope,
                 call=call,

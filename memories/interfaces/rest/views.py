@@ -302,9 +302,10 @@ class MemoryExportView(APIView):
     )
     def get(self, request):
         unknown = set(request.query_params) - {"format"}
+        arguments: dict[str, Any] | schemas.RejectedArguments = {"format": request.query_params.get("format", "jsonl")}
         if unknown:
-            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0]!r}")
-        arguments = {"format": request.query_params.get("format", "jsonl")}
+            # Refused by the dispatcher, so the failed call is audited like any other.
+            arguments = _rejected(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0][:40]!r}")
         return export_response(
             operation_execute(request.auth, "export_memories", call=_call(request), arguments=arguments)
         )
@@ -325,12 +326,19 @@ class MemoryImportView(APIView):
         responses={200: schemas.ImportOutput, **_errors(*COMMON_ERRORS)},
     )
     def post(self, request):
-        arguments = {"data": upload_bytes(request), "source": request.query_params.get("from", "memsite")}
+        data = upload_bytes(request)
+        arguments: dict[str, Any] | schemas.RejectedArguments = (
+            data
+            if isinstance(data, schemas.RejectedArguments)
+            else {"data": data, "source": request.query_params.get("from", "memsite")}
+        )
         return Response(operation_execute(request.auth, "import_memories", call=_call(request), arguments=arguments))
 
 
-def upload_bytes(request) -> bytes:
-    """The uploaded file (multipart field `file`) or, failing that, the raw request body."""
+def upload_bytes(request) -> bytes | schemas.RejectedArguments:
+    """The uploaded file (multipart field `file`) or, failing that, the raw request body.
+    An upload that cannot be read becomes RejectedArguments, answered (and audited) by
+    the dispatcher like any other bad argument."""
     from django.conf import settings
 
     too_large = ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"the file exceeds {settings.IMPORT_MAX_BYTES} bytes")
@@ -338,16 +346,19 @@ def upload_bytes(request) -> bytes:
         if request.content_type.startswith("multipart/"):
             upload = request.FILES.get("file")
             if upload is None:
-                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "send the file in the multipart field 'file'")
+                return _rejected(ErrorCode.INVALID_ARGUMENT, "send the file in the multipart field 'file'")
             if upload.size > settings.IMPORT_MAX_BYTES:
-                raise too_large
+                return schemas.RejectedArguments(too_large)
             return upload.read()
         # Read the stream ourselves: `request.body` stops at DATA_UPLOAD_MAX_MEMORY_SIZE
         # (2.5 MB), far below the import limit.
         stream = request.stream
         data = stream.read(settings.IMPORT_MAX_BYTES + 1) if stream is not None else b""
         if len(data) > settings.IMPORT_MAX_BYTES:
-            raise too_large
+            return schemas.RejectedArguments(too_large)
         return data
     except RequestDataTooBig:
-        raise too_large from None
+        return schemas.RejectedArguments(too_large)
+    except exceptions.APIException as exc:  # a multipart body DRF cannot parse (no or a bad boundary)
+        code = ErrorCode.PAYLOAD_TOO_LARGE if exc.status_code == 413 else ErrorCode.INVALID_ARGUMENT
+        return _rejected(code, str(exc.detail))
