@@ -13,6 +13,7 @@ from typing import Any, Literal
 from django.conf import settings
 
 from core.choices import ALL_PERMISSIONS, Role
+from core.inputs import text_problem
 from core.scope import MemoryScope, user_tenant
 from memories.services import api_key_authenticate
 from oauth.services import ACCESS_TOKEN_PREFIX as OAUTH_ACCESS_TOKEN_PREFIX
@@ -67,11 +68,14 @@ class Principal:
 
 
 def bearer_token(authorization: str | None) -> str | None:
+    """The token of a `Bearer` header value; None (the caller's invalid-token 401) for
+    anything else, including a token holding NUL or other control characters: no key has
+    one, and the key id part would reach Postgres, which refuses it (a DataError, 500)."""
     if not authorization:
         return None
     scheme, _, token = authorization.strip().partition(" ")
     token = token.strip()
-    if scheme.lower() != "bearer" or not token or len(token) > 8192:
+    if scheme.lower() != "bearer" or not token or len(token) > 8192 or text_problem(token):
         return None
     return token
 

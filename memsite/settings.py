@@ -74,7 +74,9 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "memsite.middleware.AdminInputMiddleware",
+    # After sessions and auth (its error page is the signed-in layout), before any view:
+    # invalid text in a page's path or parameters is a 4xx, never a DataError from Postgres.
+    "memsite.middleware.RequestInputMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import http.client
 import ipaddress
-import json
 import socket
 import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+
+from core.inputs import InputError, json_loads_safe, text_problem
 
 
 class MetadataDocumentError(Exception):
@@ -28,6 +29,9 @@ def metadata_url_check(url: str) -> tuple[str, int, str]:
     """(host, port, path) of an acceptable document URL, or MetadataDocumentError."""
     if len(url) > 512:
         raise MetadataDocumentError("client_id URL is too long")
+    problem = text_problem(url)
+    if problem:  # Postgres refuses it: the cache lookup by URL would be a DataError
+        raise MetadataDocumentError(f"client_id URL {problem}")
     parts = urlsplit(url)
     if parts.scheme != "https":
         raise MetadataDocumentError("client_id metadata document URL must use https")
@@ -112,9 +116,11 @@ def metadata_document_fetch(url: str) -> dict[str, Any]:
     if len(body) > limit:
         raise MetadataDocumentError("client_id metadata document is too large")
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise MetadataDocumentError("client_id metadata document is not JSON") from error
+        # Bounded depth (a deep document was a RecursionError) and every string storable
+        # (a NUL in client_name or a redirect URI was a DataError when cached).
+        document = json_loads_safe(body)
+    except InputError as error:
+        raise MetadataDocumentError(f"client_id metadata document: {error.message}") from error
     if not isinstance(document, dict):
         raise MetadataDocumentError("client_id metadata document is not a JSON object")
     return document

@@ -12,7 +12,8 @@ import base64
 import binascii
 import contextvars
 import re
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -42,6 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route, request_response
 
+from core.inputs import InputError, json_loads_safe, text_problem
 from oauth import services
 from oauth.cimd import MetadataDocumentError
 from oauth.models import OAuthClient
@@ -109,6 +111,8 @@ def _client_info(client: OAuthClient) -> MemsiteClient:
 
 
 def _client_lookup(client_id: str) -> OAuthClient | None:
+    if text_problem(client_id):  # no client has such an id, and Postgres refuses the lookup
+        return None
     if services.is_metadata_url(client_id):
         try:
             return services.oauth_client_from_metadata_url(url=client_id)
@@ -296,6 +300,103 @@ def _metadata_url_prechecked(app: Any) -> Any:
     return checked
 
 
+# The parameters that identify or authenticate the client: bad text there is invalid_client.
+_CLIENT_PARAMETERS = ("client_id", "client_secret")
+
+
+def _parameter_refusal(path: str, items: Iterable[tuple[str, Any]]) -> JSONResponse | None:
+    """The OAuth error for the first parameter holding text no client id, token, state or
+    URI can hold (NUL, C0 controls, lone surrogates), or None. Never echoes the text. The
+    client's own parameters first: a client that cannot be identified hears that first."""
+    for name, value in sorted(items, key=lambda item: item[0] not in _CLIENT_PARAMETERS):
+        problem = text_problem(name)
+        if problem:
+            return _oauth_error(400, "invalid_request", f"a parameter name {problem}")
+        problem = text_problem(value) if isinstance(value, str) else None
+        if not problem:
+            continue
+        description = f"{name[:40]} {problem}"
+        if name not in _CLIENT_PARAMETERS:
+            return _oauth_error(400, "invalid_request", description)
+        # As the SDK answers a client it cannot authenticate: 401 at /token and /revoke,
+        # 400 at /authorize (where no redirect may go to an unknown client).
+        return _oauth_error(400 if path == AUTHORIZE_PATH else 401, "invalid_client", description)
+    return None
+
+
+def _oauth_error(status: int, error: str, description: str) -> JSONResponse:
+    body = {"error": error, "error_description": description}
+    return JSONResponse(body, status_code=status, headers={"Cache-Control": "no-store", "Pragma": "no-cache"})
+
+
+async def _buffered(receive: Any) -> tuple[bytes, Any]:
+    """The whole body (RequestBodyLimitMiddleware has bounded and buffered it already) and
+    a receive that hands the same messages to the handler again."""
+    messages: list[dict[str, Any]] = []
+    body = bytearray()
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        body.extend(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    pending = deque(messages)
+
+    async def replay() -> dict[str, Any]:
+        return pending.popleft() if pending else await receive()
+
+    return bytes(body), replay
+
+
+def _input_checked(app: Any, path: str) -> Any:
+    """Refuse invalid text in the query, the form and (registration) the JSON body with the
+    endpoint's OAuth error before the SDK handler runs: it passed client ids, states and
+    client metadata to Postgres, and a NUL there was a DataError (a plain-text 500). The
+    registration body is parsed with json_loads_safe: bounded depth, every string checked."""
+
+    async def checked(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body, replay = await _buffered(receive)
+        refusal = _parameter_refusal(path, Request(scope).query_params.multi_items())
+        if refusal is None and path == REGISTER_PATH:
+            try:
+                json_loads_safe(body)
+            except InputError as error:
+                refusal = _oauth_error(400, "invalid_client_metadata", error.message)
+        elif refusal is None and scope.get("method") == "POST":
+            refusal = await _form_refusal(path, scope, body)
+        if refusal is not None:
+            await refusal(scope, replay, send)
+            return
+        await app(scope, replay, send)
+
+    return checked
+
+
+async def _form_refusal(path: str, scope: dict[str, Any], body: bytes) -> JSONResponse | None:
+    """Parsed with Starlette's form parser, the one the SDK handlers use, so this check sees
+    exactly what they will; a body that is no form is left to them (empty here)."""
+    delivered = False
+
+    async def once() -> dict[str, Any]:
+        nonlocal delivered
+        if delivered:
+            return {"type": "http.disconnect"}
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    request = Request(scope, once)
+    try:
+        form = await request.form()
+    except Exception:  # noqa: BLE001 - a malformed form is the handler's to answer, in its shape
+        return None
+    try:
+        return _parameter_refusal(path, form.multi_items())
+    finally:
+        await form.close()
+
+
 def oauth_asgi_routes() -> dict[str, Any]:
     """path -> ASGI app, mounted by memsite/asgi.py next to the MCP toolsets."""
     provider = MemsiteProvider()
@@ -311,7 +412,9 @@ def oauth_asgi_routes() -> dict[str, Any]:
     ]
     apps: dict[str, Any] = {}
     for path, handler, methods in handlers:
-        endpoint = RequestBodyLimitMiddleware(request_response(handler), DEFAULT_MAX_REQUEST_BODY_SIZE)
+        # Inside the body limit, so the input check buffers no more than the handler would.
+        checked = _input_checked(request_response(handler), path)
+        endpoint = RequestBodyLimitMiddleware(checked, DEFAULT_MAX_REQUEST_BODY_SIZE)
         route = Route(path, endpoint=endpoint, methods=methods)
         app: Any = route.handle
         if path == AUTHORIZE_PATH:

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from core.inputs import text_problem
 from oauth.models import OAuthAuthorizationRequest, OAuthGrant
 from oauth.services import client_host
 
@@ -47,6 +48,8 @@ def oauth_grants_connected(*, user: Any) -> list[ConnectedApp]:
 
 
 def oauth_authorization_request_pending(*, request_key: str) -> OAuthAuthorizationRequest | None:
+    if text_problem(request_key):  # no key holds one, and Postgres would refuse the lookup
+        return None
     return (
         OAuthAuthorizationRequest.objects.select_related("client")
         .filter(request_key=request_key[:64], decided_at__isnull=True, expires_at__gt=timezone.now())

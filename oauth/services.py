@@ -21,6 +21,7 @@ from audit.models import AuditEvent
 from audit.services import audit_record
 from core.choices import Channel, Operation
 from core.errors import ErrorCode, ServiceError
+from core.inputs import InputError, json_value_check, text_problem
 from core.scope import CallContext, MemoryScope
 from oauth.cimd import MetadataDocumentError, metadata_document_fetch, metadata_url_check
 from oauth.models import OAuthAuthorizationRequest, OAuthClient, OAuthCode, OAuthGrant, OAuthToken
@@ -150,6 +151,11 @@ def oauth_client_register(*, metadata: dict[str, Any], client_secret: str | None
     """RFC 7591 registration. Public clients (auth method none) registering the same
     metadata again get the same client_id back: a client that registers on every start
     does not fill the table. Raises OAuthError (invalid_redirect_uri/invalid_client_metadata)."""
+    try:
+        # Every string and key: Postgres refuses a NUL in text and jsonb (a DataError, 500).
+        json_value_check(metadata)
+    except InputError as error:
+        raise OAuthError("invalid_client_metadata", error.message) from None
     redirect_uris = [str(uri) for uri in metadata.get("redirect_uris") or []]
     if not redirect_uris:
         raise OAuthError("invalid_redirect_uri", "redirect_uris is required")
@@ -272,6 +278,12 @@ def oauth_authorization_begin(
     """Park a checked /authorize request until the user decides; returns its key."""
     if not (43 <= len(code_challenge) <= 128):
         raise OAuthError("invalid_request", "code_challenge must be an S256 challenge (43 to 128 characters)")
+    # All of these are stored as text: a NUL would be a DataError (500), not an answer.
+    texts = {"redirect_uri": redirect_uri, "state": state or "", "code_challenge": code_challenge, "resource": resource}
+    for name, value in texts.items():
+        problem = text_problem(value)
+        if problem:
+            raise OAuthError("invalid_request", f"{name} {problem}")
     key = secrets.token_urlsafe(32)
     OAuthAuthorizationRequest.objects.create(
         request_key=key,
