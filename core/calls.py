@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.choices import Channel
+from core.inputs import text_storable
 from core.request_ids import request_id_claim
 from core.scope import CallContext
 
@@ -24,7 +25,7 @@ def _turn_id_of(request: Any) -> str:
     """The X-Turn-Id header of a Django or Starlette request ('' when absent)."""
     headers = getattr(request, "headers", None) or {}
     value = headers.get(TURN_ID_HEADER) or ""
-    return value.strip()[:TURN_ID_MAX_CHARS] if isinstance(value, str) else ""
+    return text_storable(value.strip()[:TURN_ID_MAX_CHARS]) if isinstance(value, str) else ""
 
 
 def _subject_of(request: Any) -> str:
@@ -32,7 +33,7 @@ def _subject_of(request: Any) -> str:
     against the principal's role; it never selects anything by itself."""
     headers = getattr(request, "headers", None) or {}
     value = headers.get(SUBJECT_HEADER) or ""
-    return value.strip()[:SUBJECT_MAX_CHARS] if isinstance(value, str) else ""
+    return text_storable(value.strip()[:SUBJECT_MAX_CHARS]) if isinstance(value, str) else ""
 
 
 def _client_of(request: Any) -> tuple[str | None, str]:
@@ -49,6 +50,9 @@ def call_context_from_request(request: Any, *, channel: Channel, staff: bool = F
     """The call context of one request. `staff=True` records the signed-in staff user
     as the actor (admin actions)."""
     ip, user_agent = (None, "") if request is None else _client_of(request)
+    # Headers reach the audit row as they came: uvicorn refuses control characters in
+    # them, other servers and in-process clients may not, and Postgres refuses NUL.
+    user_agent = text_storable(user_agent)
     extra: dict[str, Any] = {}
     turn_id = "" if request is None else _turn_id_of(request)
     if turn_id:

@@ -36,6 +36,14 @@ def digits_int(text: str, *, max_digits: int = 18) -> int | None:
     return int(text)
 
 
+def text_storable(value: str) -> str:
+    """`value` with every character Postgres refuses or a log line should not carry (NUL,
+    C0 controls, lone surrogates) replaced by U+FFFD. For request metadata kept as it
+    came (headers: a user agent, a turn id, a subject claim), which no call fails over:
+    a claim so changed names nobody, and the audit row still records the call."""
+    return _INVALID_TEXT.sub("\ufffd", value)
+
+
 class InputError(ValueError):
     """Input no surface may pass on. `too_large` tells 413 from 400. Messages name the
     problem and where it is, never the offending content."""

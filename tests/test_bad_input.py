@@ -138,11 +138,9 @@ def test_lifecycle_and_toolkit_bad_arguments_change_nothing_but_one_audit_row(mc
         before = state()
         result = mcp.call(tool, arguments)
         assert result.is_error, (tool, result.structured_content)
-        error = result.structured_content
-        if isinstance(error["error"], dict):
-            error = error["error"]
-        else:  # the toolkit's flat shape (seed 003): {"error": message, "code": ...}
-            error = {**error, "message": error["error"]}
+        content = result.structured_content
+        # The toolkit answers in seed 003's flat shape: {"error": message, "code": ...}.
+        error = content["error"] if isinstance(content["error"], dict) else {**content, "message": content["error"]}
         assert error["code"] == "invalid_argument", (tool, arguments, error)
         assert error["message"] and "Traceback" not in error["message"]
         assert_only_audited(before, state())
@@ -285,6 +283,28 @@ def test_rest_bad_query_strings(api_client, alice_key, existing):  # noqa: ARG00
         error = response.json()["error"]
         assert error["code"] == "invalid_argument" and error["message"], path[:200]
         assert_only_audited(before, state())
+
+
+def test_rest_headers_with_invalid_text_still_leave_their_audit_row(api_client, alice_key, existing):  # noqa: ARG001
+    """uvicorn refuses NUL in headers; other servers and in-process clients may not. A
+    turn id, user agent or subject claim holding one was a DataError when the audit row
+    was written: a 500, or a refusal with its audit row lost."""
+    client = api_client(alice_key)
+    listed = _rows_added_by(lambda: client.get("/v1/memories", HTTP_X_TURN_ID="t\x001", HTTP_USER_AGENT="ua\x00"))
+    response, rows = listed
+    assert response.status_code == 200
+    assert [(r.operation, r.outcome, r.turn_id, r.user_agent) for r in rows] == [
+        ("list_memory", "ok", "t\ufffd1", "ua\ufffd")
+    ]
+    response, rows = _rows_added_by(lambda: client.get("/v1/memories", HTTP_X_MEMORY_SUBJECT="default/a\x00"))
+    assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden"
+    assert [(r.operation, r.outcome) for r in rows] == [("list_memory", "denied")]
+
+
+def _rows_added_by(fn):
+    before = AuditEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    result = fn()
+    return result, list(AuditEvent.objects.filter(id__gt=before).order_by("id"))
 
 
 DEEP_ARRAYS = b"[" * 100_000 + b"]" * 100_000
