@@ -28,6 +28,7 @@ class ProxyError(Exception):
             401: ErrorCode.UNAUTHENTICATED,
             403: ErrorCode.FORBIDDEN,
             404: ErrorCode.NOT_FOUND,
+            413: ErrorCode.PAYLOAD_TOO_LARGE,
             422: ErrorCode.INVALID_ARGUMENT,
             429: ErrorCode.RATE_LIMITED,
         }.get(self.status, ErrorCode.BACKEND_UNAVAILABLE)
@@ -49,3 +50,24 @@ def memory_unavailable(message: str = "Memory retrieval failed; the request was 
 
 def upstream_unreachable() -> ProxyError:
     return ProxyError(502, "upstream_unreachable", "The upstream LLM could not be reached.")
+
+
+def request_too_large(message: str = "The request body is too large.") -> ProxyError:
+    return ProxyError(413, "request_too_large", message)
+
+
+# The upstream answered 200 but not with a usable answer. Its bytes are not relayed: the
+# client would take a broken or cut-off answer for a whole one, and we would store and
+# bill half a turn. Distinct from an upstream error status, which passes through as is.
+def upstream_error(message: str = "The upstream LLM sent an answer that is not a chat completion.") -> ProxyError:
+    return ProxyError(502, "upstream_error", message)
+
+
+def upstream_timeout() -> ProxyError:
+    return ProxyError(504, "upstream_timeout", "The upstream LLM stopped answering before the answer was complete.")
+
+
+def recording_failed() -> ProxyError:
+    """The answer arrived but the call could not be recorded: withheld, so no call is
+    answered without its audit row and usage event."""
+    return ProxyError(503, "recording_failed", "The call could not be recorded; its answer was withheld. Retry later.")

@@ -5,22 +5,34 @@ response (whole or SSE chunks). Pure functions, no I/O."""
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.errors import invalid_messages
+from core.inputs import InputError, json_depth_check
+from proxy.errors import invalid_messages, request_too_large, upstream_error
 
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 SYSTEM_ROLES = {"system", "developer"}
 MAX_MESSAGES = 5000
+# Looser than core.inputs' defaults (32 levels, 20,000 values): a long agent session or a
+# deep tool schema is a legitimate chat body; the upload limit bounds the rest.
+MAX_BODY_DEPTH = 64
+MAX_BODY_VALUES = 500_000
+MAX_MODEL_CHARS = 256
+# What Postgres cannot store (NUL in text and jsonb; lone surrogates are not UTF-8). Other
+# control characters are refused on memory surfaces but pass here: tool outputs carry
+# terminal escapes and form feeds, and the proxy must stay transparent to them.
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n")
 
 
 def chat_body_parse(raw: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The request body and its validated messages; 422 for anything unusable."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise invalid_messages("The body is not valid JSON.") from None
+    """The request body and its validated messages; 422 for anything unusable (413 for
+    too many values). Everything is checked here, before the upstream or the database
+    sees it: a value the database refuses would otherwise lose the recorded turn."""
+    body = _body_load(raw)
     if not isinstance(body, dict):
         raise invalid_messages("The body must be a JSON object.")
     messages = body.get("messages")
@@ -30,9 +42,61 @@ def chat_body_parse(raw: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise invalid_messages(f"At most {MAX_MESSAGES} messages.")
     if "stream" in body and not isinstance(body["stream"], bool | None):
         raise invalid_messages("stream must be a boolean.")
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS):
+        raise invalid_messages(f"model must be a string of at most {MAX_MODEL_CHARS} characters.")
+    for name in _INT_FIELDS:
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise invalid_messages(f"{name} must be a positive integer.")
     for index, message in enumerate(messages):
         _message_check(index, message)
     return body, messages
+
+
+def _body_load(raw: bytes) -> Any:
+    """json.loads without RecursionError (depth counted first, core.inputs), then every
+    string and key checked for what cannot be stored, and numbers for NaN/Infinity
+    (json.dumps would forward them as invalid JSON)."""
+    try:
+        text = raw.decode("utf-8")
+        json_depth_check(text, max_depth=MAX_BODY_DEPTH)
+        value = json.loads(text)
+    except InputError as exc:
+        raise invalid_messages(f"The body is not acceptable JSON: {exc.message}.") from None
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise invalid_messages("The body is not valid JSON.") from None
+    _value_check(value)
+    return value
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
+
+
+def _value_check(value: Any) -> None:
+    """Iterative walk (no recursion). The message says where, never what: only plain
+    key names are named."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    seen = 0
+    while stack:
+        item, where = stack.pop()
+        seen += 1
+        if seen > MAX_BODY_VALUES:
+            raise request_too_large(f"The body holds more than {MAX_BODY_VALUES} JSON values.")
+        if isinstance(item, str):
+            if _UNSTORABLE.search(item):
+                raise invalid_messages(f"{where or 'The body'} contains a NUL character or a lone surrogate.")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise invalid_messages(f"{where or 'The body'}: numbers must be finite.")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if _UNSTORABLE.search(key):
+                    raise invalid_messages(f"{where or 'The body'} has a key with a NUL character or a lone surrogate.")
+                name = key if _PLAIN_KEY.fullmatch(key) else "?"
+                stack.append((child, f"{where}.{name}" if where else name))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
 
 
 def _message_check(index: int, message: Any) -> None:
@@ -49,6 +113,8 @@ def _message_check(index: int, message: Any) -> None:
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
             raise invalid_messages(f"{where}: a tool message needs tool_call_id.")
+    if role == "function" and not isinstance(message.get("name"), str):
+        raise invalid_messages(f"{where}: a function message needs a name.")
     tool_calls = message.get("tool_calls")
     if tool_calls is not None:
         if role != "assistant" or not isinstance(tool_calls, list):
@@ -56,6 +122,12 @@ def _message_check(index: int, message: Any) -> None:
         for call in tool_calls:
             if not isinstance(call, dict) or not isinstance(call.get("id"), str):
                 raise invalid_messages(f"{where}.tool_calls entries need an id.")
+            # Stored as session items and sent back as history: the shape must hold.
+            function = call.get("function")
+            if not isinstance(function, dict) or not all(
+                isinstance(function.get(name, ""), str) for name in ("name", "arguments")
+            ):
+                raise invalid_messages(f"{where}.tool_calls entries need a function object with string fields.")
     if content is None and role in ("user", "system", "developer", "tool"):
         raise invalid_messages(f"{where}.content is required for role {role}.")
     if role == "assistant" and content is None and not tool_calls and message.get("function_call") is None:
@@ -161,69 +233,163 @@ def messages_enrich(
 
 
 # --- the answer, collected on the side -------------------------------------------------
+MAX_TOOL_CALLS = 1000
+_SSE_SEPARATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
+
+
+def storable(value: Any) -> str:
+    """Upstream text as we store it: a string, NUL and lone surrogates replaced (the
+    database refuses them; the client still gets the upstream's bytes unchanged)."""
+    return _UNSTORABLE.sub("\ufffd", value) if isinstance(value, str) else ""
+
+
+def completion_message(raw: bytes) -> dict[str, Any]:
+    """choices[0].message of a non-streaming 200 answer; 502 `upstream_error` if the body
+    is not a chat completion (not JSON, no choices, a message or tool call of the wrong
+    shape): relaying it as a success would store and bill half a turn."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise upstream_error("The upstream LLM answered with something that is not JSON.") from None
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise upstream_error("The upstream LLM's answer has no choices.")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise upstream_error("The upstream LLM's answer has no message.")
+    content, tool_calls = message.get("content"), message.get("tool_calls")
+    if content is not None and not isinstance(content, str | list):
+        raise upstream_error("The upstream LLM's message content is neither text nor a list of parts.")
+    if tool_calls is not None and (
+        not isinstance(tool_calls, list)
+        or not all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in tool_calls)
+    ):
+        raise upstream_error("The upstream LLM's tool calls are not objects with a function.")
+    return message
+
+
 @dataclass
 class Answer:
     content: str = ""
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # A stream is whole once it said so: `data: [DONE]`, or a finish_reason before a
+    # clean close (some upstreams omit [DONE]). Anything else was cut off.
+    done: bool = False
+    finished: bool = False
+    # The upstream reported an error inside its stream (OpenAI sends `data: {"error":...}`).
+    errored: bool = False
     _buffer: bytes = b""
 
     def as_message(self) -> dict[str, Any] | None:
         calls = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         if not self.content and not calls:
             return None
-        message: dict[str, Any] = {"role": "assistant", "content": self.content or None}
+        message: dict[str, Any] = {"role": "assistant", "content": storable(self.content) or None}
         if calls:
-            message["tool_calls"] = calls
+            message["tool_calls"] = [
+                {
+                    "id": storable(call["id"]),
+                    "type": "function",
+                    "function": {name: storable(call["function"][name]) for name in ("name", "arguments")},
+                }
+                for call in calls
+            ]
         return message
 
     def take_message(self, message: dict[str, Any]) -> None:
-        """A non-streaming answer's choices[0].message (reasoning_content ignored)."""
+        """A non-streaming answer's choices[0].message, as `completion_message` checked it
+        (reasoning_content ignored)."""
         self.content = text_of(message.get("content"))
         for index, call in enumerate(message.get("tool_calls") or []):
-            if isinstance(call, dict):
-                function = call.get("function") or {}
-                self.tool_calls[index] = {
-                    "id": call.get("id", ""),
-                    "type": "function",
-                    "function": {"name": function.get("name", ""), "arguments": function.get("arguments", "")},
-                }
+            function = call.get("function") or {}
+            self.tool_calls[index] = {
+                "id": _text(call.get("id")),
+                "type": "function",
+                "function": {"name": _text(function.get("name")), "arguments": _text(function.get("arguments"))},
+            }
+        self.done = self.finished = True
 
-    def feed(self, data: bytes) -> None:
-        """SSE bytes as they pass through; events are parsed once complete."""
+    def feed(self, data: bytes) -> bytes:
+        """SSE bytes as they arrive; returns the complete events among them (separators
+        included) for relaying, so a stream cut off mid-event is never relayed half an
+        event, and the error event we end it with stays parseable."""
         self._buffer += data
+        out = b""
         while True:
             cut = _event_end(self._buffer)
             if cut is None:
-                return
-            event, self._buffer = self._buffer[: cut[0]], self._buffer[cut[1] :]
+                return out
+            event = self._buffer[: cut[0]]
+            out += self._buffer[: cut[1]]  # with the separator, as the upstream sent it
+            self._buffer = self._buffer[cut[1] :]
             self._event(event)
+
+    def close(self) -> bytes:
+        """At a clean end of the stream: the bytes after the last separator, read as one
+        last event (a stream may end `data: [DONE]\n` without the blank line)."""
+        rest, self._buffer = self._buffer, b""
+        if rest.strip():
+            self._event(rest)
+        return rest
+
+    @property
+    def complete(self) -> bool:
+        return self.done or self.finished
 
     def _event(self, event: bytes) -> None:
         for line in event.splitlines():
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
-            if not data or data == b"[DONE]":
+            if data == b"[DONE]":
+                self.done = True
+                continue
+            if not data:
                 continue
             try:
                 chunk = json.loads(data)
-                delta = chunk["choices"][0].get("delta") or {}
-            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            except (ValueError, RecursionError):
                 continue
-            if isinstance(delta.get("content"), str):
-                self.content += delta["content"]
-            for call in delta.get("tool_calls") or []:
-                if not isinstance(call, dict):
-                    continue
-                empty = {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
-                slot = self.tool_calls.setdefault(int(call.get("index") or 0), empty)
-                if call.get("id"):
-                    slot["id"] = call["id"]
-                function = call.get("function") or {}
-                slot["function"]["name"] += function.get("name") or ""
-                slot["function"]["arguments"] += function.get("arguments") or ""
+            if not isinstance(chunk, dict):
+                continue
+            if chunk.get("error"):
+                self.errored = True
+                continue
+            choices = chunk.get("choices")
+            if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+                continue  # e.g. Azure's prompt_filter_results chunk
+            if any(isinstance(c, dict) and c.get("finish_reason") for c in choices):
+                self.finished = True
+            delta = choices[0].get("delta")
+            if isinstance(delta, dict):
+                self._delta(delta)
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        if isinstance(delta.get("content"), str):
+            self.content += delta["content"]
+        tool_calls = delta.get("tool_calls")
+        for call in tool_calls if isinstance(tool_calls, list) else []:
+            if not isinstance(call, dict):
+                continue
+            index = call.get("index", 0)
+            if index is None:
+                index = 0
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_TOOL_CALLS:
+                continue  # a piece we cannot place: leave it out of the stored turn
+            empty = {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+            slot = self.tool_calls.setdefault(index, empty)
+            if isinstance(call.get("id"), str) and call["id"]:
+                slot["id"] = call["id"]
+            function = call.get("function")
+            if isinstance(function, dict):
+                slot["function"]["name"] += _text(function.get("name"))
+                slot["function"]["arguments"] += _text(function.get("arguments"))
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _event_end(buffer: bytes) -> tuple[int, int] | None:
-    ends = [(i, i + len(sep)) for sep in (b"\r\n\r\n", b"\n\n") if (i := buffer.find(sep)) >= 0]
+    ends = [(i, i + len(sep)) for sep in _SSE_SEPARATORS if (i := buffer.find(sep)) >= 0]
     return min(ends) if ends else None

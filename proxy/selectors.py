@@ -55,6 +55,8 @@ def token_config_effective(*, api_key: ApiKey | None) -> UpstreamConfig:
     if (
         not row.upstream_base_url
         or not upstream_key
+        # sent as a header: a key saved before save-time checks could fail every call
+        or not (upstream_key.isascii() and upstream_key.isprintable())
         or not row.memory_limit
         or not row.session_window_size
         or not isinstance(row.extra_body, dict)

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -22,6 +23,7 @@ from audit.services import audit_failure, audit_record, auth_failure_record
 from billing.services import usage_event_record
 from core.choices import Channel, Operation, Permission
 from core.errors import ErrorCode, ServiceError
+from core.inputs import InputError, json_value_check, text_problem
 from core.request_ids import request_id_new
 from core.scope import CallContext, MemoryScope
 from memories.auth import Principal, authenticate_bearer, bearer_token, principal_of_api_key
@@ -40,6 +42,8 @@ from proxy.tasks import turn_extract as turn_extract_task
 logger = logging.getLogger(__name__)
 
 MAX_SESSION_ID_CHARS = 200
+# Body fields a key's extra_body may not set (the proxy's own, or the client's choice).
+EXTRA_BODY_RESERVED = frozenset({"messages", "stream"})
 EXTRACTION_MAX_ATTEMPTS = 5
 
 
@@ -133,7 +137,9 @@ def chat_history_load(caller: ChatCaller, *, session_id: str) -> list[dict[str, 
 
 
 def _sha256(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    # surrogatepass: a hash must never be why a call goes unrecorded.
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def chat_call_finish(
@@ -148,15 +154,21 @@ def chat_call_finish(
     answer: dict[str, Any] | None,
     memory_ids: list[str],
     history_items: int,
+    failure: ProxyError | None = None,
+    stopped_by_client: bool = False,
 ) -> int | None:
     """After the upstream answered. One transaction: the audit row (content as hashes),
     and for a 2xx answer the usage event, the turn in the session log (duplicates
     skipped) and the extraction outbox row. Returns that row's pk: the caller enqueues
-    it off the answer's path (`proxy_turn_enqueue`); the sweep enqueues any it missed."""
+    it off the answer's path (`proxy_turn_enqueue`); the sweep enqueues any it missed.
+    `failure`: a 2xx whose answer was unusable or cut off (upstream_error/_timeout):
+    audited as an error with the same detail, not billed, no turn stored.
+    `stopped_by_client`: the client left mid-stream; what it received is the turn (as
+    when a user stops a generation), so it is recorded and billed like a whole answer."""
     detail = {
         "upstream_status": status,
         "stream": stream,
-        "model": model if isinstance(model, str) else None,
+        "model": model[:200] if isinstance(model, str) else None,
         "upstream": caller.config.source,
         "session_sha256": hashlib.sha256(session_id.encode()).hexdigest(),
         "messages": len(request_messages),
@@ -165,8 +177,21 @@ def chat_call_finish(
         "memories_injected": len(memory_ids),
         "history_items": history_items,
     }
+    if stopped_by_client:
+        detail["stopped_by_client"] = True
     scope = caller.scope
     with transaction.atomic():
+        if failure is not None:
+            audit_record(
+                scope,
+                call=call,
+                operation=Operation.CHAT_COMPLETION,
+                outcome=AuditEvent.Outcome.ERROR,
+                error_code=failure.code,
+                memory_ids=memory_ids,
+                detail={**detail, "message": failure.message},
+            )
+            return None
         if not 200 <= status < 300:
             audit_record(
                 scope,
@@ -318,28 +343,52 @@ def _config_validate(fields: dict[str, Any], *, partial: bool) -> dict[str, Any]
     clean: dict[str, Any] = {}
     for name, value in fields.items():
         if name == "upstream_base_url":
-            parts = urlsplit(value) if isinstance(value, str) else None
-            if not value or parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+            if not isinstance(value, str) or not _url_usable(value):
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_base_url must be an http(s) URL.")
             if len(value) > 500:
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_base_url: at most 500 characters.")
         elif name == "upstream_api_key":
             if not isinstance(value, str) or not value.strip() or len(value) > 4096:
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_api_key must be a non-empty string.")
+            # It becomes an Authorization header: anything else fails every later call.
+            if not value.strip().isascii() or not value.strip().isprintable():
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_api_key: printable ASCII characters only.")
         elif name in ("extra_body", "memory_llm"):
             if not isinstance(value, dict):
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"{name} must be a JSON object.")
-            if name == "extra_body" and "messages" in value:
-                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "extra_body cannot set messages.")
+            try:
+                json_value_check(value)
+            except InputError as exc:
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"{name}: {exc.message}.") from None
+            # The proxy decides these from the client's request (the stream flag chooses
+            # how the answer is read and recorded).
+            if name == "extra_body" and set(value) & EXTRA_BODY_RESERVED:
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "extra_body cannot set messages or stream.")
         elif name == "memory_prompt":
             if not isinstance(value, str) or len(value) > 20000:
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, "memory_prompt must be a string (20,000 chars max).")
+            problem = text_problem(value)
+            if problem:
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"memory_prompt {problem}.")
         elif name in ("memory_limit", "session_window_size"):
             top = 100 if name == "memory_limit" else 1000
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"{name} must be an integer from 1 to {top}.")
         clean[name] = value
     return clean
+
+
+def _url_usable(value: str) -> bool:
+    """An http(s) URL the upstream client can call: no invalid characters or whitespace
+    (a NUL is a database error, a space an httpx error at every chat call)."""
+    if not value or text_problem(value) or any(c.isspace() for c in value):
+        return False
+    try:
+        parts = urlsplit(value)
+        httpx.URL(value)
+    except (httpx.InvalidURL, ValueError):
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def _staff_call(staff_user: Any, call: CallContext) -> CallContext:

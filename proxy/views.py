@@ -5,7 +5,6 @@ Thin: the work is in proxy.services / proxy.selectors / proxy.messages."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import weakref
@@ -14,20 +13,39 @@ from typing import Any
 import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from core.calls import call_context_from_request
 from core.choices import Channel
 from core.errors import ServiceError
+from core.inputs import InputError, json_loads_safe, text_problem
 from core.request_ids import request_bound, request_id_bound
 from core.scope import CallContext
 from memories.auth import authenticate_bearer
 from memories.models import ApiKey
 from proxy import selectors, services
-from proxy.errors import ERROR_HEADER, ProxyError, memory_unavailable, upstream_unreachable
-from proxy.messages import Answer, chat_body_parse, history_messages, last_user_text, messages_enrich
+from proxy.errors import (
+    ERROR_HEADER,
+    ProxyError,
+    memory_unavailable,
+    recording_failed,
+    request_too_large,
+    upstream_error,
+    upstream_timeout,
+    upstream_unreachable,
+)
+from proxy.messages import (
+    Answer,
+    chat_body_parse,
+    completion_message,
+    history_messages,
+    last_user_text,
+    messages_enrich,
+)
 from proxy.models import TokenConfig
 from proxy.templates import memory_block_render
 
@@ -49,6 +67,12 @@ HOP_HEADERS = {
     "date",
     "server",
 }
+# Not relayed from the upstream either: they would speak for our host (cookies, HSTS,
+# alternative services) or forge our own error header (X-Memsite-*).
+# Content-Encoding: the body is read decoded (aiter_bytes), so an upstream that compresses
+# although we asked for identity still gives a parsable answer, relayed as plain bytes.
+UPSTREAM_ONLY_HEADERS = {"set-cookie", "set-cookie2", "strict-transport-security", "alt-svc", "content-encoding"}
+OWN_HEADER_PREFIX = "x-memsite-"
 
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
@@ -86,15 +110,33 @@ def _error_response(error: ProxyError) -> JsonResponse:
     return response
 
 
+def _error_event(error: ProxyError) -> bytes:
+    """How a stream whose 200 is already sent reports a failure: an OpenAI-style error
+    event (the official clients raise it), and no [DONE]."""
+    return b"data: " + json.dumps(error.as_body()).encode() + b"\n\n"
+
+
+def _relayed_headers(headers: httpx.Headers) -> dict[str, str]:
+    return {
+        name: value
+        for name, value in headers.items()
+        if (lower := name.lower()) not in HOP_HEADERS
+        and lower not in UPSTREAM_ONLY_HEADERS
+        and not lower.startswith(OWN_HEADER_PREFIX)
+    }
+
+
 def _prepare(
-    authorization: str | None, raw_body: bytes, session_header: str | None, subject: str | None, holder: dict
+    authorization: str | None, raw_body: bytes | None, session_header: str | None, subject: str | None, holder: dict
 ) -> tuple:
     """Auth and config (401), permissions and subject (403/404, audited under the caller's
-    own scope), body (422), then the rate limit (429)."""
+    own scope), body (413/422), then the rate limit (429)."""
     caller = services.chat_caller_authenticate(authorization=authorization)
     holder["caller"] = caller
     caller = services.chat_caller_authorize(caller, subject=subject)
     holder["caller"] = caller
+    if raw_body is None:
+        raise request_too_large(f"The request body exceeds {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.")
     body, messages = chat_body_parse(raw_body)
     session_id = services.session_id_clean(session_header, caller=caller)
     services.chat_rate_limit_consume(caller)
@@ -102,7 +144,7 @@ def _prepare(
 
 
 @csrf_exempt
-async def chat_completions(request: HttpRequest) -> HttpResponse:
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         response = JsonResponse({"error": {"message": "Use POST.", "type": "memsite_error"}}, status=405)
         response["Allow"] = "POST"
@@ -110,10 +152,14 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     call = call_context_from_request(request, channel=Channel.PROXY)
     holder: dict[str, Any] = {}
     try:
+        raw_body: bytes | None = request.body
+    except RequestDataTooBig:
+        raw_body = None  # refused (413) once the caller is known, so the refusal is audited
+    try:
         caller, body, messages, session_id = await _thread(
             _prepare,
             request.headers.get("Authorization"),
-            request.body,
+            raw_body,
             request.headers.get(SESSION_HEADER),
             request.headers.get("X-Memory-Subject"),
             holder,
@@ -137,7 +183,11 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             history_items = await history_task
         block = memory_block_render([m.memory for m in memories]) if memories else None
         enriched = messages_enrich(messages, memory_block=block, history=history_messages(history_items))
-        extra = {k: v for k, v in caller.config.extra_body.items() if k not in body}
+        # A stored extra_body never overrides the client (nor, from rows saved before the
+        # check, sets `stream`: the client's flag decides how the answer is read).
+        extra = {
+            k: v for k, v in caller.config.extra_body.items() if k not in body and k not in services.EXTRA_BODY_RESERVED
+        }
         payload = {**extra, **body, "messages": enriched}
         return await _forward(
             caller,
@@ -171,7 +221,12 @@ async def _forward(
     session_id: str,
     memory_ids: list[str],
     history_items: int,
-) -> HttpResponse:
+) -> HttpResponseBase:
+    """The upstream's answer, relayed. An error status passes through unchanged. A 200
+    that is not a usable answer is not relayed as a success: whole, it becomes a 502
+    `upstream_error` (504 `upstream_timeout`); streamed, the 200 is already out, so the
+    stream ends with an error event instead of [DONE]. Either way the call is audited as
+    failed, not billed, and no turn is stored (`_finish`)."""
     stream = bool(body.get("stream"))
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
     if caller.config.api_key:
@@ -182,7 +237,7 @@ async def _forward(
             "POST", caller.config.completions_url, content=json.dumps(payload).encode(), headers=headers
         )
         upstream = await client.send(request, stream=True)
-    except httpx.HTTPError:
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError):  # ValueError: a header httpx cannot encode
         logger.warning("chat upstream unreachable")
         raise upstream_unreachable() from None
     answer = Answer()
@@ -196,57 +251,111 @@ async def _forward(
         "memory_ids": memory_ids,
         "history_items": history_items,
     }
-    out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
+    out_headers = _relayed_headers(upstream.headers)
     ok = 200 <= upstream.status_code < 300
-    if not (stream and ok):
+    # An upstream that answers a stream request with one JSON completion is read whole.
+    whole = upstream.headers.get("content-type", "").lower().startswith("application/json")
+    if not (stream and ok) or whole:
+        failure: ProxyError | None = None
+        raw = b""
         try:
-            raw = b"".join([chunk async for chunk in upstream.aiter_raw()])
+            raw = b"".join([chunk async for chunk in upstream.aiter_bytes()])
+            if ok:
+                answer.take_message(completion_message(raw))
+        except httpx.TimeoutException:
+            failure = upstream_timeout()
         except httpx.HTTPError:
-            raise upstream_unreachable() from None
+            failure = upstream_error("The upstream LLM's answer broke off before it was complete.")
+        except ProxyError as unusable:
+            failure = unusable
         finally:
             await upstream.aclose()
-        if ok:
-            # Passed through as is either way; an unparsable answer just is not stored.
-            with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
-                answer.take_message(json.loads(raw)["choices"][0]["message"])
-        await _finish(caller, answer, finish)
+        if failure is not None:
+            # Audited here with the upstream's status (not by the caller's generic path).
+            logger.warning("chat upstream answer unusable (%s)", failure.code)
+            await _finish(caller, answer, finish, failure=failure)
+            return _error_response(failure)
+        if not await _finish(caller, answer, finish):
+            return _error_response(recording_failed())
         response = HttpResponse(raw, status=upstream.status_code)
         for name, value in out_headers.items():
             response[name] = value
         return response
 
     async def relay():
+        failure: ProxyError | None = None
+        client_left = True
         try:
-            async for chunk in upstream.aiter_raw():
-                answer.feed(chunk)
-                yield chunk
-        except httpx.HTTPError:
-            logger.warning("chat upstream stream broke off")
+            try:
+                async for chunk in upstream.aiter_bytes():
+                    events = answer.feed(chunk)
+                    if events:
+                        yield events
+                rest = answer.close()
+                if answer.errored:
+                    failure = upstream_error("The upstream LLM reported an error in its stream.")
+                elif not answer.complete:
+                    failure = upstream_error("The upstream LLM's stream ended before the answer was complete.")
+                # The last event may lack its blank line; the upstream's own error event is
+                # relayed too. A cut-off fragment is not.
+                if rest.strip() and (failure is None or answer.errored):
+                    yield rest.rstrip(b"\r\n") + b"\n\n"
+            except httpx.TimeoutException:
+                if not answer.done:
+                    failure = upstream_timeout()
+            except httpx.HTTPError:
+                if not answer.done:
+                    failure = upstream_error("The upstream LLM's stream broke off before the answer was complete.")
+            if failure is not None:
+                logger.warning("chat upstream stream failed (%s)", failure.code)
+                if not answer.errored:
+                    yield _error_event(failure)
+            client_left = False
         finally:
             await upstream.aclose()
-            # The answer is complete (or the client left): record after the last byte.
-            await asyncio.shield(_finish(caller, answer, finish))
+            # Recorded after the last byte (or when the client left: what it saw is the turn).
+            stopped = client_left and failure is None
+            await asyncio.shield(_finish(caller, answer, finish, failure=failure, stopped_by_client=stopped))
 
-    response = StreamingHttpResponse(relay(), status=upstream.status_code)
+    streaming = StreamingHttpResponse(relay(), status=upstream.status_code)
     for name, value in out_headers.items():
-        response[name] = value
-    return response
+        streaming[name] = value
+    return streaming
 
 
-async def _finish(caller: services.ChatCaller, answer: Answer, finish: dict[str, Any]) -> None:
+async def _finish(
+    caller: services.ChatCaller,
+    answer: Answer,
+    finish: dict[str, Any],
+    *,
+    failure: ProxyError | None = None,
+    stopped_by_client: bool = False,
+) -> bool:
+    """Record the call; False if that failed (logged, and a failure audit row attempted,
+    so the call is never silently gone)."""
     bound = request_bound()
     rid = finish["call"].request_id
     # The stream ends after the request's middleware returned: bind its id again.
     with request_id_bound(rid, claimable=False) if bound is None else _noop():
         try:
-            turn_pk = await _thread(services.chat_call_finish, caller, answer=answer.as_message(), **finish)
+            turn_pk = await _thread(
+                services.chat_call_finish,
+                caller,
+                answer=answer.as_message(),
+                failure=failure,
+                stopped_by_client=stopped_by_client,
+                **finish,
+            )
         except Exception:
             logger.exception("could not record the chat call")
-            return
+            error = failure or recording_failed()
+            await _thread(services.chat_call_failed, caller, call=finish["call"], error=error)
+            return False
     if turn_pk is not None:
         task = asyncio.get_running_loop().create_task(_thread(services.proxy_turn_enqueue, turn_pk=turn_pk))
         _background.add(task)
         task.add_done_callback(_background.discard)
+    return True
 
 
 class _noop:
@@ -268,10 +377,15 @@ def _admin_principal(request: HttpRequest):
 
 
 def _json_body(request: HttpRequest) -> dict[str, Any]:
+    """No RecursionError, NaN or NUL gets past this (core.inputs): 413/422, never a 500."""
     try:
-        data = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise ProxyError(422, "invalid_body", "The body is not valid JSON.") from None
+        data = json_loads_safe(request.body or b"{}")
+    except RequestDataTooBig:
+        raise request_too_large() from None
+    except InputError as exc:
+        if exc.too_large:
+            raise request_too_large(f"The body is too large: {exc.message}.") from None
+        raise ProxyError(422, "invalid_body", f"The body is not acceptable JSON: {exc.message}.") from None
     if not isinstance(data, dict):
         raise ProxyError(422, "invalid_body", "The body must be a JSON object.")
     return data
@@ -280,7 +394,8 @@ def _json_body(request: HttpRequest) -> dict[str, Any]:
 def _key_or_404(key_id: Any) -> ApiKey:
     api_key = (
         ApiKey.objects.select_related("user").filter(key_id=key_id, revoked_at__isnull=True).first()
-        if isinstance(key_id, str)
+        # A NUL would reach the database as a DataError: no key has one.
+        if isinstance(key_id, str) and not text_problem(key_id)
         else None
     )
     if api_key is None:

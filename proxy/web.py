@@ -14,7 +14,8 @@ from django.views.decorators.http import require_http_methods
 
 from core.calls import call_context_from_request
 from core.choices import Channel
-from core.errors import ServiceError
+from core.errors import ErrorCode, ServiceError
+from core.inputs import InputError, digits_int, json_loads_safe, text_problem
 from memories.models import ApiKey
 from proxy import services
 from proxy.models import TokenConfig
@@ -24,6 +25,9 @@ INT_FIELDS = ("memory_limit", "session_window_size")
 
 
 def _form_fields(post) -> dict:
+    """The form as token_config_save's fields; every value is checked there or here
+    (JSON through core.inputs: no RecursionError, NaN or NUL), so a bad one is this
+    page again with a message (400), never a 500 or a row that fails later."""
     fields: dict = {"upstream_base_url": post.get("upstream_base_url", "").strip()}
     if post.get("upstream_api_key", "").strip():  # blank keeps the stored key
         fields["upstream_api_key"] = post["upstream_api_key"].strip()
@@ -31,21 +35,26 @@ def _form_fields(post) -> dict:
     for name in JSON_FIELDS:
         text = post.get(name, "").strip() or "{}"
         try:
-            fields[name] = json.loads(text)
-        except ValueError:
-            raise ServiceError("invalid_argument", f"{name} must be a JSON object.") from None
+            fields[name] = json_loads_safe(text)
+        except InputError as exc:
+            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"{name} must be a JSON object: {exc.message}.") from None
     for name in INT_FIELDS:
-        try:
-            fields[name] = int(post.get(name, ""))
-        except ValueError:
-            raise ServiceError("invalid_argument", f"{name} must be a whole number.") from None
+        number = digits_int(post.get(name, "").strip(), max_digits=9)
+        if number is None:
+            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"{name} must be a whole number.")
+        fields[name] = number
     return fields
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def key_chat_config(request: HttpRequest, key_id: str) -> HttpResponse:
-    api_key = ApiKey.objects.filter(user=request.user, key_id=key_id, revoked_at__isnull=True).first()
+    # A NUL would reach the database as a DataError: no key id has one.
+    api_key = (
+        None
+        if text_problem(key_id)
+        else ApiKey.objects.filter(user=request.user, key_id=key_id, revoked_at__isnull=True).first()
+    )
     if api_key is None:
         raise Http404("No such key.")
     row = TokenConfig.objects.filter(api_key=api_key).first()
