@@ -506,6 +506,10 @@ PROXY_MEMORY_SEARCH_TIMEOUT_S = env_float("PROXY_MEMORY_SEARCH_TIMEOUT_S", 30.0,
 PROXY_MEMORY_STORE_TIMEOUT_S = env_float("PROXY_MEMORY_STORE_TIMEOUT_S", 120.0, minimum=0.1)
 PROXY_UPSTREAM_TIMEOUT_S = env_float("PROXY_UPSTREAM_TIMEOUT_S", 120.0, minimum=0.1)
 PROXY_UPSTREAM_CONNECT_TIMEOUT_S = env_float("PROXY_UPSTREAM_CONNECT_TIMEOUT_S", 10.0, minimum=0.1)
+# A key's own upstream (set by its owner) connects to public addresses only; this also
+# admits loopback (tests, a local model server in development). The deployment default
+# upstream (CHAT_UPSTREAM_BASE_URL) is the operator's and never restricted.
+PROXY_KEY_UPSTREAM_ALLOW_LOOPBACK = env_bool("PROXY_KEY_UPSTREAM_ALLOW_LOOPBACK", False)
 # Session messages compared for duplicates before a turn is stored (seed 004: 200).
 PROXY_DEDUPE_WINDOW = env_int("PROXY_DEDUPE_WINDOW", 200, minimum=0)
 CELERY_BEAT_SCHEDULE["proxy-turns-sweep"] = {"task": "proxy.turns_sweep", "schedule": 60.0}

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from core.inputs import InputError, json_loads_safe, text_problem
+from core.netaddr import address_is_public
 
 
 class MetadataDocumentError(Exception):
@@ -48,12 +49,7 @@ def metadata_url_check(url: str) -> tuple[str, int, str]:
 
 
 def _address_allowed(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    if ip.is_loopback:
-        return bool(settings.OAUTH_CIMD_ALLOW_LOOPBACK)
-    return ip.is_global and not ip.is_multicast
+    return address_is_public(address, allow_loopback=bool(settings.OAUTH_CIMD_ALLOW_LOOPBACK))
 
 
 def _resolve_public(host: str, port: int) -> str:

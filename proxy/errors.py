@@ -52,6 +52,14 @@ def upstream_unreachable() -> ProxyError:
     return ProxyError(502, "upstream_unreachable", "The upstream LLM could not be reached.")
 
 
+def upstream_address_refused() -> ProxyError:
+    return ProxyError(
+        502,
+        "upstream_address_refused",
+        "This key's upstream is not at a public address; this service does not connect to it.",
+    )
+
+
 def request_too_large(message: str = "The request body is too large.") -> ProxyError:
     return ProxyError(413, "request_too_large", message)
 

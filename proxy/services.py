@@ -24,6 +24,7 @@ from billing.services import usage_event_record
 from core.choices import Channel, Operation, Permission
 from core.errors import ErrorCode, ServiceError
 from core.inputs import InputError, json_value_check, text_problem
+from core.netaddr import address_is_public
 from core.request_ids import request_id_new
 from core.scope import CallContext, MemoryScope
 from memories.auth import Principal, authenticate_bearer, bearer_token, principal_of_api_key
@@ -347,6 +348,11 @@ def _config_validate(fields: dict[str, Any], *, partial: bool) -> dict[str, Any]
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_base_url must be an http(s) URL.")
             if len(value) > 500:
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_base_url: at most 500 characters.")
+            if not _host_may_be_public(urlsplit(value).hostname or ""):
+                raise ServiceError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    "upstream_base_url must be at a public address (not loopback, private or link-local).",
+                )
         elif name == "upstream_api_key":
             if not isinstance(value, str) or not value.strip() or len(value) > 4096:
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_api_key must be a non-empty string.")
@@ -376,6 +382,19 @@ def _config_validate(fields: dict[str, Any], *, partial: bool) -> dict[str, Any]
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"{name} must be an integer from 1 to {top}.")
         clean[name] = value
     return clean
+
+
+def _host_may_be_public(host: str) -> bool:
+    """What can be told at save time: an address literal, or `localhost`, that is not
+    public is refused with a clear message. Names are checked where the connection is
+    made, on every call (proxy/upstream_network.py): what they resolve to can change."""
+    allow_loopback = bool(settings.PROXY_KEY_UPSTREAM_ALLOW_LOOPBACK)
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return allow_loopback
+    try:
+        return address_is_public(host, allow_loopback=allow_loopback)
+    except ValueError:  # a name
+        return True
 
 
 def _url_usable(value: str) -> bool:

@@ -34,6 +34,7 @@ from proxy.errors import (
     memory_unavailable,
     recording_failed,
     request_too_large,
+    upstream_address_refused,
     upstream_error,
     upstream_timeout,
     upstream_unreachable,
@@ -48,6 +49,7 @@ from proxy.messages import (
 )
 from proxy.models import TokenConfig
 from proxy.templates import memory_block_render
+from proxy.upstream_network import public_only_transport, upstream_address_is_refused
 
 logger = logging.getLogger(__name__)
 
@@ -75,18 +77,26 @@ UPSTREAM_ONLY_HEADERS = {"set-cookie", "set-cookie2", "strict-transport-security
 OWN_HEADER_PREFIX = "x-memsite-"
 
 
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bool, httpx.AsyncClient]] = (
+    weakref.WeakKeyDictionary()
+)
 _background: set[asyncio.Task] = set()
 
 
-def _upstream_client() -> httpx.AsyncClient:
-    """One pooled client per event loop: no TLS context or connection set-up per call."""
+def _upstream_client(*, public_only: bool) -> httpx.AsyncClient:
+    """Pooled clients per event loop (no TLS context or connection set-up per call): one
+    for the deployment's own upstream, one that connects to public addresses only, for
+    an upstream a key's owner chose (proxy/upstream_network.py)."""
     loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
+    clients = _clients.setdefault(loop, {})
+    client = clients.get(public_only)
     if client is None:
         timeout = httpx.Timeout(settings.PROXY_UPSTREAM_TIMEOUT_S, connect=settings.PROXY_UPSTREAM_CONNECT_TIMEOUT_S)
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
-        client = _clients[loop] = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+        transport = public_only_transport(limits=limits) if public_only else None
+        client = clients[public_only] = httpx.AsyncClient(
+            timeout=timeout, limits=limits, trust_env=False, transport=transport
+        )
     return client
 
 
@@ -231,13 +241,16 @@ async def _forward(
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
     if caller.config.api_key:
         headers["Authorization"] = f"Bearer {caller.config.api_key}"
-    client = _upstream_client()
+    client = _upstream_client(public_only=caller.config.source == "key")
     try:
         request = client.build_request(
             "POST", caller.config.completions_url, content=json.dumps(payload).encode(), headers=headers
         )
         upstream = await client.send(request, stream=True)
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError):  # ValueError: a header httpx cannot encode
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # ValueError: a header httpx cannot encode
+        if upstream_address_is_refused(exc):
+            logger.warning("chat upstream refused: not a public address")
+            raise upstream_address_refused() from None
         logger.warning("chat upstream unreachable")
         raise upstream_unreachable() from None
     answer = Answer()

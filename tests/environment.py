@@ -18,6 +18,9 @@ TEST_DATA_DIR = Path(os.environ.get("MEMSITE_TEST_DATA_DIR", ROOT / "var" / "tes
 TEST_DATABASE = "test_memsite"
 
 os.environ["MEMSITE_ENV"] = "test"
+# The fake upstreams a key is pointed at listen on 127.0.0.1 (a key's own upstream is
+# otherwise public addresses only; tests/test_proxy_bad_input.py checks that with it off).
+os.environ["PROXY_KEY_UPSTREAM_ALLOW_LOOPBACK"] = "true"
 os.environ["MEMSITE_DATA_DIR"] = str(TEST_DATA_DIR)
 for name in ("GOOGLE_API_KEY", "LLM_BASE_URL", "LLM_API_KEY", "LLM_MODEL", "EMBEDDER", "CELERY_BROKER_URL"):
     os.environ.pop(name, None)

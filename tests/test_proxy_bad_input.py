@@ -731,3 +731,61 @@ def test_web_config_page_with_a_nul_key_id(client, rf, alice):
     request.user = alice
     with pytest.raises(Http404):
         web.key_chat_config(request, "a\x00")
+
+
+# --- a key's own upstream reaches public addresses only (server-side request forgery) ----
+NON_PUBLIC_UPSTREAMS = [
+    "http://127.0.0.1:9",
+    "http://10.0.0.1",
+    "http://192.168.1.1:8080",
+    "http://169.254.169.254",  # cloud metadata
+    "http://[::1]:9",
+    "http://[::ffff:10.0.0.1]",
+    "http://localhost:9",
+]
+
+
+def test_a_key_upstream_at_a_non_public_address_is_refused_on_save(alice, settings):
+    from core.errors import ErrorCode, ServiceError
+
+    settings.PROXY_KEY_UPSTREAM_ALLOW_LOOPBACK = False
+    api_key, _ = api_key_issue(user=alice, name="cfg")
+
+    def save(url: str) -> None:
+        token_config_save(
+            api_key=api_key,
+            fields={"upstream_base_url": url, "upstream_api_key": "k"},
+            partial=False,
+            call=internal_call(),
+        )
+
+    for url in NON_PUBLIC_UPSTREAMS:
+        with pytest.raises(ServiceError) as refused:
+            save(url)
+        assert refused.value.code == ErrorCode.INVALID_ARGUMENT and "public address" in refused.value.message, url
+    assert TokenConfig.objects.count() == 0
+    save("https://llm.example.com")  # a name: checked where the connection is made
+    assert TokenConfig.objects.count() == 1
+
+
+def test_a_key_upstream_resolving_to_a_non_public_address_is_never_connected(
+    proxy_url, upstream, alice, alice_key, settings
+):
+    from urllib.parse import urlsplit
+
+    from proxy.crypto import secret_encrypt
+
+    # Saved while loopback was allowed (or a name whose DNS answer changed since).
+    TokenConfig.objects.create(
+        api_key=alice.api_keys.get(),
+        upstream_base_url=f"http://localhost:{urlsplit(upstream.url).port}",
+        upstream_api_key_encrypted=secret_encrypt("k"),
+    )
+    settings.PROXY_KEY_UPSTREAM_ALLOW_LOOPBACK = False
+    response = post(proxy_url, alice_key, {"model": "m", "messages": USER})
+    assert_refused(response, 502, "upstream_address_refused")
+    assert upstream.requests == []  # resolved, refused, never connected
+    assert_failed_and_nothing_stored("backend_unavailable")  # audited as every 502 of ours
+    # The deployment's own upstream (the operator's setting) is not restricted.
+    TokenConfig.objects.all().delete()
+    assert post(proxy_url, alice_key, {"model": "m", "messages": USER}).status_code == 200
