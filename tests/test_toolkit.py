@@ -416,6 +416,38 @@ def test_admin_erasure_action_is_audited_as_staff(client, django_user_model, ali
     assert row.detail["memories"] == 2 and row.detail["decisions"] == 1
 
 
+def test_admin_erasure_of_several_users_names_who_was_erased_and_who_was_not(
+    client, django_user_model, alice, bob, monkeypatch
+):
+    from core.errors import ErrorCode, ServiceError
+    from memories.toolkit import admin as toolkit_admin
+
+    store(alice, ("human", HUMAN_LONG))
+    store(bob, ("ai", AI_REPLY))
+    alices = run(alice, "memory_health")["total_memories"]
+    wipe = toolkit_admin.toolkit_user_data_wipe
+
+    def failing_for_alice(scope, **kwargs):
+        if scope.user_pk == alice.pk:
+            raise ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "The memory service failed; retry later.")
+        return wipe(scope, **kwargs)
+
+    monkeypatch.setattr(toolkit_admin, "toolkit_user_data_wipe", failing_for_alice)
+    staff = django_user_model.objects.create_superuser("sam", "sam@example.com", "sam-password-1")
+    client.force_login(staff)
+    response = client.post(
+        "/admin/toolkit/erasuresubject/", {"action": "erase", "_selected_action": [alice.pk, bob.pk]}, follow=True
+    )
+    assert response.status_code == 200
+    shown = [str(m) for m in response.context["messages"]]
+    assert any("Erased all data of 1 user(s): bob." in m for m in shown), shown
+    assert any("Could not erase 1 user(s): alice." in m for m in shown), shown
+    assert run(bob, "memory_health")["total_memories"] == 0
+    assert run(alice, "memory_health")["total_memories"] == alices > 0
+    rows = AuditEvent.objects.filter(operation="admin_wipe_user_data")
+    assert sorted((r.subject_user_id, r.outcome) for r in rows) == sorted([(alice.pk, "error"), (bob.pk, "ok")])
+
+
 # --- erasure: crypto-shredding (acceptance 4) ------------------------------------------------
 def _database_text() -> str:
     """Every text and JSON value of every table in the database, as one string."""
