@@ -31,10 +31,19 @@ class MemoryHistory(models.Model):
     # Who caused this version (the engine does not know; the service tells the store).
     request_id = models.CharField(max_length=64, blank=True, db_index=True)
     changed_by = models.CharField(max_length=300, blank=True)
+    # Whose memory this version is of (the engine's partition key, "tenant:user pk"), so
+    # that erasing a user finds every version by owner, also of memories long deleted
+    # whose audit rows retention has removed. Writers need not know it: a database
+    # trigger (migration 0013) fills it on insert from the engine row or the memory's
+    # earlier versions. "" = unknown (rows that predate it and could not be attributed).
+    engine_user_id = models.CharField(max_length=255, blank=True, db_default="")
 
     class Meta:
         verbose_name_plural = "memory history"
-        indexes = [models.Index(fields=["memory_id", "recorded_at"])]
+        indexes = [
+            models.Index(fields=["memory_id", "recorded_at"]),
+            models.Index(fields=["engine_user_id"], name="history_owner", condition=~models.Q(engine_user_id="")),
+        ]
 
     def __str__(self) -> str:
         return f"{self.event} {self.memory_id}"

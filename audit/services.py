@@ -184,15 +184,20 @@ TURN_EVENTS.update(
 )
 
 
-def subject_content_erase(*, subject_user_id: int, memory_ids: list[str]) -> dict[str, int]:
+def subject_content_erase(*, subject_user_id: int, engine_user_id: str, memory_ids: list[str]) -> dict[str, int]:
     """Erasure of a user (issue 14), in the caller's transaction:
     - destroys the user's data key, so the content snapshots of their audit rows (and of
       every audit export already made) can no longer be decrypted; the rows stay, with
       actor, time, operation and ids;
-    - deletes the version history of their memories (the given ids plus every id their
-      audit rows name), which holds memory texts. The history table is append-only; an
-      erasure is, with retention, the one sanctioned delete, and it is itself audited by
-      the caller."""
+    - deletes the version history of their memories, which holds memory texts: every row
+      the user owns (`engine_user_id`, their engine partition), which also finds memories
+      deleted long ago whose audit rows retention has removed; plus rows of unknown owner
+      (written before owners were recorded) among the given ids or the ids the user's
+      successful calls name (and no other user's do). Never by ids from failed or denied
+      calls (anyone's id can be tried and is recorded as given), never a row another user
+      owns.
+    The history table is append-only; an erasure is, with retention, the one sanctioned
+    delete, and it is itself audited by the caller."""
     from audit.crypto import subject_key_destroy
 
     sealed = (
@@ -202,17 +207,50 @@ def subject_content_erase(*, subject_user_id: int, memory_ids: list[str]) -> dic
     )
     keys = subject_key_destroy(subject_user_id)
     history_table, audit_table = MemoryHistory._meta.db_table, AuditEvent._meta.db_table
+    ok = AuditEvent.Outcome.OK.value
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL memsite.audit_retention = 'on'")
         try:
-            # One statement: the ids given plus every id the subject's audit rows name
-            # (a memory since hard-deleted still has history), never loaded into Python.
-            cursor.execute(
-                f'DELETE FROM "{history_table}" WHERE memory_id = ANY(%s) OR memory_id IN ('  # noqa: S608
-                f'SELECT jsonb_array_elements_text(memory_ids) FROM "{audit_table}" WHERE subject_user_id = %s)',
-                [list(memory_ids), subject_user_id],
-            )
+            # Never loaded into Python. By owner (the `history_owner` index), then the
+            # unowned rows among the trusted ids (the memory_id index). An unowned row
+            # that another user's successful calls name too is left alone: never guess.
+            cursor.execute(f'DELETE FROM "{history_table}" WHERE engine_user_id = %s', [engine_user_id])  # noqa: S608
             history = cursor.rowcount
+            cursor.execute(
+                f"DELETE FROM \"{history_table}\" WHERE engine_user_id = '' AND memory_id IN ("  # noqa: S608
+                " SELECT unnest(%s::text[]) UNION ALL SELECT ids.id"
+                f' FROM "{audit_table}" e, jsonb_array_elements_text(e.memory_ids) AS ids(id)'
+                " WHERE e.subject_user_id = %s AND e.outcome = %s AND NOT EXISTS ("
+                f'  SELECT 1 FROM "{audit_table}" o WHERE o.memory_ids @> jsonb_build_array(ids.id)'
+                "  AND o.outcome = %s AND o.subject_user_id <> %s))",
+                [list(memory_ids), subject_user_id, ok, ok, subject_user_id],
+            )
+            history += cursor.rowcount
         finally:
             cursor.execute("SET LOCAL memsite.audit_retention = 'off'")
     return {"audit_rows_shredded": sealed if keys else 0, "history_rows_deleted": history}
+
+
+def history_content_erase(*, engine_user_id: str, memory_ids: list[str]) -> int:
+    """A memory deleted for good (purge, the purge job) keeps its history as a record of
+    what happened (events, times, who) but not what it said: the texts of its versions
+    are blanked, in the caller's transaction. Only rows of the given owner (or of unknown
+    owner: the caller has just deleted the memory from that owner's partition). The
+    history's append-only trigger lets exactly this change through while
+    `memsite.history_redact` is on. Returns how many rows were blanked."""
+    if not memory_ids:
+        return 0
+    history_table = MemoryHistory._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL memsite.history_redact = 'on'")
+        try:
+            cursor.execute(
+                f'UPDATE "{history_table}" SET old_memory = NULL, new_memory = NULL'  # noqa: S608
+                " WHERE memory_id = ANY(%s) AND engine_user_id IN (%s, '')"
+                " AND (old_memory IS NOT NULL OR new_memory IS NOT NULL)",
+                [list(memory_ids), engine_user_id],
+            )
+            blanked = cursor.rowcount
+        finally:
+            cursor.execute("SET LOCAL memsite.history_redact = 'off'")
+    return blanked

@@ -67,7 +67,9 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         if not hasattr(record, "request_id"):  # a handler without the filter
             record.request_id = "-"
-        return super().format(record)
+        # RequestIdFilter scrubs the message only; a traceback (exc_text) or stack can echo
+        # a key too (a vendor error quoting its request headers), as in the JSON formatter.
+        return scrub_secrets(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -79,7 +81,7 @@ class JsonFormatter(logging.Formatter):
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": scrub_secrets(record.getMessage()),  # also where no RequestIdFilter is
             "request_id": getattr(record, "request_id", "-"),
             "process": record.process,
         }

@@ -19,7 +19,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from audit.services import audit_failure, audit_record, audit_snapshot, audit_text
+from audit.services import audit_failure, audit_record, audit_snapshot, audit_text, history_content_erase
 from core.choices import ALL_PERMISSIONS, Channel, Operation, Permission, Role
 from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
 from core.locks import advisory_xact_lock
@@ -368,22 +368,28 @@ def memory_ingest(
     metadata: dict[str, Any] | None = None,
     fields: dict[str, Any] | None = None,
     call: CallContext,
+    billed: bool = True,
 ) -> list[dict[str, Any]]:
     """mem0's extraction pipeline over a conversation turn (one LLM call).
 
     mem0 writes its rows on its own, so the call is bracketed by a durable intent:
     committed before the engine call, completed (hashes, audit row, usage event) in one
     transaction after it. A crash in between leaves the intent open, and
-    `ingest_intents_reconcile` completes it later from the rows tagged with the request id."""
+    `ingest_intents_reconcile` completes it later from the rows tagged with the request id.
+
+    `billed=False`: background work for a call that was billed and rate limited on its own
+    (the chat proxy's extraction after an answered chat completion): audited, but no usage
+    event and no INGEST rate limit. Kept on the intent, so the reconciler does the same."""
     if not llm_configured():
         raise _llm_unavailable()
-    rate_limit_consume(scope, operation=Operation.INGEST)
+    if billed:
+        rate_limit_consume(scope, operation=Operation.INGEST)
     intent = IngestIntent.objects.create(
         request_id=call.request_id,
         engine_user_id=scope.engine_user_id,
         scope=_scope_record(scope),
         call=_call_record(call),
-        detail={"messages": len(messages)},
+        detail={"messages": len(messages), **({} if billed else {"billed": False})},
     )
     try:
         with _engine_errors(), _attributed(call):
@@ -416,7 +422,7 @@ def _ingest_complete(
     with _engine_errors(), transaction.atomic():
         current = IngestIntent.objects.select_for_update().get(pk=intent.pk)
         if current.state != IngestIntent.State.OPEN:
-            return list(current.results)
+            return _ingest_results_recorded(scope, recorded=list(current.results))
         added = [m for m in (engine_lock_owned(scope, memory_id=i) for i in added_ids) if m is not None]
         advisory_xact_lock(*(_text_lock_key(scope, content_sha256(m.text)) for m in added))
         for item in added:
@@ -431,19 +437,33 @@ def _ingest_complete(
                 ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=item.id)
             results.append({"id": item.id, "memory": item.text, "event": "ADD"})
         after = [{**r, "memory": audit_text(r["memory"])} for r in results]
-        call_succeeded(
-            scope,
-            call=call,
-            operation=Operation.INGEST,
-            memory_ids=[r["id"] for r in results],
-            after=after,
-            detail=dict(current.detail),
-        )
+        ids = [r["id"] for r in results]
+        if current.detail.get("billed", True):
+            call_succeeded(
+                scope, call=call, operation=Operation.INGEST, memory_ids=ids, after=after, detail=dict(current.detail)
+            )
+        else:  # memory_ingest's `billed=False`: the audit row only
+            audit_record(
+                scope, call=call, operation=Operation.INGEST, memory_ids=ids, after=after, detail=dict(current.detail)
+            )
         current.state = IngestIntent.State.DONE
-        current.results = results
+        # Ids and events only: a closed intent outlives the call, and the texts are the
+        # user's content (the memories and the sealed audit row hold them).
+        current.results = [{"id": r["id"], "event": r["event"]} for r in results]
         current.closed_at = timezone.now()
         current.save(update_fields=["state", "results", "closed_at"])
     return results
+
+
+def _ingest_results_recorded(scope: MemoryScope, *, recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The answer of an ingest completed by someone else (the reconciler, after a stall):
+    the intent keeps ids and events only, so the texts are read from the memories as
+    they are now (None for one deleted since). In `_ingest_complete`'s transaction."""
+    rows = engine_lock_owned_many(scope, memory_ids=[str(r["id"]) for r in recorded])
+    return [
+        {"id": r["id"], "memory": rows[str(r["id"])].text if str(r["id"]) in rows else None, "event": r.get("event")}
+        for r in recorded
+    ]
 
 
 def _scope_record(scope: MemoryScope) -> dict[str, Any]:
@@ -750,7 +770,9 @@ def memory_purge(scope: MemoryScope, *, memory_id: str | None = None, call: Call
         ids = [item.id for item in trashed]
         with _attributed(call):
             for item_id in ids:
-                engine_delete_row(item_id)
+                engine_delete_row(item_id, keep_text=False)
+        # For good means the texts go from the history too; its events (what, when, who) stay.
+        history_content_erase(engine_user_id=scope.engine_user_id, memory_ids=ids)
         audit_record(scope, call=call, operation=Operation.PURGE_MEMORY, memory_ids=ids, detail={"purged": len(ids)})
     return len(ids)
 
@@ -774,7 +796,9 @@ def memory_purge_due(*, now: datetime | None = None, batch: int = 500) -> int:
                 by_owner.setdefault(owner, []).append(memory_id)
             for owner, ids in by_owner.items():
                 for memory_id in ids:
-                    engine_delete_row(memory_id)
+                    engine_delete_row(memory_id, keep_text=False)
+                # As memory_purge: the texts leave the history, its events stay.
+                history_content_erase(engine_user_id=owner, memory_ids=ids)
                 ContentHash.objects.filter(memory_id__in=ids).delete()
                 audit_record(
                     MemoryScope.from_engine_user_id(owner),

@@ -482,6 +482,8 @@ RATE_LIMITS.update(
         op.value: env_rate(f"RATE_LIMIT_{op.value.upper()}", default)
         for op, default in {
             Operation.MEMORY_BEFORE_TURN: "120/minute",
+            # before_turn plus a token, counted and billed under its own name (same default).
+            Operation.MEMORY_RUN_TURN: "120/minute",
             Operation.MEMORY_AFTER_TURN: "120/minute",
             Operation.MEMORY_RUN_MAINTENANCE: "30/minute",
             Operation.MEMORY_LIST_DIR_WITH_ABSTRACT: "60/minute",

@@ -28,6 +28,7 @@ from core.netaddr import address_is_public
 from core.request_ids import request_id_new
 from core.scope import CallContext, MemoryScope
 from memories.auth import Principal, authenticate_bearer, bearer_token, principal_of_api_key
+from memories.call_record import failures_audited
 from memories.models import ApiKey
 from memories.operations import principal_effective
 from memories.rate_limits import rate_limit_consume
@@ -268,7 +269,8 @@ def chat_call_failed(
 # --- extraction (after the answer, in the worker) ---------------------------------------
 def proxy_turn_extract(*, turn_pk: int) -> str:
     """Extract memories from one answered turn (mem0 infer through `memory_ingest`,
-    which keeps the dedupe rule and its own audit row) under PROXY_MEMORY_STORE_TIMEOUT_S.
+    which keeps the dedupe rule and its own audit row, unbilled: `_ingest_in_thread`) under
+    PROXY_MEMORY_STORE_TIMEOUT_S.
     A failure is logged and retried by the sweep up to EXTRACTION_MAX_ATTEMPTS; it never
     touches the chat call, which was answered long ago."""
     with transaction.atomic():
@@ -301,10 +303,13 @@ def proxy_turn_extract(*, turn_pk: int) -> str:
 
 
 def _ingest_in_thread(scope: MemoryScope, messages: list[dict[str, Any]], call: CallContext, session_id: str) -> None:
+    """One audited ingest per attempt, never billed nor counted against the user's INGEST
+    limit: the chat completion it comes from was the one billed call (core/choices.py)."""
     from django.db import connection
 
     try:
-        memory_ingest(scope, messages=messages, metadata={"session_id": session_id[:128]}, call=call)
+        with failures_audited(scope, call=call, operation=Operation.INGEST):
+            memory_ingest(scope, messages=messages, metadata={"session_id": session_id[:128]}, call=call, billed=False)
     finally:
         connection.close()  # this thread's connection dies with it
 

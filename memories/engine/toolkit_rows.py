@@ -63,16 +63,31 @@ def engine_enrichment_apply(
     return bool(rows)
 
 
+def engine_metadata_merge(*, memory_id: str, metadata: dict[str, Any]) -> bool:
+    """Merge `metadata` into a live row's payload, whoever owns it (the enrichment job
+    marking a candidate it could not enrich). In the caller's transaction; False when gone."""
+    statement = sql.SQL("UPDATE {} SET payload = payload || %s::jsonb WHERE id = %s AND NOT payload ? %s RETURNING id")
+    return bool(_rows(statement.format(_table()), [json.dumps(metadata), memory_id, KEY_TRASH]))
+
+
 def engine_rows_with_metadata(
-    *, containment: dict[str, Any], memory_ids: list[str] | None = None, limit: int = 100
+    *,
+    containment: dict[str, Any],
+    memory_ids: list[str] | None = None,
+    exclude_ids: list[str] | None = None,
+    limit: int = 100,
 ) -> list[EngineMemory]:
     """Live rows of any user whose payload contains `containment` (the enrichment job's
-    pending candidates), oldest first, row-locked (SKIP LOCKED) for the caller's transaction."""
-    clause = sql.SQL("")
+    pending candidates), oldest first, row-locked (SKIP LOCKED) for the caller's transaction.
+    `exclude_ids`: rows this run already tried (a failed one must not be picked again)."""
+    clause: sql.Composable = sql.SQL("")
     params: list[Any] = [json.dumps(containment), KEY_TRASH, engine_timestamp(datetime.now(UTC))]
     if memory_ids is not None:
         clause = sql.SQL(" AND id = ANY(%s::uuid[])")
         params.append(memory_ids)
+    if exclude_ids:
+        clause = clause + sql.SQL(" AND NOT (id = ANY(%s::uuid[]))")
+        params.append(exclude_ids)
     statement = sql.SQL(
         "SELECT id, payload FROM {} WHERE payload @> %s::jsonb AND NOT payload ? %s"
         " AND (expires_at IS NULL OR expires_at > %s){} ORDER BY payload->>'created_at' LIMIT %s"

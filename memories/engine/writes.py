@@ -244,10 +244,11 @@ def engine_update_row(
     return engine_memory_from_row(memory_id, payload)
 
 
-def _deleted_history(memory_id: str, payload: dict[str, Any], *, now: str) -> dict[str, Any]:
+def _deleted_history(memory_id: str, payload: dict[str, Any], *, now: str, keep_text: bool = True) -> dict[str, Any]:
     return {
         "memory_id": memory_id,
-        "old_memory": payload.get(KEY_TEXT, ""),
+        # A deletion for good (keep_text=False) records that it happened, not the text.
+        "old_memory": payload.get(KEY_TEXT, "") if keep_text else None,
         "new_memory": None,
         "event": "DELETE",
         "created_at": payload.get(KEY_CREATED_AT),
@@ -259,8 +260,10 @@ def _deleted_history(memory_id: str, payload: dict[str, Any], *, now: str) -> di
 
 
 @engine_timed_function("delete")  # memsite_engine_duration_seconds
-def engine_delete_row(memory_id: str) -> bool:
-    """Delete one memory (and write its DELETE history row) in the caller's transaction."""
+def engine_delete_row(memory_id: str, *, keep_text: bool = True) -> bool:
+    """Delete one memory (and write its DELETE history row) in the caller's transaction.
+    `keep_text=False` (a purge: the content goes for good) writes the DELETE row without
+    the memory's text; the caller blanks the earlier versions (`history_content_erase`)."""
     _require_transaction()
     statement = sql.SQL("DELETE FROM {} WHERE id = %s RETURNING payload").format(_table())
     with connection.cursor() as cursor:
@@ -269,7 +272,7 @@ def engine_delete_row(memory_id: str) -> bool:
     if row is None:
         return False
     payload = row[0] if isinstance(row[0], dict) else json.loads(row[0])
-    _history.batch_add_history([_deleted_history(memory_id, payload, now=_now())])
+    _history.batch_add_history([_deleted_history(memory_id, payload, now=_now(), keep_text=keep_text)])
     _after_commit_unlink([memory_id], user_id=str(payload.get(KEY_USER_ID, "")))
     return True
 

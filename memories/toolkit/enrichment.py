@@ -14,6 +14,8 @@ from memories.engine import engine_llm_json, llm_configured
 logger = logging.getLogger(__name__)
 
 SUMMARY_MAX_CHARS = 200
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_CONTROL = re.compile("[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]")
 MAX_TAGS = 5
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9+#.-]{2,}")
 _STOP = frozenset(
@@ -165,6 +167,15 @@ class Enrichment:
     method: str  # "heuristic" or "llm"
 
 
+def storable_text(text: str) -> str:
+    """The LLM's text as the database can store it: PostgreSQL's jsonb refuses NUL and
+    lone surrogates (`unsupported Unicode escape sequence`), and one such answer would
+    otherwise fail the candidate's write on every attempt. NUL is dropped, a lone
+    surrogate becomes U+FFFD; other control characters become spaces."""
+    text = _SURROGATE.sub("\ufffd", text.replace("\x00", ""))
+    return _CONTROL.sub(" ", text).strip()
+
+
 def _summary(text: str) -> str:
     first = re.split(r"(?<=[.!?])\s+", " ".join(text.split()), maxsplit=1)[0]
     return first if len(first) <= SUMMARY_MAX_CHARS else first[: SUMMARY_MAX_CHARS - 1].rstrip() + "…"
@@ -222,8 +233,8 @@ def enrich_text(text: str) -> Enrichment:
     try:
         memory_type = answer.get("memory_type")
         importance = float(answer.get("importance", -1))
-        tags = [str(t)[:64].lower() for t in answer.get("tags", [])][:MAX_TAGS]
-        summary = str(answer.get("summary") or "")[:SUMMARY_MAX_CHARS] or heuristic.summary
+        tags = [t for t in (storable_text(str(t))[:64].lower() for t in answer.get("tags", [])) if t][:MAX_TAGS]
+        summary = storable_text(str(answer.get("summary") or ""))[:SUMMARY_MAX_CHARS] or heuristic.summary
         if memory_type not in ("user", "feedback", "project", "reference") or not 0 <= importance <= 1:
             return heuristic
     except (TypeError, ValueError, AttributeError):

@@ -9,6 +9,7 @@ memory model's `expires_at` (hidden at once, purged by `memories.purge_due`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -19,7 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
-from audit.services import audit_record, audit_text, subject_content_erase
+from audit.services import audit_failure, audit_record, audit_text, subject_content_erase
 from core.choices import Channel, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
 from core.locks import advisory_xact_lock
@@ -43,7 +44,8 @@ from memories.engine import (
     engine_timestamp,
     hybrid_search,
 )
-from memories.models import ContentHash
+from memories.engine.toolkit_rows import engine_metadata_merge
+from memories.models import ContentHash, IngestIntent
 from memories.rate_limits import rate_limit_consume
 from memories.selectors import memory_get_owned
 from memories.services import (
@@ -63,6 +65,10 @@ from memories.toolkit.websearch import WebSearchUnavailable, web_search_provider
 HUMAN_ROLES = frozenset({"human", "user"})
 LTM_MIN_CHARS = 30  # seed 003: human messages longer than this become long-term candidates
 SOURCE = "store_memory"
+# A candidate whose enrichment failed this often is marked `failed` (not pending forever).
+ENRICHMENT_MAX_ATTEMPTS = 3
+ENRICHMENT_ATTEMPTS_KEY = "enrichment_attempts"
+logger = logging.getLogger(__name__)
 
 
 def _user_label(call: CallContext) -> str:
@@ -140,36 +146,77 @@ def toolkit_candidates_enrich(*, memory_ids: list[str] | None = None, limit: int
     """Enrich pending long-term candidates (these ids, or the oldest `limit` of anyone's):
     summary, importance, tags and type, by the LLM when configured, heuristics otherwise
     (and when the LLM fails). Marks them `completed`. One transaction per memory; rows
-    are locked SKIP LOCKED so two workers never enrich the same one. Returns how many."""
+    are locked SKIP LOCKED so two workers never enrich the same one. A candidate that
+    fails is counted on its row and skipped for the rest of the run (`_candidate_failed`).
+    Returns how many were enriched."""
     done = 0
+    tried: list[str] = []  # this run's rows, enriched or not: each is taken at most once
     call = CallContext(channel=Channel.INTERNAL, actor_username="system:enrich")
-    while True:
+    while len(tried) < limit:
         with _engine_errors(), transaction.atomic():
             rows = engine_rows_with_metadata(
-                containment={TIER_KEY: "ltm", ENRICHMENT_KEY: "pending"}, memory_ids=memory_ids, limit=1
+                containment={TIER_KEY: "ltm", ENRICHMENT_KEY: "pending"},
+                memory_ids=memory_ids,
+                exclude_ids=tried,
+                limit=1,
             )
             if not rows:
                 return done
             item = rows[0]
+            tried.append(item.id)
             scope = MemoryScope.from_engine_user_id(item.user_id)
-            if scope is None:  # not one of ours; never loop on it
-                return done
-            result = enrichment.enrich_text(item.text)
-            attrs = replace(
-                item.attrs, memory_type=result.memory_type, tags=tuple(result.tags), importance=result.importance
-            )
-            metadata = {ENRICHMENT_KEY: "completed", "summary": result.summary, "enriched_by": result.method}
-            engine_enrichment_apply(scope, memory_id=item.id, metadata=metadata, attrs=attrs)
-            audit_record(
-                scope,
-                call=call,
-                operation=Operation.ENRICH_MEMORY,
-                memory_ids=[item.id],
-                detail={"method": result.method, "memory_type": result.memory_type, "importance": result.importance},
-            )
+            if scope is None:  # not one of ours: no retry can enrich it, and it must not stay pending
+                _candidate_failed(item, scope=None, call=call, reason="unknown_owner", final=True)
+                continue
+            try:
+                # A savepoint: a write the database refuses undoes this candidate's changes only,
+                # and the failure is recorded in the same (still usable) transaction.
+                with transaction.atomic():
+                    _candidate_enrich(scope, item=item, call=call)
+            except Exception as exc:  # a poisoned candidate must never block the others
+                _candidate_failed(item, scope=scope, call=call, reason=type(exc).__name__, final=False)
+                continue
         done += 1
-        if done >= limit:
-            return done
+    return done
+
+
+def _candidate_enrich(scope: MemoryScope, *, item: EngineMemory, call: CallContext) -> None:
+    result = enrichment.enrich_text(item.text)
+    attrs = replace(item.attrs, memory_type=result.memory_type, tags=tuple(result.tags), importance=result.importance)
+    metadata = {ENRICHMENT_KEY: "completed", "summary": result.summary, "enriched_by": result.method}
+    engine_enrichment_apply(scope, memory_id=item.id, metadata=metadata, attrs=attrs)
+    audit_record(
+        scope,
+        call=call,
+        operation=Operation.ENRICH_MEMORY,
+        memory_ids=[item.id],
+        detail={"method": result.method, "memory_type": result.memory_type, "importance": result.importance},
+    )
+
+
+def _candidate_failed(
+    item: EngineMemory, *, scope: MemoryScope | None, call: CallContext, reason: str, final: bool
+) -> None:
+    """Count the failed attempt on the row (`enrichment_attempts`, `enrichment_error`: the
+    error's type, never its text, which can quote the data) and audit it. Past
+    ENRICHMENT_MAX_ATTEMPTS, or when no retry can help, the row becomes `failed` (counted by
+    memory_health) instead of pending forever; before that, the next sweep tries it again."""
+    previous = item.metadata.get(ENRICHMENT_ATTEMPTS_KEY)
+    attempts = (previous if isinstance(previous, int) else 0) + 1
+    final = final or attempts >= ENRICHMENT_MAX_ATTEMPTS
+    metadata: dict[str, Any] = {ENRICHMENT_ATTEMPTS_KEY: attempts, "enrichment_error": reason[:100]}
+    if final:
+        metadata[ENRICHMENT_KEY] = "failed"
+    engine_metadata_merge(memory_id=item.id, metadata=metadata)
+    audit_failure(
+        scope,
+        call=call,
+        operation=Operation.ENRICH_MEMORY,
+        error=ServiceError(ErrorCode.BACKEND_UNAVAILABLE, f"enrichment failed ({reason[:100]}), attempt {attempts}"),
+        memory_id=item.id,
+    )
+    outcome = ": marked failed" if final else ""
+    logger.warning("enrichment of memory %s failed (%s), attempt %d%s", item.id, reason, attempts, outcome)
 
 
 # --- recall_memory / hybrid_search ----------------------------------------------------------
@@ -567,7 +614,8 @@ WIPE_CONFIRM = "wipe_user_data requires confirm=true. This will permanently dele
 def toolkit_user_data_wipe(scope: MemoryScope, *, confirm: bool, call: CallContext, operation: str = "") -> dict:
     """Erase everything of the user: memories (trash included), cache, decisions, mem0's
     raw messages and dedupe hashes, the session log (events, summaries, archives, turn
-    guards) and chat turns awaiting extraction, and the memories' version history, in one
+    guards), chat turns awaiting extraction, closed ingest intents, and the version
+    history of every memory the user owned (also ones deleted long ago), in one
     transaction with the audit row and usage event. The audit rows stay (append-only,
     with actor, time, operation and ids) but their content snapshots are crypto-shredded:
     `audit_deleted` counts the rows made unreadable."""
@@ -585,7 +633,17 @@ def toolkit_user_data_wipe(scope: MemoryScope, *, confirm: bool, call: CallConte
         cache, _ = CacheEntry.objects.filter(user_id=scope.user_pk).delete()
         decisions, _ = Decision.objects.filter(user_id=scope.user_pk).delete()
         sessions = session_data_erase(scope)
-        erased = subject_content_erase(subject_user_id=scope.user_pk, memory_ids=memory_ids)
+        # Closed ingest intents (the chat proxy leaves one per extracted turn). An open one
+        # is a call in flight or cut short: it holds no content and is what completes that
+        # call's audit row (the call itself, or the reconciler), so it stays.
+        intents, _ = (
+            IngestIntent.objects.filter(engine_user_id=scope.engine_user_id)
+            .exclude(state=IngestIntent.State.OPEN)
+            .delete()
+        )
+        erased = subject_content_erase(
+            subject_user_id=scope.user_pk, engine_user_id=scope.engine_user_id, memory_ids=memory_ids
+        )
         counts = {
             "memories": len(memory_ids),
             "cache": cache,
@@ -593,6 +651,7 @@ def toolkit_user_data_wipe(scope: MemoryScope, *, confirm: bool, call: CallConte
             "audit": erased["audit_rows_shredded"],
             "history": erased["history_rows_deleted"],
             "session_items": sessions,
+            "ingest_intents": intents,
         }
         if operation == Operation.WIPE_USER_DATA:
             call_succeeded(scope, call=call, operation=operation, memory_ids=memory_ids, detail=counts)

@@ -251,8 +251,11 @@ def turn_before(
     base_instructions: str,
     max_input_tok: int,
     call: CallContext,
+    operation: Operation = Operation.MEMORY_BEFORE_TURN,
 ) -> dict[str, Any]:
-    rate_limit_consume(scope, operation=Operation.MEMORY_BEFORE_TURN)
+    """`operation`: the tool the caller called (memory_run_turn does this too): its rate
+    limit, usage event and audit row, the same name a failure is audited under."""
+    rate_limit_consume(scope, operation=operation)
     block = memory_block_build(
         scope, query=_query_of(current_input), limit=settings.MCP_MEMORY_RECALL_FACTS_LIMIT, project=project
     )
@@ -276,7 +279,7 @@ def turn_before(
         call_succeeded(
             scope,
             call=call,
-            operation=Operation.MEMORY_BEFORE_TURN,
+            operation=operation,
             memory_ids=recall_ids,
             detail={
                 "project": project,
@@ -472,6 +475,7 @@ def turn_run(
         base_instructions=base_instructions,
         max_input_tok=max_input_tok,
         call=call,
+        operation=Operation.MEMORY_RUN_TURN,
     )
     return {**result, "operation_token": token}
 
