@@ -395,13 +395,16 @@ class FakeChatUpstream:
 class FakeTavily(FakeServer):
     """Tavily's search endpoint (issue 14): answers with `results`, records what it got."""
 
-    def __init__(self, *, status: int = 200) -> None:
+    def __init__(self, *, status: int = 200, answer: dict | None = None) -> None:
         super().__init__()
         self.status = status
+        self.answer = answer  # a fixed body instead of results for the query
 
     def handle(self, method, path, headers, payload):
         if self.status != 200:
             return self.status, {"detail": "nope"}
+        if self.answer is not None:
+            return 200, self.answer
         query = (payload or {}).get("query", "")
         return 200, {
             "query": query,

@@ -298,6 +298,13 @@ def test_search_web_through_a_fake_tavily(alice):
         assert error.code == ErrorCode.WEB_SEARCH_UNAVAILABLE and "tvly-secret" not in error.message
     finally:
         broken.stop()
+    odd = FakeTavily(answer={"results": {"a": 1}}).start()  # an object where the list belongs: was a 500
+    try:
+        with override_settings(TAVILY_API_KEY="tvly-secret", TAVILY_ENDPOINT=f"{odd.url}/search"):
+            error = fails(alice, "search_web", {"query": "x"})
+        assert error.code == ErrorCode.WEB_SEARCH_UNAVAILABLE
+    finally:
+        odd.stop()
 
 
 # --- wipe_user_data --------------------------------------------------------------------------

@@ -48,6 +48,8 @@ class TavilyProvider:
         try:
             body: Any = response.json()
             items = body.get("results") or []
+            if not isinstance(items, list):  # slicing an object raised TypeError: a 500
+                raise WebSearchUnavailable("the provider's answer could not be read")
             return [
                 {
                     "title": str(i.get("title") or ""),
