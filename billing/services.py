@@ -126,6 +126,10 @@ def _post(events: list[UsageEvent]) -> _Outcome:
         return _Outcome("retry", "timeout")
     except httpx.HTTPError as exc:
         return _Outcome("retry", f"connection error ({type(exc).__name__})")
+    except (httpx.InvalidURL, ValueError):
+        # A gateway URL httpx cannot use (an operator's typo) raised out of the task and
+        # left the batch claimed until its lease ran out, on every run; staff see this.
+        return _Outcome("retry", "the payment gateway URL is not usable (PAYMENT_GATEWAY_URL)")
     if response.is_success:
         return _Outcome("ok")
     reason = f"HTTP {response.status_code}: {response.text[:200]}"

@@ -10,6 +10,7 @@ from collections import Counter
 from contextlib import contextmanager
 
 import pytest
+from django.utils import timezone
 
 from billing.models import UsageEvent
 from billing.services import NO_GATEWAY, usage_events_deliver, usage_events_retry
@@ -153,6 +154,17 @@ def test_without_a_gateway_events_wait_then_go(api_client, alice_key, fake_gatew
 
     usage_events_deliver()
     assert list(UsageEvent.objects.values_list("status", "last_error")) == [("pending", NO_GATEWAY)] * 2
+
+    # A URL httpx cannot use is a retry with a reason staff can read, not a crashed task
+    # that leaves the batch claimed.
+    settings.PAYMENT_GATEWAY_URL = "http://[::1"
+    report = usage_events_deliver()
+    assert report.retrying == 2 and report.delivered == 0
+    assert {e for _, e in UsageEvent.objects.values_list("status", "last_error")} == {
+        "the payment gateway URL is not usable (PAYMENT_GATEWAY_URL)"
+    }
+    assert not UsageEvent.objects.filter(claimed_until__isnull=False).exists()
+    UsageEvent.objects.update(next_attempt_at=timezone.now())
 
     settings.PAYMENT_GATEWAY_URL = f"{fake_gateway.url}/usage"
     settings.USAGE_INGEST_API_KEY = GATEWAY_KEY
