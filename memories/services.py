@@ -609,9 +609,13 @@ def _trash_or_delete(
             return engine_trash(
                 scope, memory_ids=memory_ids, at=datetime.now(UTC), request_id=call.request_id, operation=operation
             )
+        # Deleted for good, as a purge: the history keeps the events, not the texts.
         if memory_ids is None:
-            return engine_delete_user_rows(scope)
-        return [memory_id for memory_id in memory_ids if engine_delete_row(memory_id)]
+            deleted = engine_delete_user_rows(scope, keep_text=False)
+        else:
+            deleted = [memory_id for memory_id in memory_ids if engine_delete_row(memory_id, keep_text=False)]
+    history_content_erase(engine_user_id=scope.engine_user_id, memory_ids=deleted)
+    return deleted
 
 
 def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, call: CallContext) -> None:

@@ -210,6 +210,22 @@ def test_purges_blank_the_history_texts_and_a_wipe_after_retention_deletes_the_r
     assert not MemoryHistory.objects.filter(engine_user_id=alice_scope.engine_user_id).exists()
 
 
+def test_deletes_with_the_trash_off_blank_the_history_texts_like_a_purge(alice, alice_scope, bob, settings):
+    settings.TRASH_RETENTION_DAYS = 0  # no trash: a delete is for good
+    one = run(alice, "remember", {"memory": "Alice's locker is 77"})["id"]
+    run(alice, "remember", {"memory": "Alice's bike lock is 4321"})
+    run(bob, "remember", {"memory": "Bob's bike lock is 9876"})
+    run(alice, "delete_memory", {"memory_id": one})
+    assert texts_anywhere("locker is 77") == {"history": 0, "intents": 0}
+    assert [e.event for e in MemoryHistory.objects.filter(memory_id=one).order_by("recorded_at", "id")] == [
+        "ADD",
+        "DELETE",
+    ]
+    run(alice, "clear_all_memory", {"confirm": True})
+    assert texts_anywhere("Alice's bike lock") == {"history": 0, "intents": 0}
+    assert texts_anywhere("Bob's bike lock")["history"] == 1  # another user's, untouched
+
+
 def test_the_history_stays_append_only_beyond_blanking_texts(alice_scope):
     memory_id = memory_remember(alice_scope, memory="Alice's bike is blue", call=internal_call()).id
     row = MemoryHistory.objects.get(memory_id=memory_id)

@@ -278,9 +278,10 @@ def engine_delete_row(memory_id: str, *, keep_text: bool = True) -> bool:
 
 
 @engine_timed_function("delete_all")  # memsite_engine_duration_seconds
-def engine_delete_user_rows(scope: MemoryScope) -> list[str]:
-    """Delete every memory of the user (a DELETE history row each) and mem0's raw
-    messages for them, in the caller's transaction. Returns the deleted ids."""
+def engine_delete_user_rows(scope: MemoryScope, *, keep_text: bool = True) -> list[str]:
+    """Delete every memory of the user (a DELETE history row each, without the text when
+    not `keep_text`, as engine_delete_row) and mem0's raw messages for them, in the
+    caller's transaction. Returns the deleted ids."""
     _require_transaction()
     statement = sql.SQL("DELETE FROM {} WHERE payload->>'user_id' = %s RETURNING id, payload").format(_table())
     with connection.cursor() as cursor:
@@ -292,7 +293,7 @@ def engine_delete_user_rows(scope: MemoryScope) -> list[str]:
     for memory_id, payload in rows:
         payload = payload if isinstance(payload, dict) else json.loads(payload)
         deleted.append(str(memory_id))
-        records.append(_deleted_history(str(memory_id), payload, now=now))
+        records.append(_deleted_history(str(memory_id), payload, now=now, keep_text=keep_text))
     if records:
         _history.batch_add_history(records)
     _history.purge_messages(user_id=scope.engine_user_id)

@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from audit.services import audit_record
+from audit.services import audit_record, history_content_erase
 from core.choices import MemoryType, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
 from core.locks import advisory_xact_lock
@@ -535,7 +535,9 @@ def _retention_sweep(scope: MemoryScope, *, now: datetime, call: CallContext) ->
                 return deleted
             with _attributed(call):
                 for memory_id in ids:
-                    engine_delete_row(memory_id)
+                    engine_delete_row(memory_id, keep_text=False)
+            # Deleted for good, as a purge: the history keeps the events, not the texts.
+            history_content_erase(engine_user_id=scope.engine_user_id, memory_ids=ids)
             ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=ids).delete()
             deleted += len(ids)
 
