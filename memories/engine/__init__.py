@@ -65,6 +65,7 @@ from memories.engine.toolkit_rows import (
     TIER_KEY,
     engine_enrichment_apply,
     engine_health_counts,
+    engine_metadata_merge,
     engine_rows_with_metadata,
 )
 from memories.engine.writes import (
@@ -150,6 +151,7 @@ __all__ = [
     "TIER_KEY",
     "engine_enrichment_apply",
     "engine_health_counts",
+    "engine_metadata_merge",
     "engine_rows_with_metadata",
     "engine_llm_json",
 ]

@@ -39,12 +39,12 @@ from memories.engine import (
     engine_enrichment_apply,
     engine_health_counts,
     engine_insert_text,
+    engine_metadata_merge,
     engine_purge_messages,
     engine_rows_with_metadata,
     engine_timestamp,
     hybrid_search,
 )
-from memories.engine.toolkit_rows import engine_metadata_merge
 from memories.models import ContentHash, IngestIntent
 from memories.rate_limits import rate_limit_consume
 from memories.selectors import memory_get_owned
