@@ -68,6 +68,7 @@ def chat_caller_authenticate(*, authorization: str | None) -> ChatCaller:
     if token is None:
         raise unauthenticated()
     api_key = None
+    principal: Principal | None
     if token.startswith(ApiKey.PREFIX):
         api_key = api_key_authenticate(token=token)
         if api_key is None:
@@ -75,8 +76,8 @@ def chat_caller_authenticate(*, authorization: str | None) -> ChatCaller:
         principal = principal_of_api_key(api_key)
     else:
         principal = authenticate_bearer(authorization)
-        if principal is None:
-            raise unauthenticated()
+    if principal is None:
+        raise unauthenticated()
     config = token_config_effective(api_key=api_key)
     return ChatCaller(principal=principal, scope=principal.scope(), api_key=api_key, config=config)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -49,11 +50,12 @@ def _form_fields(post) -> dict:
 @login_required
 @require_http_methods(["GET", "POST"])
 def key_chat_config(request: HttpRequest, key_id: str) -> HttpResponse:
+    user: Any = request.user  # a signed-in User (login_required), whatever the stubs say
     # A NUL would reach the database as a DataError: no key id has one.
     api_key = (
         None
         if text_problem(key_id)
-        else ApiKey.objects.filter(user=request.user, key_id=key_id, revoked_at__isnull=True).first()
+        else ApiKey.objects.filter(user=user, key_id=key_id, revoked_at__isnull=True).first()
     )
     if api_key is None:
         raise Http404("No such key.")
