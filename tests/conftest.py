@@ -170,6 +170,42 @@ def fake_llm():
     server.stop()
 
 
+@pytest.fixture
+def llm(settings):
+    """A fake OpenAI-compatible LLM of this test's own, configured as the engine's LLM
+    (the engine is rebuilt around it, and again after)."""
+    from memories import engine
+    from tests.fakes import FakeOpenAI
+
+    engine.engine_close()
+    fake = FakeOpenAI().start()
+    settings.LLM_BASE_URL = f"{fake.url}/v1"
+    settings.LLM_MODEL = "local-model"
+    settings.LLM_API_KEY = "fake-key"
+    yield fake
+    fake.stop()
+    engine.engine_close()
+
+
+@pytest.fixture(scope="module")
+def upstream_server():
+    from tests.fakes import FakeChatUpstream
+
+    server = FakeChatUpstream().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def upstream(upstream_server, settings):
+    """The chat proxy's default upstream: a fake on 127.0.0.1, reset around the test."""
+    upstream_server.reset()
+    settings.CHAT_UPSTREAM_BASE_URL = upstream_server.url
+    settings.CHAT_UPSTREAM_API_KEY = "upstream-secret"
+    yield upstream_server
+    upstream_server.reset()
+
+
 @pytest.fixture(scope="session")
 def fake_gateway_server():
     from tests.fakes import FakeGateway

@@ -12,7 +12,6 @@ from memories import engine
 from memories.models import ContentHash, IngestIntent
 from memories.services import memory_ingest, memory_list, memory_remember, memory_update
 from tests.conftest import internal_call
-from tests.fakes import FakeOpenAI
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -102,18 +101,6 @@ def test_concurrent_updates_to_the_same_text_keep_one(alice_scope):
     assert sorted(outcomes, key=str).count("conflict") == 3
     texts = [m.memory for m in memory_list(alice_scope, call=internal_call()).memories]
     assert texts.count("The one text") == 1
-
-
-@pytest.fixture
-def llm(settings):
-    engine.engine_close()
-    fake = FakeOpenAI().start()
-    settings.LLM_BASE_URL = f"{fake.url}/v1"
-    settings.LLM_MODEL = "local-model"
-    settings.LLM_API_KEY = "fake-key"
-    yield fake
-    fake.stop()
-    engine.engine_close()
 
 
 def test_ingest_skips_facts_already_remembered_and_hashes_new_ones(alice_scope, llm):

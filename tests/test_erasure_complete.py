@@ -14,27 +14,13 @@ from django.db.models import Max, Q
 from audit.export import audit_retention_purge
 from audit.models import AuditEvent, AuditExportBatch, MemoryHistory
 from core.errors import ErrorCode, ServiceError
-from memories import engine
 from memories.auth import Principal
 from memories.models import IngestIntent
 from memories.operations import operation_execute
 from memories.services import _ingest_complete, memory_ingest, memory_purge_due, memory_remember
 from tests.conftest import internal_call
-from tests.fakes import FakeOpenAI
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
-
-
-@pytest.fixture
-def llm(settings):
-    engine.engine_close()
-    fake = FakeOpenAI().start()
-    settings.LLM_BASE_URL = f"{fake.url}/v1"
-    settings.LLM_MODEL = "local-model"
-    settings.LLM_API_KEY = "fake-key"
-    yield fake
-    fake.stop()
-    engine.engine_close()
 
 
 def run(user, name: str, arguments: dict | None = None) -> dict:

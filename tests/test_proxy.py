@@ -20,7 +20,6 @@ from proxy import selectors
 from proxy.models import ProxyTurn, TokenConfig
 from proxy.services import proxy_turn_extract, token_config_save
 from tests.conftest import free_port, internal_call, wait_for
-from tests.fakes import FakeChatUpstream
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -38,22 +37,6 @@ def proxy_url(django_db_setup):  # noqa: ARG001 - the server uses the test datab
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(15)
-
-
-@pytest.fixture(scope="module")
-def upstream_server():
-    server = FakeChatUpstream().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def upstream(upstream_server, settings):
-    upstream_server.reset()
-    settings.CHAT_UPSTREAM_BASE_URL = upstream_server.url
-    settings.CHAT_UPSTREAM_API_KEY = "upstream-secret"
-    yield upstream_server
-    upstream_server.reset()
 
 
 def client(url: str, key: str, **headers: str) -> openai.OpenAI:

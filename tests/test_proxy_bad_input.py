@@ -29,7 +29,6 @@ from proxy import views
 from proxy.models import ProxyTurn, TokenConfig
 from proxy.services import token_config_save
 from tests.conftest import free_port, internal_call, wait_for
-from tests.fakes import FakeChatUpstream
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -100,22 +99,6 @@ def scripted(scripted_server, settings):
     settings.CHAT_UPSTREAM_BASE_URL = scripted_server.url
     settings.CHAT_UPSTREAM_API_KEY = "upstream-secret"
     return scripted_server
-
-
-@pytest.fixture(scope="module")
-def fake_server():
-    server = FakeChatUpstream().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def upstream(fake_server, settings):
-    fake_server.reset()
-    settings.CHAT_UPSTREAM_BASE_URL = fake_server.url
-    settings.CHAT_UPSTREAM_API_KEY = "upstream-secret"
-    yield fake_server
-    fake_server.reset()
 
 
 def whole(status: int, body: bytes, *, content_type: str = "application/json", headers: dict | None = None):
