@@ -11,7 +11,7 @@ from django.utils import timezone
 from audit.admin import CHANNELS, OPERATIONS, EstimatedCountPaginator, fixed_choices_filter
 from audit.services import audit_staff_action
 from billing.models import UsageEvent
-from billing.services import usage_events_retry
+from billing.services import NEEDS_OPERATOR, usage_events_retry
 from core.choices import Operation
 from core.inputs import digits_int
 
@@ -47,6 +47,22 @@ class UsageEventAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False  # the outbox is read-only; the retry action is the only change staff make
+
+    def changelist_view(self, request, extra_context=None):
+        if request.method == "GET":
+            # A misconfigured gateway (unset, unusable, redirecting) stops every delivery
+            # at once: say so above the list, not only in each row's last error. The pending
+            # event scheduled last carries the latest answer; one probe of the index of
+            # pending events finds it, however deep the outbox.
+            latest = (
+                UsageEvent.objects.filter(status=UsageEvent.Status.PENDING)
+                .order_by("-next_attempt_at")
+                .values_list("last_error", flat=True)
+                .first()
+            )
+            if latest and latest.startswith(NEEDS_OPERATOR):
+                self.message_user(request, f"Usage events are not being delivered: {latest}", messages.WARNING)
+        return super().changelist_view(request, extra_context)
 
     def get_search_results(self, request, queryset, search_term):
         """Exact matches, each served by its column's index: the outbox holds one row per

@@ -31,6 +31,9 @@ class UsageEvent(models.Model):
     next_attempt_at = models.DateTimeField(auto_now_add=True)
     # A worker holds the row while its POST is in flight; a crashed worker's lease expires.
     claimed_until = models.DateTimeField(null=True, blank=True)
+    # Which claim holds the row: a worker settles only rows still carrying its own token,
+    # so one whose lease ran out cannot overwrite the outcome of the worker that took over.
+    claim_token = models.UUIDField(null=True, blank=True, editable=False)
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

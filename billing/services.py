@@ -6,6 +6,8 @@ import logging
 import random
 import threading
 import time
+import unicodedata
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -14,10 +16,12 @@ import httpx
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from billing.models import UsageEvent
 from billing.tasks import deliver_usage_events as deliver_usage_events_task
+from core.logs import scrub_secrets
 from core.scope import CallContext, MemoryScope
 
 logger = logging.getLogger(__name__)
@@ -74,11 +78,21 @@ def _publish_delivery(window: float) -> None:
 
 
 # --- delivery ---------------------------------------------------------------------------
+# Reasons an operator must act on (configuration, not a gateway hiccup); the admin shows
+# them above the outbox. Every 3xx reason starts with "HTTP 3".
+BAD_GATEWAY_URL = "the payment gateway URL is not usable (PAYMENT_GATEWAY_URL)"
+NEEDS_OPERATOR = (NO_GATEWAY, BAD_GATEWAY_URL, "HTTP 3")
+_QUOTED_BODY_CHARS = 200
+_LAST_ERROR_CHARS = UsageEvent._meta.get_field("last_error").max_length or 500
+
+
 @dataclass
 class DeliveryReport:
     delivered: int = 0
     retrying: int = 0
     failed: int = 0
+    released: int = 0  # given back unsent before the lease ran short: due again, no attempt spent
+    superseded: int = 0  # another worker had claimed them by the time this one settled
     errors: list[str] = field(default_factory=list)
 
 
@@ -88,27 +102,90 @@ def _backoff(attempts: int) -> timedelta:
 
 
 def _due(now: datetime) -> Q:
+    # Leases are stamped and compared on the database's clock: workers on hosts whose
+    # clocks disagree still agree on when a lease ends.
     return Q(status=UsageEvent.Status.PENDING, next_attempt_at__lte=now) & (
-        Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
+        Q(claimed_until__isnull=True) | Q(claimed_until__lt=Now())
     )
 
 
-def _claim_batch(limit: int) -> list[UsageEvent]:
+def _post_budget_s() -> float:
+    """The longest one POST may take. httpx's timeout bounds each phase, not the whole:
+    connecting and awaiting the answer can each take it (the body is a few KB)."""
+    return 2 * settings.USAGE_DELIVERY_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """Events leased to this worker. `token` marks the rows as this claim's: another
+    worker's claim replaces it, and then nothing this one does touches them."""
+
+    token: uuid.UUID
+    events: list[UsageEvent]
+    # On this worker's monotonic clock, read before the claim's transaction began: never
+    # later than the lease's end in the database.
+    lease_ends: float
+
+    def can_post(self) -> bool:
+        """Whether a POST started now is answered before the lease ends."""
+        return time.monotonic() + _post_budget_s() <= self.lease_ends
+
+
+def _claim_batch(*, limit: int) -> _Claim | None:
     """Lease up to `limit` due events to this worker (SKIP LOCKED: workers never share)."""
-    now = timezone.now()
+    lease_s = settings.USAGE_CLAIM_LEASE_S
+    lease_ends = time.monotonic() + lease_s
+    token = uuid.uuid4()
     with transaction.atomic():
-        events = list(UsageEvent.objects.select_for_update(skip_locked=True).filter(_due(now)).order_by("id")[:limit])
-        if events:
-            UsageEvent.objects.filter(pk__in=[e.pk for e in events]).update(
-                claimed_until=now + timedelta(seconds=settings.USAGE_CLAIM_LEASE_S), attempts=F("attempts") + 1
-            )
-    return events
+        events = list(
+            UsageEvent.objects.select_for_update(skip_locked=True).filter(_due(timezone.now())).order_by("id")[:limit]
+        )
+        if not events:
+            return None
+        UsageEvent.objects.filter(pk__in=[e.pk for e in events]).update(
+            claimed_until=Now() + timedelta(seconds=lease_s), claim_token=token, attempts=F("attempts") + 1
+        )
+    return _Claim(token=token, events=events, lease_ends=lease_ends)
 
 
 @dataclass(frozen=True)
 class _Outcome:
     kind: str  # "ok", "retry", "refused"
     reason: str = ""
+
+
+_UNPRINTABLE = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
+
+
+def _quoted(text: str, *, limit: int) -> str:
+    """The gateway's own text, safe to store and show: our key and anything shaped like a
+    secret redacted, control and format characters (terminal escapes, NUL, which
+    PostgreSQL refuses in text, bidi overrides) and line breaks turned into spaces."""
+    text = text[: limit * 10]  # enough to redact a secret that straddles the cut
+    if settings.USAGE_INGEST_API_KEY:
+        text = text.replace(settings.USAGE_INGEST_API_KEY, "[redacted]")
+    text = scrub_secrets(text)
+    text = "".join(" " if unicodedata.category(c) in _UNPRINTABLE else c for c in text)
+    return " ".join(text.split())[:limit]
+
+
+def _redirect_reason(response: httpx.Response) -> str:
+    # Following it would send the API key wherever the answer points, so the events wait
+    # (retried with the capped backoff) until an operator sets the final URL. Only the
+    # target's origin is quoted: its path or query may carry a token.
+    target = ""
+    location = response.headers.get("location")
+    if location:
+        try:
+            url = response.request.url.join(location)
+            origin = f"{url.scheme}://{url.netloc.decode('ascii')}"
+            target = f" to {_quoted(origin, limit=120)}"
+        except (httpx.InvalidURL, UnicodeDecodeError, ValueError):
+            target = " to a URL that cannot be parsed"
+    return (
+        f"HTTP {response.status_code}: the payment gateway redirected{target}; redirects are not followed "
+        "(the API key would go with them): set PAYMENT_GATEWAY_URL to the final URL"
+    )
 
 
 def _post(events: list[UsageEvent]) -> _Outcome:
@@ -121,6 +198,7 @@ def _post(events: list[UsageEvent]) -> _Outcome:
             json={"events": [e.payload() for e in events]},
             headers=headers,
             timeout=settings.USAGE_DELIVERY_TIMEOUT_S,
+            follow_redirects=False,  # the default, stated: see _redirect_reason
         )
     except httpx.TimeoutException:
         return _Outcome("retry", "timeout")
@@ -129,49 +207,90 @@ def _post(events: list[UsageEvent]) -> _Outcome:
     except (httpx.InvalidURL, ValueError):
         # A gateway URL httpx cannot use (an operator's typo) raised out of the task and
         # left the batch claimed until its lease ran out, on every run; staff see this.
-        return _Outcome("retry", "the payment gateway URL is not usable (PAYMENT_GATEWAY_URL)")
+        return _Outcome("retry", BAD_GATEWAY_URL)
     if response.is_success:
         return _Outcome("ok")
-    reason = f"HTTP {response.status_code}: {response.text[:200]}"
+    if 300 <= response.status_code < 400:
+        return _Outcome("retry", _redirect_reason(response))
+    reason = f"HTTP {response.status_code}: {_quoted(response.text, limit=_QUOTED_BODY_CHARS)}".rstrip()
     return _Outcome("refused" if 400 <= response.status_code < 500 and response.status_code != 429 else "retry", reason)
 
 
-def _settle(events: list[UsageEvent], outcome: _Outcome, report: DeliveryReport) -> None:
+def _superseded(count: int, report: DeliveryReport) -> None:
+    if count <= 0:
+        return
+    report.superseded += count
+    # Not an error in itself (the other worker settles them, and `request_id` lets the
+    # gateway drop a second copy), but it means the lease is short for this gateway.
+    logger.warning(
+        "usage delivery: %d event(s) were claimed by another worker before this one settled them "
+        "(USAGE_CLAIM_LEASE_S=%s, USAGE_DELIVERY_TIMEOUT_S=%s)",
+        count,
+        settings.USAGE_CLAIM_LEASE_S,
+        settings.USAGE_DELIVERY_TIMEOUT_S,
+    )
+
+
+def _settle(claim: _Claim, events: list[UsageEvent], outcome: _Outcome, report: DeliveryReport) -> None:
+    """Record the outcome on the rows this claim still holds, and only those."""
     now = timezone.now()
-    ids = [e.pk for e in events]
-    rows = UsageEvent.objects.filter(pk__in=ids)
+    reason = outcome.reason[:_LAST_ERROR_CHARS]
+    rows = UsageEvent.objects.filter(pk__in=[e.pk for e in events], claim_token=claim.token)
+    released = {"claimed_until": None, "claim_token": None, "updated_at": now}
     if outcome.kind == "ok":
-        rows.update(
-            status=UsageEvent.Status.DELIVERED, delivered_at=now, claimed_until=None, last_error="", updated_at=now
-        )
-        report.delivered += len(events)
-        return
-    if outcome.kind == "refused":
-        rows.update(status=UsageEvent.Status.FAILED, claimed_until=None, last_error=outcome.reason, updated_at=now)
-        report.failed += len(events)
-        report.errors.append(outcome.reason)
-        return
-    for event in events:
-        due = now + _backoff(event.attempts + 1)  # the claim counted this attempt
-        UsageEvent.objects.filter(pk=event.pk).update(
-            next_attempt_at=due, claimed_until=None, last_error=outcome.reason, updated_at=now
-        )
-    report.retrying += len(events)
-    report.errors.append(outcome.reason)
-
-
-def _deliver(events: list[UsageEvent], report: DeliveryReport) -> None:
-    outcome = _post(events)
-    if outcome.kind == "refused" and len(events) > 1:
-        # One bad event must not fail its neighbours: find it by sending one at a time.
+        settled = rows.update(status=UsageEvent.Status.DELIVERED, delivered_at=now, last_error="", **released)
+        report.delivered += settled
+    elif outcome.kind == "refused":
+        settled = rows.update(status=UsageEvent.Status.FAILED, last_error=reason, **released)
+        report.failed += settled
+    else:
+        settled = 0
         for event in events:
-            _settle([event], _post([event]), report)
+            due = now + _backoff(event.attempts + 1)  # the claim counted this attempt
+            settled += rows.filter(pk=event.pk).update(next_attempt_at=due, last_error=reason, **released)
+        report.retrying += settled
+    if settled and outcome.kind != "ok":
+        report.errors.append(reason)
+    _superseded(len(events) - settled, report)
+
+
+def _release(claim: _Claim, events: list[UsageEvent], report: DeliveryReport) -> None:
+    """Give back events this claim did not send: due again at once, and the attempt the
+    claim counted is taken back (none was made)."""
+    released = UsageEvent.objects.filter(pk__in=[e.pk for e in events], claim_token=claim.token).update(
+        claimed_until=None, claim_token=None, attempts=F("attempts") - 1, updated_at=timezone.now()
+    )
+    report.released += released
+    _superseded(len(events) - released, report)
+
+
+def _deliver(claim: _Claim, report: DeliveryReport) -> None:
+    events = claim.events
+    # The first POST comes straight after the claim, with the whole lease ahead of it.
+    outcome = _post(events)
+    if outcome.kind != "refused" or len(events) == 1:
+        _settle(claim, events, outcome, report)
         return
-    _settle(events, outcome, report)
+    # One bad event must not fail its neighbours: find it by sending one at a time, but
+    # only while the lease lasts. Past it another worker may claim and send the same
+    # events, so the rest are given back and the next claim (a fresh lease) goes on.
+    for index, event in enumerate(events):
+        if not claim.can_post():
+            if index == 0:
+                # Not one could go: the lease is too short for this gateway. Giving them
+                # back would send the refused batch again at once, so they wait instead.
+                short = f"{outcome.reason[:300]} (the lease ran short before the refused event was found)"
+                _settle(claim, events, _Outcome("retry", short), report)
+            else:
+                _release(claim, events[index:], report)
+            return
+        _settle(claim, [event], _post([event]), report)
 
 
 def usage_events_deliver(*, batch_size: int | None = None, max_batches: int = 100) -> DeliveryReport:
-    """Send due events to the payment gateway in batches. Safe to run concurrently."""
+    """Send due events to the payment gateway in batches. Safe to run concurrently: an
+    event is sent only by the worker whose lease on it is running, and settled only if
+    that worker still holds it."""
     report = DeliveryReport()
     if not settings.PAYMENT_GATEWAY_URL:
         UsageEvent.objects.filter(status=UsageEvent.Status.PENDING).exclude(last_error=NO_GATEWAY).update(
@@ -179,10 +298,10 @@ def usage_events_deliver(*, batch_size: int | None = None, max_batches: int = 10
         )
         return report
     for _ in range(max_batches):
-        events = _claim_batch(batch_size or settings.USAGE_BATCH_SIZE)
-        if not events:
+        claim = _claim_batch(limit=batch_size or settings.USAGE_BATCH_SIZE)
+        if claim is None:
             break
-        _deliver(events, report)
+        _deliver(claim, report)
     return report
 
 
@@ -191,7 +310,10 @@ def usage_events_retry(*, event_ids: list[int]) -> int:
     updated = (
         UsageEvent.objects.filter(pk__in=event_ids)
         .exclude(status=UsageEvent.Status.DELIVERED)
-        .update(status=UsageEvent.Status.PENDING, next_attempt_at=timezone.now(), claimed_until=None)
+        # A worker is sending these right now: clearing its claim would let another
+        # worker send them too. Stuck means the lease ran out.
+        .exclude(claimed_until__gte=Now())
+        .update(status=UsageEvent.Status.PENDING, next_attempt_at=timezone.now(), claimed_until=None, claim_token=None)
     )
     if updated:
         transaction.on_commit(_enqueue_delivery)

@@ -100,3 +100,28 @@ def test_filtered_counts_stop_at_a_bound(admin_client, events, monkeypatch):
     assert len(over.context["cl"].result_list) == 4
     monkeypatch.setattr(EstimatedCountPaginator, "COUNT_EXACT_UP_TO", 10)
     assert admin_client.get("/admin/billing/usageevent/", {"q": "9"}).context["cl"].result_count == 4
+
+
+def test_a_misconfigured_gateway_is_named_above_the_list(admin_client, events):
+    """Events that wait on the operator (no gateway, an unusable URL, a redirect) are
+    named in a warning above the outbox, found with one probe of the pending index."""
+    from django.db import connection, transaction
+
+    from billing.services import NO_GATEWAY
+
+    def warnings() -> list[str]:
+        page = admin_client.get("/admin/billing/usageevent/")
+        assert page.status_code == 200
+        return [str(m) for m in page.context["messages"]]
+
+    assert warnings() == []  # pending events with no error: nothing to say
+    UsageEvent.objects.filter(status="pending").update(last_error="timeout")
+    assert warnings() == []  # a gateway hiccup retries by itself
+    UsageEvent.objects.filter(status="pending").update(last_error=NO_GATEWAY)
+    assert warnings() == [f"Usage events are not being delivered: {NO_GATEWAY}"]
+
+    probe = UsageEvent.objects.filter(status="pending").order_by("-next_attempt_at").values_list("last_error")[:1]
+    with transaction.atomic():
+        connection.cursor().execute("SET LOCAL enable_seqscan = off")
+        plan = probe.explain()
+    assert "usage_event_undelivered" in plan and "Sort" not in plan, plan

@@ -1,0 +1,239 @@
+"""Usage delivery holds each event only while its lease lasts, settles only what it still
+holds, and reports a redirecting or garbling gateway plainly. The gateway is a real HTTP
+server on 127.0.0.1 (the session's fake gateway, or a raw one for bytes JSON cannot carry).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import unicodedata
+from collections import Counter
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from billing.models import UsageEvent
+from billing.services import (
+    DeliveryReport,
+    _claim_batch,
+    _Outcome,
+    _settle,
+    usage_events_deliver,
+    usage_events_retry,
+)
+from tests.conftest import GATEWAY_KEY
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def gateway(fake_gateway, settings):
+    settings.PAYMENT_GATEWAY_URL = f"{fake_gateway.url}/usage"
+    settings.USAGE_INGEST_API_KEY = GATEWAY_KEY
+    settings.USAGE_RETRY_BASE_S = 0.05
+    settings.USAGE_RETRY_MAX_S = 0.2
+    return fake_gateway
+
+
+def _events(n: int) -> list[UsageEvent]:
+    return [UsageEvent.objects.create(user_id="42", operation="remember", channel="rest") for _ in range(n)]
+
+
+def _slowed(gateway, monkeypatch, delay_s: float) -> None:
+    """Every answer of the fake gateway, refusals included, takes `delay_s`."""
+    answer = gateway.handle
+
+    def slow(method, path, headers, payload):
+        time.sleep(delay_s)
+        return answer(method, path, headers, payload)
+
+    monkeypatch.setattr(gateway, "handle", slow)
+
+
+def _sent_ids(gateway) -> list[str]:
+    """Every event in every POST that reached the gateway, accepted or refused."""
+    return [e["request_id"] for r in list(gateway.requests) for e in r["json"]["events"]]
+
+
+def test_a_slow_refusing_gateway_with_a_short_lease_bills_each_event_once(gateway, settings, monkeypatch):
+    """The batch is refused (one poisoned event) and the one-by-one fallback is slower than
+    the lease. Two delivery loops run at once, as two workers' sweeps would: whoever holds
+    an event sends it; nobody sends an event whose lease ran out, nor settles it."""
+    settings.USAGE_CLAIM_LEASE_S = 2.5
+    settings.USAGE_DELIVERY_TIMEOUT_S = 0.5  # a POST may take up to 2 x 0.5 s (connect + answer)
+    _slowed(gateway, monkeypatch, 0.4)
+    events = _events(8)
+    poisoned = events[0]  # found first: every other event goes one by one after it
+    gateway.refuse_ids = {str(poisoned.request_id)}
+    reports: list[DeliveryReport] = []
+    errors: list[BaseException] = []
+
+    def worker(start_after: float) -> None:
+        try:
+            time.sleep(start_after)
+            ends = time.monotonic() + 20
+            while time.monotonic() < ends and UsageEvent.objects.filter(status="pending").exists():
+                reports.append(usage_events_deliver())
+                time.sleep(0.05)
+        except BaseException as exc:  # surfaced below, not lost with the thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(delay,)) for delay in (0.0, 0.1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors and not any(t.is_alive() for t in threads)
+
+    accepted = Counter(gateway.received_ids())
+    others = {str(e.request_id) for e in events[1:]}
+    assert set(accepted) == others and set(accepted.values()) == {1}, "an event was billed twice"
+    # Nor was any event sent on its own twice (a refused batch that carried the poisoned
+    # event is the only way an event reaches the gateway more than once, never accepted).
+    alone = Counter(r["json"]["events"][0]["request_id"] for r in gateway.requests if len(r["json"]["events"]) == 1)
+    assert set(alone.values()) <= {1}, alone
+    rows = {str(e.request_id): e for e in UsageEvent.objects.all()}
+    assert rows[str(poisoned.request_id)].status == "failed"
+    assert rows[str(poisoned.request_id)].last_error.startswith("HTTP 422")
+    assert {rows[rid].status for rid in others} == {"delivered"}
+    assert not UsageEvent.objects.filter(claimed_until__isnull=False).exists()
+    # Events given back unsent did not spend an attempt: each was decided by one POST of its own
+    # or by one accepted batch.
+    assert set(UsageEvent.objects.values_list("attempts", flat=True)) == {1}
+    assert sum(r.delivered for r in reports) == 7 and sum(r.failed for r in reports) == 1
+    # The fallback really outran the lease: it stopped, gave events back, and nobody
+    # settled an event another worker had claimed.
+    assert sum(r.released for r in reports) > 0 and sum(r.superseded for r in reports) == 0
+
+
+def test_a_stale_worker_does_not_settle_events_claimed_again(gateway):
+    """Worker A's lease ran out mid-POST and worker B claimed the events: A's outcome,
+    arriving late, changes nothing; B's settles them."""
+    _events(2)
+    stale = _claim_batch(limit=10)
+    assert stale is not None and len(stale.events) == 2
+    ids = [e.pk for e in stale.events]
+    assert usage_events_retry(event_ids=ids) == 0  # staff cannot pull events out of a live claim
+    UsageEvent.objects.update(claimed_until=timezone.now() - timedelta(seconds=1))  # A's lease ran out
+    fresh = _claim_batch(limit=10)
+    assert fresh is not None and {e.pk for e in fresh.events} == {e.pk for e in stale.events}
+
+    late = DeliveryReport()
+    _settle(stale, stale.events, _Outcome("refused", "HTTP 422: too late"), late)
+    assert (late.failed, late.superseded) == (0, 2)
+    rows = list(UsageEvent.objects.values_list("status", "last_error", "claim_token", "attempts"))
+    assert rows == [("pending", "", fresh.token, 2)] * 2
+
+    report = DeliveryReport()
+    _settle(fresh, fresh.events, _Outcome("ok"), report)
+    assert report.delivered == 2
+    assert list(UsageEvent.objects.values_list("status", "claim_token")) == [("delivered", None)] * 2
+
+
+def test_a_redirecting_gateway_keeps_events_pending_and_says_so(gateway, admin_client, caplog):
+    target = "https://elsewhere.example:8443/v2/usage?token=s3cret-in-the-query"
+    answer = gateway.handle
+    gateway.handle = lambda method, path, headers, payload: (302, target)  # noqa: ARG005
+    try:
+        events = _events(3)
+        before = timezone.now()
+        report = usage_events_deliver()
+    finally:
+        gateway.handle = answer
+
+    assert (report.retrying, report.delivered, report.failed) == (3, 0, 0)
+    assert len(gateway.requests) == 1  # not followed: the key went to the configured URL only
+    rows = list(UsageEvent.objects.all())
+    assert {e.status for e in rows} == {"pending"} and {e.attempts for e in rows} == {1}
+    assert all(e.claimed_until is None and e.next_attempt_at > before for e in rows)
+    reason = rows[0].last_error
+    assert "HTTP 302" in reason and "redirect" in reason and "PAYMENT_GATEWAY_URL" in reason
+    assert "https://elsewhere.example:8443" in reason  # where it points, for the operator
+    assert "s3cret" not in reason and "/v2/usage" not in reason and GATEWAY_KEY not in reason
+    assert "s3cret" not in caplog.text and GATEWAY_KEY not in caplog.text
+
+    # Still retried (with the capped backoff), never dropped, and shown where staff look.
+    UsageEvent.objects.update(next_attempt_at=timezone.now())
+    gateway.handle = lambda method, path, headers, payload: (301, target)  # noqa: ARG005
+    try:
+        assert usage_events_deliver().retrying == 3
+    finally:
+        gateway.handle = answer
+    assert set(UsageEvent.objects.values_list("status", "attempts")) == {("pending", 2)}
+    page = admin_client.get("/admin/billing/usageevent/")
+    shown = [str(m) for m in page.context["messages"]]
+    assert any("redirect" in m and "PAYMENT_GATEWAY_URL" in m for m in shown), shown
+
+    UsageEvent.objects.update(next_attempt_at=timezone.now())
+    assert usage_events_deliver().delivered == 3  # the gateway is fixed: everything goes
+    assert sorted(gateway.received_ids()) == sorted(str(e.request_id) for e in events)
+
+
+class _RawGateway:
+    """Answers every POST with the given status and raw body bytes (JSON would escape them)."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        raw = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):  # noqa: N802 - http.server API
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(raw.status)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(raw.body)))
+                self.end_headers()
+                self.wfile.write(raw.body)
+
+        self.status, self.body = status, body
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/usage"
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+GARBLED = (
+    "bad\x00 request\x1b[2J\x1b[31m red\r\nX-Injected: 1\u202e\u200bgnirts tupni "
+    f"Authorization: Bearer {GATEWAY_KEY} key={GATEWAY_KEY} msk_abc123_secretpart"
+).encode()
+
+
+@pytest.mark.parametrize(("status", "kind"), [(422, "failed"), (503, "pending")])
+def test_the_gateway_error_body_is_quoted_without_control_characters_or_secrets(
+    settings, admin_client, caplog, status, kind
+):
+    raw = _RawGateway(status, GARBLED)
+    settings.PAYMENT_GATEWAY_URL = raw.url
+    settings.USAGE_INGEST_API_KEY = GATEWAY_KEY
+    try:
+        _events(1)
+        report = usage_events_deliver()
+    finally:
+        raw.stop()
+
+    assert (report.failed, report.retrying) == ((1, 0) if kind == "failed" else (0, 1))
+    event = UsageEvent.objects.get()
+    assert event.status == kind and event.claimed_until is None
+    reason = event.last_error
+    assert reason.startswith(f"HTTP {status}: bad request")
+    assert not [c for c in reason if unicodedata.category(c) in ("Cc", "Cf")], repr(reason)
+    assert GATEWAY_KEY not in reason and "secretpart" not in reason
+    assert "X-Injected: 1" in reason  # the text stays readable, on one line
+    assert GATEWAY_KEY not in caplog.text and "\x1b" not in caplog.text
+    page = admin_client.get("/admin/billing/usageevent/")
+    assert page.status_code == 200 and b"\x1b" not in page.content
