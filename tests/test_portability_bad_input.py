@@ -12,6 +12,7 @@ import zipfile
 
 import pytest
 
+from audit.crypto import content_open
 from audit.models import AuditEvent
 from core.errors import ErrorCode, ServiceError
 from core.scope import MemoryScope
@@ -212,6 +213,29 @@ def test_web_import_of_bad_files_says_nothing_was_imported(client, bob):
         assert SECRET.encode() not in page.content, case
         _nothing_imported(scope)
     assert [row.error_code for row in _import_failures()] == ["invalid_argument"] * 5
+
+
+@pytest.mark.parametrize(
+    ("with_file", "code", "message"),
+    [(False, "invalid_argument", "choose a file to import"), (True, "payload_too_large", "the file exceeds 64 bytes")],
+    ids=["no-file", "too-large"],
+)
+def test_web_import_refused_before_the_service_is_audited_once(client, settings, alice, bob, with_file, code, message):
+    settings.IMPORT_MAX_BYTES = 64
+    client.force_login(bob)
+    form: dict = {"source": "memsite"}
+    if with_file:
+        form["file"] = io.BytesIO(json.dumps({"memory": SECRET * 10}).encode())
+        form["file"].name = "memories.jsonl"
+    page = client.post("/data/import/", form, follow=True)
+    assert page.status_code == 200 and page.templates[0].name == "web/data.html"
+    assert f"Nothing was imported: {message}".encode() in page.content
+    (row,) = _import_failures()  # exactly one, and it is bob's
+    assert (row.outcome, row.error_code, row.channel) == ("error", code, "ui")
+    assert (row.actor_user_id, row.subject_user_id) == (bob.pk, bob.pk)
+    assert content_open(row.detail["content"]) == {"message": message}  # the refusal, never the file's content
+    assert not AuditEvent.objects.filter(subject_user_id=alice.pk).exists()
+    _nothing_imported(MemoryScope.for_user(bob))
 
 
 # --- REST refusals before the file is read are audited too ---------------------------------------

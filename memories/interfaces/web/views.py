@@ -21,6 +21,7 @@ from core.choices import ALL_PERMISSIONS, Channel, MemoryType, Permission
 from core.errors import ErrorCode, ServiceError
 from core.inputs import digits_int
 from core.scope import MemoryScope
+from memories import schemas
 from memories.auth import Principal
 from memories.interfaces.wellknown import MEMORY_MCP_PATH
 from memories.models import ApiKey
@@ -42,7 +43,7 @@ def _scope(request) -> MemoryScope:
     return _principal(request).scope()
 
 
-def _execute(request, name: str, arguments: dict) -> dict:
+def _execute(request, name: str, arguments: dict | schemas.RejectedArguments) -> dict:
     """The same dispatcher MCP and REST use (audit row, usage event, rate limit)."""
     call = call_context_from_request(request, channel=Channel.UI)
     return operation_execute(_principal(request), name, arguments, call=call)
@@ -448,16 +449,20 @@ def data_export(request):
 @require_POST
 def data_import(request):
     upload = request.FILES.get("file")
+    # A refusal before the file is read is still a failed import: it goes to the dispatcher
+    # as RejectedArguments (as REST's `upload_bytes` does), which answers and audits it like
+    # a bad file the service refuses (one error row, its message only, never the content).
+    arguments: dict | schemas.RejectedArguments
     if upload is None:
-        messages.error(request, "Choose a file to import.")
-        return redirect("web-data")
-    if upload.size > settings.IMPORT_MAX_BYTES:
-        messages.error(request, f"The file exceeds {settings.IMPORT_MAX_BYTES} bytes; nothing was imported.")
-        return redirect("web-data")
-    try:
-        result = _execute(
-            request, "import_memories", {"data": upload.read(), "source": request.POST.get("source", "memsite")}
+        arguments = schemas.RejectedArguments(ServiceError(ErrorCode.INVALID_ARGUMENT, "choose a file to import"))
+    elif upload.size > settings.IMPORT_MAX_BYTES:
+        arguments = schemas.RejectedArguments(
+            ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"the file exceeds {settings.IMPORT_MAX_BYTES} bytes")
         )
+    else:
+        arguments = {"data": upload.read(), "source": request.POST.get("source", "memsite")}
+    try:
+        result = _execute(request, "import_memories", arguments)
     except ServiceError as exc:
         messages.error(request, f"Nothing was imported: {exc.message}")
         return redirect("web-data")
