@@ -19,6 +19,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from audit.models import MemoryHistory
 from audit.services import audit_failure, audit_record, audit_snapshot, audit_text, history_content_erase
 from core.choices import ALL_PERMISSIONS, Channel, Operation, Permission, Role
 from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
@@ -71,6 +72,9 @@ from memories.schemas import parse_instant
 from memories.selectors import MemoryView, decayed_score, memory_get_owned, memory_histories, memory_view
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+# The IngestIntent.detail key an erasure or clear-all sets on the user's ingest calls in
+# flight (`ingest_intents_supersede`); their completion then discards what mem0 stored.
+SUPERSEDED_KEY = "superseded_by"
 KEY_ID_BYTES = 6  # 12 hex chars: the public, unique lookup part
 SECRET_BYTES = 32
 
@@ -369,6 +373,7 @@ def memory_ingest(
     fields: dict[str, Any] | None = None,
     call: CallContext,
     billed: bool = True,
+    source_present: Callable[[], bool] | None = None,
 ) -> list[dict[str, Any]]:
     """mem0's extraction pipeline over a conversation turn (one LLM call).
 
@@ -376,21 +381,33 @@ def memory_ingest(
     committed before the engine call, completed (hashes, audit row, usage event) in one
     transaction after it. A crash in between leaves the intent open, and
     `ingest_intents_reconcile` completes it later from the rows tagged with the request id.
+    An erasure (or clear-all) that commits while the call is in flight marks its intent;
+    the completion then discards what mem0 stored and answers no memories.
 
     `billed=False`: background work for a call that was billed and rate limited on its own
     (the chat proxy's extraction after an answered chat completion): audited, but no usage
-    event and no INGEST rate limit. Kept on the intent, so the reconciler does the same."""
+    event and no INGEST rate limit. Kept on the intent, so the reconciler does the same.
+
+    `source_present`: for messages kept somewhere an erasure deletes (the chat proxy's
+    turn), checked as the intent is recorded; False (erased since) answers no memories
+    and calls nothing."""
     if not llm_configured():
         raise _llm_unavailable()
     if billed:
         rate_limit_consume(scope, operation=Operation.INGEST)
-    intent = IngestIntent.objects.create(
-        request_id=call.request_id,
-        engine_user_id=scope.engine_user_id,
-        scope=_scope_record(scope),
-        call=_call_record(call),
-        detail={"messages": len(messages), **({} if billed else {"billed": False})},
-    )
+    with transaction.atomic():
+        # Under the lock an erasure holds: the intent exists before an erasure (which then
+        # marks it) or is recorded after it committed, and then `source_present` sees it.
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        if source_present is not None and not source_present():
+            return []
+        intent = IngestIntent.objects.create(
+            request_id=call.request_id,
+            engine_user_id=scope.engine_user_id,
+            scope=_scope_record(scope),
+            call=_call_record(call),
+            detail={"messages": len(messages), **({} if billed else {"billed": False})},
+        )
     try:
         with _engine_errors(), _attributed(call):
             added = engine_ingest(
@@ -406,7 +423,7 @@ def memory_ingest(
         # Nothing stored: the call failed (failures_audited writes its row), close it.
         # Rows stored before a late failure stay for the reconciler to complete.
         if not engine_rows_from_request(request_id=call.request_id):
-            IngestIntent.objects.filter(pk=intent.pk).update(state=IngestIntent.State.UNDONE, closed_at=timezone.now())
+            _ingest_undone(scope, intent=intent, call=call)
         raise
     added_ids = [str(a.get("id")) for a in added if a.get("event") == "ADD"]
     return _ingest_complete(scope, intent=intent, call=call, added_ids=added_ids)
@@ -417,12 +434,18 @@ def _ingest_complete(
 ) -> list[dict[str, Any]]:
     """One transaction: the dedupe rule over what mem0 added (a fact whose text another
     memory already has is removed again, and answered with that memory's id and event
-    NONE), hashes for the new ones, the audit row, the usage event, the intent closed."""
+    NONE), hashes for the new ones, the audit row, the usage event, the intent closed.
+    An intent an erasure or clear-all superseded is discarded instead (`_ingest_discard`)."""
     results: list[dict[str, Any]] = []
     with _engine_errors(), transaction.atomic():
+        # The erasure's lock before the intent's row lock, in the erasure's order: it
+        # cannot commit between this check and the writes below.
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
         current = IngestIntent.objects.select_for_update().get(pk=intent.pk)
         if current.state != IngestIntent.State.OPEN:
             return _ingest_results_recorded(scope, recorded=list(current.results))
+        if SUPERSEDED_KEY in current.detail:
+            return _ingest_discard(scope, intent=current, call=call, added_ids=added_ids)
         added = [m for m in (engine_lock_owned(scope, memory_id=i) for i in added_ids) if m is not None]
         advisory_xact_lock(*(_text_lock_key(scope, content_sha256(m.text)) for m in added))
         for item in added:
@@ -453,6 +476,118 @@ def _ingest_complete(
         current.closed_at = timezone.now()
         current.save(update_fields=["state", "results", "closed_at"])
     return results
+
+
+def _ingest_discard(
+    scope: MemoryScope, *, intent: IngestIntent, call: CallContext, added_ids: list[str]
+) -> list[dict[str, Any]]:
+    """The completion of a call the user's erasure (or clear-all) superseded, in
+    `_ingest_complete`'s transaction: what mem0 stored goes as the erasure took the rest
+    (`_ingest_leftovers_remove`), no hash is kept, and the call answers no memories (a
+    success: an error would make clients and the chat proxy retry a conversation the user
+    asked to forget). Its audit row (and usage event: the LLM work was done) names the
+    ids and the erasure, no text."""
+    mark = intent.detail[SUPERSEDED_KEY]
+    discarded = _ingest_leftovers_remove(scope, intent=intent, call=call, added_ids=added_ids)
+    detail = {**intent.detail, "discarded": len(discarded), "trashed": not mark["erased"] and _trash_enabled()}
+    if intent.detail.get("billed", True):
+        call_succeeded(scope, call=call, operation=Operation.INGEST, memory_ids=discarded, detail=detail)
+    else:
+        audit_record(scope, call=call, operation=Operation.INGEST, memory_ids=discarded, detail=detail)
+    intent.state = IngestIntent.State.DONE
+    intent.results = []  # a later answer from the intent (the call after the reconciler) is empty too
+    intent.closed_at = timezone.now()
+    intent.save(update_fields=["state", "results", "closed_at"])
+    return []
+
+
+def _ingest_leftovers_remove(
+    scope: MemoryScope, *, intent: IngestIntent, call: CallContext, added_ids: list[str]
+) -> list[str]:
+    """What a superseded ingest stored, removed in the caller's transaction under the
+    user's clear_all lock; returns the ids. The rows are those mem0 answered and those
+    tagged with the request id (written after the erasure, or by a call that crashed
+    before answering); the erasure itself took the ones that already existed.
+    - An erasure: the rows are deleted for good and every history text of the call is
+      blanked (also versions mem0 wrote after the erasure had deleted their row, which
+      then have no owner: found by the request id), keeping the events.
+    - A clear-all with the trash on: the rows join the trash under the clear-all's request
+      id, so undoing the clear-all restores them with the rest.
+    Either way mem0's raw messages go, as the erasure or clear-all purged them: mem0 saves
+    the call's messages last, after the erasure (they have no request id, so the user's
+    later messages go too; they only feed the next extraction)."""
+    mark = intent.detail[SUPERSEDED_KEY]
+    tagged = [row.id for row in engine_rows_from_request(request_id=intent.request_id)]
+    candidates = list(dict.fromkeys([*added_ids, *tagged]))
+    owned = list(engine_lock_owned_many(scope, memory_ids=candidates))
+    if not mark["erased"] and _trash_enabled():
+        if owned:
+            with _attributed(call):
+                engine_trash(
+                    scope,
+                    memory_ids=owned,
+                    at=datetime.now(UTC),
+                    request_id=mark["request_id"],
+                    operation=Operation.CLEAR_ALL_MEMORY,
+                )
+    else:
+        with _attributed(call):
+            for memory_id in owned:
+                engine_delete_row(memory_id, keep_text=False)
+        written = MemoryHistory.objects.filter(request_id=intent.request_id).values_list("memory_id", flat=True)
+        history_content_erase(engine_user_id=scope.engine_user_id, memory_ids=list({*candidates, *written}))
+    engine_purge_messages(scope)
+    return candidates
+
+
+def _ingest_undone(scope: MemoryScope, *, intent: IngestIntent, call: CallContext, audited: bool = False) -> bool:
+    """Close an intent whose call stored nothing (it failed, or the reconciler found no
+    rows); `audited`: with the failure audit row the call itself could not write. One
+    superseded by an erasure also loses what mem0 kept of it (raw messages, history
+    texts). False when someone else closed it first."""
+    with _engine_errors(), transaction.atomic():
+        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        current = IngestIntent.objects.select_for_update().get(pk=intent.pk)
+        if current.state != IngestIntent.State.OPEN:
+            return False
+        superseded = SUPERSEDED_KEY in current.detail
+        if superseded:
+            _ingest_leftovers_remove(scope, intent=current, call=call, added_ids=[])
+        if audited:
+            message = "interrupted before anything was stored"
+            if superseded:
+                message = "interrupted; the user erased or cleared their data meanwhile and nothing of it is kept"
+            audit_failure(
+                scope,
+                call=call,
+                operation=Operation.INGEST,
+                error=ServiceError(ErrorCode.BACKEND_UNAVAILABLE, message),
+            )
+        current.state = IngestIntent.State.UNDONE
+        current.closed_at = timezone.now()
+        current.save(update_fields=["state", "closed_at"])
+    return True
+
+
+def ingest_intents_supersede(scope: MemoryScope, *, call: CallContext, erased: bool) -> int:
+    """In the transaction of an erasure (`erased`) or a clear-all, under the user's
+    clear_all lock: mark the user's ingest calls still in flight, so that their
+    completion (the call, or the reconciler) discards what mem0 stores for them: deleted
+    for good after an erasure, trashed with the clear-all otherwise. An erasure's mark
+    wins over a clear-all's. The intents keep no content; the mark holds the superseding
+    call's request id and time. Returns how many were marked."""
+    mark = {"request_id": call.request_id, "at": timezone.now().isoformat(), "erased": erased}
+    marked = 0
+    in_flight = IngestIntent.objects.select_for_update().filter(
+        engine_user_id=scope.engine_user_id, state=IngestIntent.State.OPEN
+    )
+    for intent in in_flight.order_by("pk"):
+        if not erased and SUPERSEDED_KEY in intent.detail:
+            continue
+        intent.detail = {**intent.detail, SUPERSEDED_KEY: mark}
+        intent.save(update_fields=["detail"])
+        marked += 1
+    return marked
 
 
 def _ingest_results_recorded(scope: MemoryScope, *, recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -487,8 +622,9 @@ def _call_record(call: CallContext) -> dict[str, Any]:
 def ingest_intents_reconcile(*, older_than_s: float | None = None) -> dict[str, int]:
     """Close the ingest intents a crash left open (older than the lease, so calls still
     running are left alone): rows tagged with the request id exist -> complete the call
-    (hashes, audit row, usage event, as if it had returned); none -> close it as undone
-    with a failure audit row (no usage event: nothing was stored)."""
+    (hashes, audit row, usage event, as if it had returned; discarded when an erasure or
+    clear-all superseded it); none -> close it as undone with a failure audit row (no
+    usage event: nothing was stored)."""
     lease = settings.INGEST_INTENT_LEASE_S if older_than_s is None else older_than_s
     cutoff = timezone.now() - timedelta(seconds=lease)
     counts = {"completed": 0, "undone": 0}
@@ -500,20 +636,8 @@ def ingest_intents_reconcile(*, older_than_s: float | None = None) -> dict[str, 
             _ingest_complete(scope, intent=intent, call=call, added_ids=[r.id for r in rows])
             counts["completed"] += 1
             continue
-        with transaction.atomic():
-            current = IngestIntent.objects.select_for_update().get(pk=intent.pk)
-            if current.state != IngestIntent.State.OPEN:
-                continue
-            audit_failure(
-                scope,
-                call=call,
-                operation=Operation.INGEST,
-                error=ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "interrupted before anything was stored"),
-            )
-            current.state = IngestIntent.State.UNDONE
-            current.closed_at = timezone.now()
-            current.save(update_fields=["state", "closed_at"])
-        counts["undone"] += 1
+        if _ingest_undone(scope, intent=intent, call=call, audited=True):
+            counts["undone"] += 1
     return counts
 
 
@@ -648,7 +772,8 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
     """Move every memory of the scope's user to the trash (or delete them when the trash
     is off), drop their dedupe hashes and purge mem0's raw messages (so a later ingest
     cannot bring cleared facts back), in one transaction with the usage event and audit
-    row. Returns the count."""
+    row. Ingest calls in flight are marked: what they store follows into the trash under
+    this call's request id when they complete. Returns the count."""
     if confirm is not True:
         raise ServiceError(
             ErrorCode.CONFIRMATION_REQUIRED, "clear_all_memory deletes all your memories; call it with confirm: true."
@@ -659,6 +784,7 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
         memory_ids = _trash_or_delete(scope, memory_ids=None, call=call, operation=Operation.CLEAR_ALL_MEMORY)
         engine_purge_messages(scope)
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
+        ingest_intents_supersede(scope, call=call, erased=False)  # their facts join this clear-all's trash
         call_succeeded(
             scope,
             call=call,

@@ -273,7 +273,10 @@ def proxy_turn_extract(*, turn_pk: int) -> str:
     which keeps the dedupe rule and its own audit row, unbilled: `_ingest_in_thread`) under
     PROXY_MEMORY_STORE_TIMEOUT_S.
     A failure is logged and retried by the sweep up to EXTRACTION_MAX_ATTEMPTS; it never
-    touches the chat call, which was answered long ago."""
+    touches the chat call, which was answered long ago. A turn the user's erasure deleted
+    is not extracted (checked as the ingest is recorded, under the erasure's lock) nor
+    retried (no row is left to sweep); one erased during the ingest keeps nothing
+    (`memory_ingest` discards it)."""
     with transaction.atomic():
         turn = ProxyTurn.objects.select_for_update(skip_locked=True).filter(pk=turn_pk).first()
         if turn is None or turn.state != ProxyTurn.State.PENDING:
@@ -284,7 +287,7 @@ def proxy_turn_extract(*, turn_pk: int) -> str:
     call = CallContext(channel=Channel.PROXY, request_id=request_id_new(), turn_id=turn.request_id)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     try:
-        future = pool.submit(_ingest_in_thread, scope, turn.messages, call, turn.session_id)
+        future = pool.submit(_ingest_in_thread, scope, turn.messages, call, turn.session_id, turn.pk)
         future.result(timeout=settings.PROXY_MEMORY_STORE_TIMEOUT_S)
     except Exception as exc:
         reason = "timeout" if isinstance(exc, concurrent.futures.TimeoutError) else type(exc).__name__
@@ -299,18 +302,32 @@ def proxy_turn_extract(*, turn_pk: int) -> str:
         return "failed"
     finally:
         pool.shutdown(wait=False)
-    ProxyTurn.objects.filter(pk=turn.pk).update(state=ProxyTurn.State.DONE, closed_at=timezone.now(), messages=[])
-    return "done"
+    closed = ProxyTurn.objects.filter(pk=turn.pk).update(
+        state=ProxyTurn.State.DONE, closed_at=timezone.now(), messages=[]
+    )
+    return "done" if closed else "erased"
 
 
-def _ingest_in_thread(scope: MemoryScope, messages: list[dict[str, Any]], call: CallContext, session_id: str) -> None:
+def _ingest_in_thread(
+    scope: MemoryScope, messages: list[dict[str, Any]], call: CallContext, session_id: str, turn_pk: int
+) -> None:
     """One audited ingest per attempt, never billed nor counted against the user's INGEST
     limit: the chat completion it comes from was the one billed call (core/choices.py)."""
     from django.db import connection
 
+    def turn_pending() -> bool:  # an erasure deletes the turn: its messages are not to be stored
+        return ProxyTurn.objects.filter(pk=turn_pk, state=ProxyTurn.State.PENDING).exists()
+
     try:
         with failures_audited(scope, call=call, operation=Operation.INGEST):
-            memory_ingest(scope, messages=messages, metadata={"session_id": session_id[:128]}, call=call, billed=False)
+            memory_ingest(
+                scope,
+                messages=messages,
+                metadata={"session_id": session_id[:128]},
+                call=call,
+                billed=False,
+                source_present=turn_pending,
+            )
     finally:
         connection.close()  # this thread's connection dies with it
 

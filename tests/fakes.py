@@ -80,14 +80,48 @@ class FakeLLM(FakeServer):
     def __init__(self) -> None:
         super().__init__()
         self.queued: list[list[str]] = []
+        self.answers: list[str] = []
         self.lock = threading.Lock()
+        # `hold()` keeps every chat call waiting (until `release()`), as a slow LLM would;
+        # `held` counts the calls that arrived and are waiting (one release per call).
+        self.gate = threading.Event()
+        self.gate.set()
+        self.held = threading.Semaphore(0)
+
+    def hold(self) -> None:
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def wait_held(self, calls: int = 1, timeout: float = 30) -> None:
+        """Block until `calls` more chat calls are waiting at the held gate."""
+        for _ in range(calls):
+            if not self.held.acquire(timeout=timeout):
+                raise AssertionError("the LLM was not called while held")
+
+    def _gate(self) -> None:
+        if not self.gate.is_set():
+            self.held.release()
+            self.gate.wait(60)
+
+    def stop(self) -> None:
+        self.release()  # a held call must not keep the server from closing
+        super().stop()
 
     def queue_facts(self, *facts: str) -> None:
         with self.lock:
             self.queued.append(list(facts))
 
+    def queue_answer(self, answer: dict[str, Any]) -> None:
+        """The next call's whole answer (a JSON object), e.g. an enrichment's."""
+        with self.lock:
+            self.answers.append(json.dumps(answer))
+
     def _next_content(self) -> str:
         with self.lock:
+            if self.answers:
+                return self.answers.pop(0)
             facts = self.queued.pop(0) if self.queued else []
         return json.dumps({"memory": [{"text": fact} for fact in facts]})
 
@@ -98,6 +132,7 @@ class FakeLLM(FakeServer):
 class FakeOpenAI(FakeLLM):
     def handle(self, method, path, headers, payload):
         if method == "POST" and path.endswith("/chat/completions"):
+            self._gate()
             return 200, {
                 "id": "chatcmpl-fake",
                 "object": "chat.completion",

@@ -61,6 +61,7 @@ from memories.engine.reembed import (
 )
 from memories.engine.retrieval import hybrid_search
 from memories.engine.toolkit_rows import (
+    ENRICHMENT_CLAIM_KEY,
     ENRICHMENT_KEY,
     TIER_KEY,
     engine_enrichment_apply,
@@ -147,6 +148,7 @@ __all__ = [
     "llm_configured",
     "engine_expired_owned",
     # Issue 14: seed 003's toolkit.
+    "ENRICHMENT_CLAIM_KEY",
     "ENRICHMENT_KEY",
     "TIER_KEY",
     "engine_enrichment_apply",

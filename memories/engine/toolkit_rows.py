@@ -6,6 +6,7 @@ sees them like any memory."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +28,10 @@ from memories.engine.payload import (
 # The toolkit's metadata keys (clients of the other surfaces may read them).
 TIER_KEY = "tier"
 ENRICHMENT_KEY = "enrichment_status"
+# A worker's lease on a pending candidate while its LLM call runs outside any transaction:
+# {"until": engine_timestamp, "token": str}. Another worker skips the row until `until`
+# (so a crashed worker's claim lapses); only the holder of `token` applies its result.
+ENRICHMENT_CLAIM_KEY = "enrichment_claim"
 
 
 def _table() -> sql.Identifier:
@@ -42,15 +47,17 @@ def _rows(statement: sql.Composable, params: list[Any]) -> list[tuple[Any, ...]]
 def engine_enrichment_apply(
     scope: MemoryScope, *, memory_id: str, metadata: dict[str, Any], attrs: MemoryAttrs
 ) -> bool:
-    """Merge `metadata` into a live row's payload and replace its fields (the text, vector
-    and history are unchanged). In the caller's transaction; False when the row is gone."""
+    """Merge `metadata` into a live row's payload, replace its fields and drop the
+    enrichment claim (the text, vector and history are unchanged). In the caller's
+    transaction; False when the row is gone."""
     statement = sql.SQL(
-        "UPDATE {} SET payload = jsonb_set(payload || %s::jsonb, %s, %s::jsonb)"
+        "UPDATE {} SET payload = jsonb_set((payload - %s::text) || %s::jsonb, %s, %s::jsonb)"
         " WHERE id = %s AND payload->>%s = %s AND NOT payload ? %s RETURNING id"
     ).format(_table())
     rows = _rows(
         statement,
         [
+            ENRICHMENT_CLAIM_KEY,
             json.dumps(metadata),
             [KEY_ATTRS],
             json.dumps(attrs.as_payload()),
@@ -63,11 +70,14 @@ def engine_enrichment_apply(
     return bool(rows)
 
 
-def engine_metadata_merge(*, memory_id: str, metadata: dict[str, Any]) -> bool:
-    """Merge `metadata` into a live row's payload, whoever owns it (the enrichment job
-    marking a candidate it could not enrich). In the caller's transaction; False when gone."""
-    statement = sql.SQL("UPDATE {} SET payload = payload || %s::jsonb WHERE id = %s AND NOT payload ? %s RETURNING id")
-    return bool(_rows(statement.format(_table()), [json.dumps(metadata), memory_id, KEY_TRASH]))
+def engine_metadata_merge(*, memory_id: str, metadata: dict[str, Any], drop: Sequence[str] = ()) -> bool:
+    """Merge `metadata` into a live row's payload (after removing the `drop` keys), whoever
+    owns it (the enrichment job claiming a candidate, or marking one it could not enrich).
+    In the caller's transaction; False when gone."""
+    statement = sql.SQL(
+        "UPDATE {} SET payload = (payload - %s::text[]) || %s::jsonb WHERE id = %s AND NOT payload ? %s RETURNING id"
+    )
+    return bool(_rows(statement.format(_table()), [list(drop), json.dumps(metadata), memory_id, KEY_TRASH]))
 
 
 def engine_rows_with_metadata(
@@ -75,15 +85,22 @@ def engine_rows_with_metadata(
     containment: dict[str, Any],
     memory_ids: list[str] | None = None,
     exclude_ids: list[str] | None = None,
+    unclaimed: bool = False,
     limit: int = 100,
 ) -> list[EngineMemory]:
     """Live rows of any user whose payload contains `containment` (the enrichment job's
     pending candidates), oldest first, row-locked (SKIP LOCKED) for the caller's transaction.
-    `exclude_ids`: rows this run already tried (a failed one must not be picked again)."""
+    `exclude_ids`: rows this run already tried (a failed one must not be picked again).
+    `unclaimed`: only rows without a live ENRICHMENT_CLAIM_KEY lease (the row lock ends
+    with the claiming transaction; the lease is what keeps a second worker off meanwhile)."""
+    now = engine_timestamp(datetime.now(UTC))
     clause: sql.Composable = sql.SQL("")
-    params: list[Any] = [json.dumps(containment), KEY_TRASH, engine_timestamp(datetime.now(UTC))]
+    params: list[Any] = [json.dumps(containment), KEY_TRASH, now]
+    if unclaimed:
+        clause = sql.SQL(" AND NOT COALESCE(payload->%s->>'until' > %s, false)")
+        params.extend([ENRICHMENT_CLAIM_KEY, now])
     if memory_ids is not None:
-        clause = sql.SQL(" AND id = ANY(%s::uuid[])")
+        clause = clause + sql.SQL(" AND id = ANY(%s::uuid[])")
         params.append(memory_ids)
     if exclude_ids:
         clause = clause + sql.SQL(" AND NOT (id = ANY(%s::uuid[]))")

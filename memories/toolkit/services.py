@@ -10,6 +10,7 @@ memory model's `expires_at` (hidden at once, purged by `memories.purge_due`)."""
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,7 @@ from core.locks import advisory_xact_lock
 from core.scope import CallContext, MemoryScope
 from memories.call_record import call_succeeded
 from memories.engine import (
+    ENRICHMENT_CLAIM_KEY,
     ENRICHMENT_KEY,
     TIER_KEY,
     EngineError,
@@ -39,6 +41,7 @@ from memories.engine import (
     engine_enrichment_apply,
     engine_health_counts,
     engine_insert_text,
+    engine_lock_owned,
     engine_metadata_merge,
     engine_purge_messages,
     engine_rows_with_metadata,
@@ -52,9 +55,11 @@ from memories.services import (
     _attributed,
     _engine_errors,
     _hash_owner,
+    _live,
     _system_metadata,
     _text_lock_key,
     content_sha256,
+    ingest_intents_supersede,
 )
 from memories.sessions import session_data_erase
 from memories.toolkit import enrichment
@@ -68,6 +73,10 @@ SOURCE = "store_memory"
 # A candidate whose enrichment failed this often is marked `failed` (not pending forever).
 ENRICHMENT_MAX_ATTEMPTS = 3
 ENRICHMENT_ATTEMPTS_KEY = "enrichment_attempts"
+# How long a claimed candidate is kept from other workers while its LLM call runs: past
+# the LLM client's worst case (its timeout, with retries), so a slow call is not made
+# twice; a crashed worker's candidates are taken again once it lapses.
+ENRICHMENT_CLAIM_LEASE_S = 30 * 60
 logger = logging.getLogger(__name__)
 
 
@@ -145,43 +154,104 @@ def toolkit_memory_store(
 def toolkit_candidates_enrich(*, memory_ids: list[str] | None = None, limit: int = 100) -> int:
     """Enrich pending long-term candidates (these ids, or the oldest `limit` of anyone's):
     summary, importance, tags and type, by the LLM when configured, heuristics otherwise
-    (and when the LLM fails). Marks them `completed`. One transaction per memory; rows
-    are locked SKIP LOCKED so two workers never enrich the same one. A candidate that
-    fails is counted on its row and skipped for the rest of the run (`_candidate_failed`).
-    Returns how many were enriched."""
+    (and when the LLM fails). Marks them `completed`.
+
+    No transaction or row lock is held during the LLM call (up to its timeout: the user's
+    own edit, delete or wipe of that memory must not wait for it, nor a connection stay
+    taken). Each candidate goes in three steps: a short transaction claims it
+    (`_candidate_claim`: SKIP LOCKED, plus a lease in its metadata that keeps other
+    workers off while the LLM runs and lapses if this one crashes); the LLM is called
+    with no transaction open; a second short transaction applies the result only if the
+    row is still this claim's pending candidate with the same owner and text
+    (`_candidate_enrich`). A candidate that fails is counted on its row and skipped for
+    the rest of the run (`_candidate_failed`). Returns how many were enriched."""
     done = 0
     tried: list[str] = []  # this run's rows, enriched or not: each is taken at most once
     call = CallContext(channel=Channel.INTERNAL, actor_username="system:enrich")
     while len(tried) < limit:
-        with _engine_errors(), transaction.atomic():
-            rows = engine_rows_with_metadata(
-                containment={TIER_KEY: "ltm", ENRICHMENT_KEY: "pending"},
-                memory_ids=memory_ids,
-                exclude_ids=tried,
-                limit=1,
-            )
-            if not rows:
-                return done
-            item = rows[0]
-            tried.append(item.id)
-            scope = MemoryScope.from_engine_user_id(item.user_id)
-            if scope is None:  # not one of ours: no retry can enrich it, and it must not stay pending
-                _candidate_failed(item, scope=None, call=call, reason="unknown_owner", final=True)
-                continue
+        claimed = _candidate_claim(memory_ids=memory_ids, exclude_ids=tried, call=call)
+        if claimed is None:
+            return done
+        item, claim = claimed
+        tried.append(item.id)
+        if claim is not None and _candidate_enrich(item, claim=claim, call=call):
+            done += 1
+    return done
+
+
+def _candidate_claim(
+    *, memory_ids: list[str] | None, exclude_ids: list[str], call: CallContext
+) -> tuple[EngineMemory, dict[str, str] | None] | None:
+    """The oldest unclaimed pending candidate, with this run's lease on it (None: nothing
+    left). Its own short transaction: the row lock only keeps two workers from claiming it
+    at once; the lease keeps them apart after commit. A candidate of no known user is
+    failed here (claim None): no retry can enrich it, and it must not stay pending."""
+    with _engine_errors(), transaction.atomic():
+        rows = engine_rows_with_metadata(
+            containment={TIER_KEY: "ltm", ENRICHMENT_KEY: "pending"},
+            memory_ids=memory_ids,
+            exclude_ids=exclude_ids,
+            unclaimed=True,
+            limit=1,
+        )
+        if not rows:
+            return None
+        item = rows[0]
+        if MemoryScope.from_engine_user_id(item.user_id) is None:
+            _candidate_failed(item, scope=None, call=call, reason="unknown_owner", final=True)
+            return item, None
+        until = engine_timestamp(datetime.now(UTC) + timedelta(seconds=ENRICHMENT_CLAIM_LEASE_S))
+        claim = {"until": until, "token": uuid.uuid4().hex}
+        engine_metadata_merge(memory_id=item.id, metadata={ENRICHMENT_CLAIM_KEY: claim})
+    return item, claim
+
+
+def _candidate_enrich(item: EngineMemory, *, claim: dict[str, str], call: CallContext) -> bool:
+    """Enrich one claimed candidate: the LLM with no transaction open, then one short
+    transaction that re-locks the row and writes the result and its audit row, or counts
+    the failure. When the row is no longer what was claimed (deleted, trashed, wiped, its
+    text edited, enriched or claimed by another worker after the lease lapsed) nothing is
+    written and it is no failure: the user's change wins. True when enriched."""
+    scope = MemoryScope.from_engine_user_id(item.user_id)
+    if scope is None:  # checked at the claim; the owner's account went meanwhile
+        return False
+    try:
+        result: enrichment.Enrichment | None = enrichment.enrich_text(item.text)
+        reason = ""
+    except Exception as exc:  # a poisoned candidate must never block the others
+        result, reason = None, type(exc).__name__
+    with _engine_errors(), transaction.atomic():
+        current = engine_lock_owned(scope, memory_id=item.id)
+        if (
+            current is None
+            or not _live(current, scope)
+            or current.metadata.get(ENRICHMENT_KEY) != "pending"
+            or current.metadata.get(ENRICHMENT_CLAIM_KEY) != claim
+        ):
+            return False
+        if current.text != item.text:
+            # Edited during the call: this result describes the old text. Give the lease
+            # back so the next sweep enriches the new text instead of waiting for it to lapse.
+            engine_metadata_merge(memory_id=item.id, metadata={}, drop=(ENRICHMENT_CLAIM_KEY,))
+            return False
+        if result is not None:
             try:
                 # A savepoint: a write the database refuses undoes this candidate's changes only,
                 # and the failure is recorded in the same (still usable) transaction.
                 with transaction.atomic():
-                    _candidate_enrich(scope, item=item, call=call)
-            except Exception as exc:  # a poisoned candidate must never block the others
-                _candidate_failed(item, scope=scope, call=call, reason=type(exc).__name__, final=False)
-                continue
-        done += 1
-    return done
+                    _candidate_apply(scope, item=current, result=result, call=call)
+                return True
+            except Exception as exc:  # as above: counted, never blocking the others
+                reason = type(exc).__name__
+        _candidate_failed(current, scope=scope, call=call, reason=reason, final=False)
+    return False
 
 
-def _candidate_enrich(scope: MemoryScope, *, item: EngineMemory, call: CallContext) -> None:
-    result = enrichment.enrich_text(item.text)
+def _candidate_apply(
+    scope: MemoryScope, *, item: EngineMemory, result: enrichment.Enrichment, call: CallContext
+) -> None:
+    # The fields as they are now (`item` is the re-locked row), so an edit of the user's
+    # made during the LLM call to other fields is kept.
     attrs = replace(item.attrs, memory_type=result.memory_type, tags=tuple(result.tags), importance=result.importance)
     metadata = {ENRICHMENT_KEY: "completed", "summary": result.summary, "enriched_by": result.method}
     engine_enrichment_apply(scope, memory_id=item.id, metadata=metadata, attrs=attrs)
@@ -207,7 +277,8 @@ def _candidate_failed(
     metadata: dict[str, Any] = {ENRICHMENT_ATTEMPTS_KEY: attempts, "enrichment_error": reason[:100]}
     if final:
         metadata[ENRICHMENT_KEY] = "failed"
-    engine_metadata_merge(memory_id=item.id, metadata=metadata)
+    # The lease goes with the attempt: the next sweep may try it again at once.
+    engine_metadata_merge(memory_id=item.id, metadata=metadata, drop=(ENRICHMENT_CLAIM_KEY,))
     audit_failure(
         scope,
         call=call,
@@ -641,6 +712,8 @@ def toolkit_user_data_wipe(scope: MemoryScope, *, confirm: bool, call: CallConte
             .exclude(state=IngestIntent.State.OPEN)
             .delete()
         )
+        # ...but is marked: its completion deletes what mem0 stores for it after this commit.
+        ingest_intents_supersede(scope, call=call, erased=True)
         erased = subject_content_erase(
             subject_user_id=scope.user_pk, engine_user_id=scope.engine_user_id, memory_ids=memory_ids
         )
