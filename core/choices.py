@@ -64,6 +64,8 @@ class Operation(models.TextChoices):
     DELETE_DECISION = "delete_decision"
     # Support handling an erasure request in the admin.
     ADMIN_WIPE_USER_DATA = "admin_wipe_user_data"
+    # An erasure done again after a restore to a point before it (memsite's erasure ledger).
+    ERASURE_REAPPLY = "erasure_reapply"
     # MCP authorization (issue 16): client registration, consent, token issue, revocation.
     OAUTH_CLIENT_REGISTER = "oauth_client_register"
     OAUTH_CONSENT = "oauth_consent"

@@ -23,3 +23,9 @@ class MemsiteConfig(AppConfig):
         from core.log_safety import install_content_filter
 
         install_content_filter()
+        from memories.sessions import erasure_register
+        from memsite.services import erasure_ledger_record
+
+        # Every erasure leaves a record next to the backups (the erasure ledger), added in
+        # the erasure's own transaction, so that a restore to a point before it does it again.
+        erasure_register(erasure_ledger_record)

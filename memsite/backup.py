@@ -11,8 +11,10 @@ point-in-time restore. Postgres' own tools only (archive_command, pg_basebackup,
 
 Target: a directory (BACKUP_DIR, default $MEMSITE_DATA_DIR/backups) or an S3-compatible bucket
 with object lock (BACKUP_S3_*). Layout in both: `base/<label>/{base.tar.gz, pg_wal.tar.gz,
-backup_manifest, backup.json}` (backup.json written last: a backup without it is incomplete)
-and `wal/<segment>.gz`.
+backup_manifest, backup.json}` (backup.json written last: a backup without it is incomplete),
+`wal/<segment>.gz` and `erasures/<utc time>-<id>.json`, the erasure ledger (memsite/services.py):
+a restore to a point before an erasure does it again at the restored instance's first start
+(the restore leaves `erasures-reapply.json` in the data dir for that).
 
 With DATABASE_URL (an external Postgres) none of this runs: the operator configures the
 provider's point-in-time recovery or pgBackRest on that server (README, "Backups").
@@ -36,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from memsite import walarchive
@@ -46,6 +48,15 @@ Progress = Callable[[str], None]
 BASE_FILES = ("base.tar.gz", "pg_wal.tar.gz", "backup_manifest")
 META = "backup.json"
 CONFIG_NAME = "wal-archive.json"
+ERASURES = "erasures"
+# In a restored data dir until the erasures after its recovery point are re-applied.
+REAPPLY_MARKER = "erasures-reapply.json"
+_STAMP = "%Y%m%dT%H%M%S%fZ"  # fixed width: names sort by time
+# An erasure's time is taken inside its transaction, before its commit: one whose transaction
+# was still open at the recovery point has a time just before that point and is not in the
+# restored data. The ledger's rows in the database decide exactly which are; this margin only
+# bounds which records are read.
+REAPPLY_MARGIN = timedelta(minutes=10)
 _SEGMENT = re.compile(r"^[0-9A-F]{24}$")
 
 
@@ -212,6 +223,42 @@ class _DirTarget:
     def delete_wal(self, name: str) -> None:
         (self.root / "wal" / f"{name}.gz").unlink(missing_ok=True)
 
+    def erasure_names(self) -> list[str]:
+        folder = self.root / ERASURES
+        if not folder.exists():
+            return []
+        return sorted(p.name for p in folder.glob("*.json") if not p.name.startswith("."))
+
+    def read_erasure(self, name: str) -> dict:
+        return json.loads((self.root / ERASURES / name).read_text())
+
+    def store_erasure(self, name: str, body: bytes) -> None:
+        """Durable before it returns: the file fsynced, then linked under its name (never
+        replacing one: the same name again is fine only with the same bytes), then the
+        directory fsynced (and the target's, when erasures/ is new)."""
+        folder = self.root / ERASURES
+        if not folder.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            _fsync_path(self.root)
+        dest = folder / name
+        fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(body)
+                out.flush()
+                os.fsync(out.fileno())
+            try:
+                os.link(tmp_name, dest)
+            except FileExistsError:
+                if dest.read_bytes() != body:
+                    raise BackupError(f"{dest} exists with different content; refusing to overwrite") from None
+        finally:
+            os.unlink(tmp_name)
+        _fsync_path(folder)
+
+    def delete_erasure(self, name: str) -> None:
+        (self.root / ERASURES / name).unlink(missing_ok=True)
+
     def staging_dir(self, label: str) -> Path:
         path = self.root / "base" / f".partial-{label}"
         shutil.rmtree(path, ignore_errors=True)
@@ -258,6 +305,18 @@ class _S3Target:
 
     def fetch_wal_gz(self, name: str, dest: Path) -> None:
         self.client.download_file(self.config["bucket"], walarchive.s3_key(self.config, f"wal/{name}.gz"), str(dest))
+
+    def erasure_names(self) -> list[str]:
+        return sorted(o["Key"].rsplit("/", 1)[-1] for o in self._list(f"{ERASURES}/") if o["Key"].endswith(".json"))
+
+    def read_erasure(self, name: str) -> dict:
+        key = walarchive.s3_key(self.config, f"{ERASURES}/{name}")
+        return json.loads(self.client.get_object(Bucket=self.config["bucket"], Key=key)["Body"].read())
+
+    def store_erasure(self, name: str, body: bytes) -> None:
+        # One PUT under object lock (Content-MD5 checked): kept at least as long as the
+        # backups written before it, which expire by the same lifecycle rule.
+        walarchive.s3_put(self.client, self.config, f"{ERASURES}/{name}", body)
 
     def delete_base(self, label: str) -> None:
         raise BackupError("old backups in S3 expire by the bucket's lifecycle rules, not by memsite")
@@ -448,7 +507,14 @@ def _apply_retention(target: _DirTarget, keep: int, progress: Progress) -> None:
     for label in labels[:-keep]:
         target.delete_base(label)
         progress(f"retention: removed base backup {label}")
-    oldest = target.read_meta(labels[-keep])["start_wal"]
+    oldest_meta = target.read_meta(labels[-keep])
+    oldest = oldest_meta["start_wal"]
+    # A ledger record matters only to a restore from a backup started before it: none is
+    # left for those a day older than the oldest kept one (the day: erasures in flight).
+    horizon = (datetime.fromisoformat(oldest_meta["started_at"]) - timedelta(days=1)).strftime(_STAMP)
+    for name in target.erasure_names():
+        if name[: len(horizon)] < horizon:
+            target.delete_erasure(name)
     removed = 0
     for name, _ in target.wal_names():
         # Segment (and .backup) names sort by log/segment after the timeline; history files stay.
@@ -503,6 +569,59 @@ def _archiver_stats() -> dict | None:
             return dict(zip(names, cursor.fetchone() or (), strict=True))
     except psycopg.Error:
         return None
+
+
+# -- the erasure ledger ------------------------------------------------------------------------
+def erasure_record_name(*, erased_at: datetime, ledger_id: str) -> str:
+    return f"{erased_at.astimezone(UTC).strftime(_STAMP)}-{ledger_id}.json"
+
+
+def erasure_record_store(*, name: str, record: dict) -> None:
+    """Store one ledger record durably in the backup target (slow: call it outside a
+    transaction). Storing the same record again is harmless."""
+    _embedded_only()
+    _target().store_erasure(name, json.dumps(record, sort_keys=True).encode())
+
+
+def erasure_records(*, after: datetime | None = None, progress: Progress = _quiet) -> list[dict]:
+    """The ledger's records whose name (their erasure's time) is not before `after`, oldest first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    target = _target()
+    names = target.erasure_names()
+    if after is not None:
+        stamp = after.astimezone(UTC).strftime(_STAMP)
+        names = [n for n in names if n[: len(stamp)] >= stamp]
+    progress(f"reading {len(names)} erasure ledger records from {describe(target_config())}/{ERASURES}")
+    with ThreadPoolExecutor(max_workers=8) as pool:  # a bucket answers each GET in tens of ms
+        return list(pool.map(target.read_erasure, names))
+
+
+def _write_durably(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as out:
+        out.write(json.dumps(data, indent=2))
+        out.flush()
+        os.fsync(out.fileno())
+    tmp.replace(path)
+    _fsync_path(path.parent)
+
+
+def erasure_reapply_marker(data_dir: Path | None = None) -> dict | None:
+    """What a restore left in `data_dir` (default: this instance's) for the erasures it must
+    re-apply: {"backup", "backup_started_at", "recovery_point"}; None when nothing is pending."""
+    from django.conf import settings
+
+    path = Path(data_dir or settings.DATA_DIR) / REAPPLY_MARKER
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def erasure_reapply_marker_clear(data_dir: Path | None = None) -> None:
+    from django.conf import settings
+
+    path = Path(data_dir or settings.DATA_DIR) / REAPPLY_MARKER
+    path.unlink(missing_ok=True)
+    _fsync_path(path.parent)
 
 
 # -- restore ------------------------------------------------------------------------------------
@@ -607,6 +726,11 @@ def restore(
         progress(f"restoring base backup {meta['label']} (finished {meta['finished_at']}) into {pgdata}")
         wal_total = sum(1 for n, _ in target.wal_names() if _SEGMENT.match(n) and n[8:] >= meta["start_wal"][8:])
         pgdata.mkdir(parents=True, exist_ok=True)
+        # Before anything can serve this data dir: the erasures after its recovery point are
+        # re-applied at its first start. Written first without the point (a restore cut short
+        # still leaves it); the erasure ledger's rows in the database tell exactly which.
+        marker = {"backup": meta["label"], "backup_started_at": meta["started_at"], "recovery_point": None}
+        _write_durably(data_dir / REAPPLY_MARKER, marker)
         _unpack(target, meta, pgdata, progress)
         user = postgres_os_user()
         _chown_tree(pgdata, user)
@@ -643,6 +767,7 @@ def restore(
         finally:
             server.stop()
             shutil.rmtree(spool, ignore_errors=True)
+        _write_durably(data_dir / REAPPLY_MARKER, {**marker, "recovery_point": point.isoformat() if point else None})
         report = RestoreReport(
             backup=meta["label"],
             data_dir=data_dir,
@@ -653,6 +778,14 @@ def restore(
         )
         if not in_place:
             report.notes.append(f"WAL archiving was off for this copy; set MEMSITE_DATA_DIR={data_dir} to serve it")
+        since = (point or datetime.fromisoformat(meta["started_at"])) - REAPPLY_MARGIN
+        stamp = since.astimezone(UTC).strftime(_STAMP)
+        later = sum(1 for name in target.erasure_names() if name[: len(stamp)] >= stamp)
+        report.notes.append(
+            f"{later} erasure(s) in the ledger around or after the recovery point: the first start of this data "
+            f"dir (bin/serve) re-applies those not in the restored data before serving (or now: "
+            f"manage.py erasures --reapply)"
+        )
         progress(
             f"restored to {point.isoformat() if point else meta['finished_at']} "
             f"({report.segments_replayed} WAL segments) in {report.elapsed_s:.1f} s"

@@ -174,6 +174,20 @@ def _migrate() -> None:
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, check=True)
 
 
+def _erasures_reapply(settings) -> None:
+    """A restored data dir (`manage.py restore` left its marker): re-apply the erasures after
+    its recovery point before anything serves it. Here rather than in `restore`: after the
+    migrations (the erasure service needs the current schema, a restore may predate one),
+    for in-place restores and copies alike, and again at every start until it succeeded
+    (a failure stops the start: serving erased data is worse than not serving)."""
+    from memsite.backup import REAPPLY_MARKER
+
+    if not (settings.DATA_DIR / REAPPLY_MARKER).exists():
+        return
+    logger.info("restored data dir: re-applying the erasures after its recovery point")
+    subprocess.run([sys.executable, "manage.py", "erasures", "--reapply"], cwd=ROOT, check=True)
+
+
 class Launcher:
     def __init__(self) -> None:
         self.settings = _settings()
@@ -195,6 +209,7 @@ class Launcher:
             if self.stopping:
                 return 0
             _migrate()
+            _erasures_reapply(self.settings)
             _metrics_dir_prepare(self.settings)
             self.children = _children(self.settings)
             for child in self.children:

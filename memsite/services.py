@@ -1,15 +1,60 @@
-"""Service-level housekeeping: worker heartbeats and broker cleanup."""
+"""Service-level housekeeping: worker heartbeats, broker cleanup, and the erasure ledger.
 
+The erasure ledger: erasure (`wipe_user_data`) deletes a user's data in one transaction, but
+base backups and archived WAL keep it until they rotate out, and a restore to a point before
+the erasure would bring it back (audit key included) with no trace of the erasure, whose own
+rows were after that point. So every erasure leaves a record next to the backups, outside
+the database (`erasures/<utc time>-<id>.json` in BACKUP_DIR or the bucket: the user's pk and
+partition key, the time and the request id; no names, no content):
+
+1. `erasure_ledger_record` (registered with `memories.sessions.erasure_register`, so the wipe
+   calls it inside its transaction) adds a pending `ErasureLedger` row: an outbox, committed
+   or rolled back with the erasure itself.
+2. On commit a task (`memsite.erasure_ledger_write`, retried) stores the record durably and
+   marks the row written; beat's sweep (`memsite.erasure_ledger_sweep`) retries whatever
+   is still pending, so a record is never lost to a broker or target outage.
+3. `manage.py restore` leaves a marker in the restored data dir; the first start (the
+   launcher, after migrating) runs `erasures_reapply_after_restore`: every ledger record
+   whose erasure is not in the restored database (its row, committed with it, is absent)
+   is done again through the same erasure service, audited as `erasure_reapply` by
+   `system:restore`, before anything is served.
+
+With an external DATABASE_URL or BACKUP_ENABLED=false memsite takes no backups, so it keeps
+no ledger: `erasures_from_audit` lists erasures from the audit trail instead
+(`manage.py erasures --since`), for the operator to keep beside their own backups."""
+
+from __future__ import annotations
+
+import logging
 import socket
+import uuid
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from memsite.models import WorkerHeartbeat
+from audit.models import AuditEvent
+from core.choices import Channel, Operation
+from core.request_ids import request_id_current
+from core.scope import CallContext, MemoryScope
+from memories.toolkit.services import toolkit_user_data_wipe
+from memsite import backup
+from memsite.models import ErasureLedger, WorkerHeartbeat
+from memsite.tasks import erasure_ledger_write as erasure_ledger_write_task
 
 HEARTBEAT_KEEP = timedelta(days=1)
+logger = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
 
 
 def worker_heartbeat_record(*, token: str) -> WorkerHeartbeat:
@@ -32,3 +77,208 @@ def broker_messages_cleanup(*, older_than_s: int | None = None) -> int:
             return 0
         cursor.execute("DELETE FROM kombu_message WHERE visible = false AND timestamp <= %s", [cutoff])
         return cursor.rowcount
+
+
+# --- the erasure ledger ----------------------------------------------------------------------
+def erasure_ledger_enabled() -> bool:
+    """memsite backs up only the embedded database it runs, and only with BACKUP_ENABLED."""
+    return bool(settings.BACKUP_ENABLED and settings.EMBEDDED_DATABASE)
+
+
+# The ledger record being re-applied (set by `erasures_reapply` around its wipe), so that
+# the wipe's own ledger row carries that record's id: no second record, and a second run
+# finds it done.
+_reapplying: ContextVar[dict | None] = ContextVar("memsite_erasure_reapplying", default=None)
+
+
+def erasure_ledger_record(scope: MemoryScope) -> int:
+    """The erasure's ledger row, in the erasure's own transaction (the wipe calls it through
+    `erasure_register`). Returns 0: it deletes nothing."""
+    entry = _reapplying.get()
+    if entry is not None and int(entry["user_pk"]) == scope.user_pk:
+        ErasureLedger.objects.create(
+            id=entry["id"],
+            user_pk=scope.user_pk,
+            engine_user_id=scope.engine_user_id,
+            request_id=str(entry.get("request_id") or "")[:64],
+            erased_at=datetime.fromisoformat(entry["erased_at"]),
+            state=ErasureLedger.State.WRITTEN,  # its record is where it came from
+            reapplied_at=timezone.now(),
+        )
+        return 0
+    if not erasure_ledger_enabled():
+        return 0
+    row = ErasureLedger.objects.create(
+        id=uuid.uuid4(),
+        user_pk=scope.user_pk,
+        engine_user_id=scope.engine_user_id,
+        # The request's id: the erasure's audit row carries it too (its first call's).
+        request_id=request_id_current()[:64],
+        erased_at=timezone.now(),
+    )
+    ledger_id = str(row.id)
+    # robust: a broker down at commit must not turn a committed erasure into an error; the
+    # row is pending and beat's sweep writes it.
+    transaction.on_commit(lambda: erasure_ledger_write_task.delay(ledger_id), robust=True)
+    return 0
+
+
+def _ledger_record(row: ErasureLedger) -> dict:
+    """What the ledger keeps of an erasure: pseudonymous ids and times, nothing else."""
+    return {
+        "id": str(row.id),
+        "user_pk": row.user_pk,
+        "engine_user_id": row.engine_user_id,
+        "erased_at": row.erased_at.isoformat(),
+        "request_id": row.request_id,
+    }
+
+
+def erasure_ledger_write(*, ledger_id: str) -> bool:
+    """Store one pending row's record on the backup target and mark it written. Raises
+    (after counting the attempt) when the target fails: the task retries, the sweep too.
+    False when there was nothing to do (written already, or its erasure rolled back)."""
+    row = ErasureLedger.objects.filter(id=ledger_id, state=ErasureLedger.State.PENDING).first()
+    if row is None:
+        return False
+    if not erasure_ledger_enabled():
+        return False  # backups turned off since: it stays pending, nothing to write it to
+    name = backup.erasure_record_name(erased_at=row.erased_at, ledger_id=str(row.id))
+    try:
+        # Outside any transaction: a file on another volume, or an S3 PUT.
+        backup.erasure_record_store(name=name, record=_ledger_record(row))
+    except Exception as exc:
+        ErasureLedger.objects.filter(id=row.id).update(attempts=F("attempts") + 1, last_error=type(exc).__name__)
+        raise
+    ErasureLedger.objects.filter(id=row.id, state=ErasureLedger.State.PENDING).update(
+        state=ErasureLedger.State.WRITTEN, written_at=timezone.now(), attempts=F("attempts") + 1, last_error=""
+    )
+    return True
+
+
+def erasure_ledger_sweep(*, limit: int = 500) -> int:
+    """Write the ledger rows still pending (a task lost with the broker, a target that was
+    down); each failure is counted on its row and left for the next sweep. Returns how many
+    were written."""
+    if not erasure_ledger_enabled():
+        return 0
+    written = 0
+    pending = ErasureLedger.objects.filter(state=ErasureLedger.State.PENDING).order_by("erased_at")
+    for ledger_id in pending.values_list("id", flat=True)[:limit]:
+        try:
+            written += erasure_ledger_write(ledger_id=str(ledger_id))
+        except Exception as exc:  # counted on the row; the next sweep retries
+            logger.warning("erasure ledger record %s not written yet (%s)", ledger_id, type(exc).__name__)
+    return written
+
+
+# --- re-applying erasures after a restore ---------------------------------------------------
+REAPPLY_ACTOR = "system:restore"
+
+
+@dataclass
+class ErasureReapplyReport:
+    considered: int = 0
+    reapplied: int = 0
+    already_in_data: int = 0  # done before the recovery point, or re-applied by an earlier run
+    no_such_user: int = 0  # the user did not exist yet at the recovery point
+    pending: bool = False  # whether a restore had left erasures to re-apply
+
+
+def erasures_reapply(
+    *, entries: Iterable[dict], after: datetime | None, progress: Progress = _quiet
+) -> ErasureReapplyReport:
+    """Do again every erasure in `entries` (ledger records) timed after `after` that the
+    database does not contain: its ledger row is absent (that row commits with the erasure,
+    and a re-application adds it too, so a second run does nothing). Each goes through the
+    same erasure service as `wipe_user_data` and the admin's action, in its own transaction,
+    audited as `erasure_reapply` by `system:restore` with the original erasure's request id."""
+    report = ErasureReapplyReport()
+    wanted = [e for e in entries if after is None or datetime.fromisoformat(e["erased_at"]) > after]
+    wanted.sort(key=lambda e: (datetime.fromisoformat(e["erased_at"]), e["id"]))
+    report.considered = len(wanted)
+    progress(f"{len(wanted)} erasure(s) to check" + (f" after {after.isoformat()}" if after else ""))
+    users = get_user_model().objects
+    for number, entry in enumerate(wanted, 1):
+        label = f"[{number}/{len(wanted)}] erasure {entry['id']} of {entry['erased_at']} (user {entry['user_pk']})"
+        if ErasureLedger.objects.filter(id=entry["id"]).exists():
+            report.already_in_data += 1
+            progress(f"{label}: already in the restored data")
+            continue
+        user = users.filter(pk=entry["user_pk"]).first()
+        if user is None:
+            # Recorded as done, so that a user who gets this pk later is never erased by a rerun.
+            ErasureLedger.objects.create(
+                id=entry["id"],
+                user_pk=entry["user_pk"],
+                engine_user_id=entry["engine_user_id"],
+                request_id=str(entry.get("request_id") or "")[:64],
+                erased_at=datetime.fromisoformat(entry["erased_at"]),
+                state=ErasureLedger.State.WRITTEN,
+                reapplied_at=timezone.now(),
+            )
+            report.no_such_user += 1
+            progress(f"{label}: no such user in the restored data, nothing to erase")
+            continue
+        call = CallContext(channel=Channel.INTERNAL, actor_username=REAPPLY_ACTOR)
+        if entry.get("request_id"):  # the original erasure's, whose own audit row the restore lost
+            call = replace(call, request_id=str(entry["request_id"])[:64])
+        token = _reapplying.set(entry)
+        try:
+            # The user's scope as of the restored data (where their data lies now).
+            result = toolkit_user_data_wipe(
+                MemoryScope.for_user(user), confirm=True, call=call, operation=Operation.ERASURE_REAPPLY
+            )
+        finally:
+            _reapplying.reset(token)
+        report.reapplied += 1
+        progress(f"{label}: re-applied ({result['memories_deleted']} memories erased)")
+    return report
+
+
+def erasures_reapply_after_restore(*, progress: Progress = _quiet) -> ErasureReapplyReport:
+    """What the first start of a restored data dir runs (the launcher, after migrating): the
+    ledger's erasures after the restore's recovery point, then the marker goes. Raises if the
+    ledger cannot be read; the marker stays, and the next start tries again."""
+    marker = backup.erasure_reapply_marker()
+    if marker is None:
+        return ErasureReapplyReport()
+    point = marker.get("recovery_point") or marker["backup_started_at"]
+    after = datetime.fromisoformat(point) - backup.REAPPLY_MARGIN
+    progress(f"restored from base backup {marker['backup']} to {point}: re-applying the erasures since")
+    entries = backup.erasure_records(after=after, progress=progress)
+    report = erasures_reapply(entries=entries, after=after, progress=progress)
+    report.pending = True
+    backup.erasure_reapply_marker_clear()
+    progress(
+        f"erasures: {report.reapplied} re-applied, {report.already_in_data} already in the data, "
+        f"{report.no_such_user} of users created after the recovery point"
+    )
+    return report
+
+
+ERASURE_OPERATIONS = (Operation.WIPE_USER_DATA, Operation.ADMIN_WIPE_USER_DATA, Operation.ERASURE_REAPPLY)
+
+
+def erasures_from_audit(*, since: datetime) -> list[dict]:
+    """Erasures since `since` from the audit trail, as ledger records (for an external
+    database, whose operator keeps this list beside their own backups). The id is derived
+    from the request and the user, so listing twice gives the same ids."""
+    rows = (
+        AuditEvent.objects.filter(
+            operation__in=ERASURE_OPERATIONS, outcome=AuditEvent.Outcome.OK, occurred_at__gte=since
+        )
+        .exclude(subject_user_id=None)
+        .order_by("occurred_at", "id")
+        .values("occurred_at", "request_id", "tenant", "subject_user_id")
+    )
+    return [
+        {
+            "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"memsite:erasure:{r['request_id']}:{r['subject_user_id']}")),
+            "user_pk": r["subject_user_id"],
+            "engine_user_id": f"{r['tenant']}:{r['subject_user_id']}",  # MemoryScope.engine_user_id
+            "erased_at": r["occurred_at"].isoformat(),
+            "request_id": r["request_id"],
+        }
+        for r in rows
+    ]

@@ -424,6 +424,8 @@ CELERY_BEAT_SCHEDULE = {
     "audit-retention-daily": {"task": "audit.retention_purge", "schedule": crontab(hour=4, minute=41)},
     # Takes a base backup when the newest is older than BACKUP_BASE_INTERVAL_H.
     "backup-base-if-due": {"task": "memsite.backup_base_if_due", "schedule": 900.0},
+    # Erasure ledger records still pending (each erasure enqueues its own write on commit).
+    "erasure-ledger-sweep": {"task": "memsite.erasure_ledger_sweep", "schedule": 300.0},
 }
 BROKER_MESSAGE_RETENTION_S = env_int("BROKER_MESSAGE_RETENTION_S", 3600, minimum=0)
 

@@ -5,11 +5,12 @@ lock; and the disaster drill end to end (bin/dr-drill)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from io import StringIO
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from django.core.management import CommandError, call_command
 from memsite import walarchive
 from memsite.backup import BackupError, backup_base, backup_base_if_due, backups_list, restore, server_settings
 from memsite.embedded_pg import EmbeddedPostgres
-from tests.conftest import free_port
+from tests.conftest import free_port, internal_call
 from tests.environment import ROOT
 
 pytestmark = pytest.mark.slow
@@ -144,9 +145,16 @@ def test_point_in_time_restore_from_a_directory(backup_settings, servers, workdi
     from memsite.tasks import backup_base_if_due as scheduled
 
     assert scheduled() is None
+    # Erasure ledger records older than every kept backup go with them; later ones stay.
+    ledger = workdir / "backups" / "erasures"
+    ledger.mkdir()
+    recent = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-recent.json"
+    for name in ("20000101T000000000000Z-old.json", recent):
+        (ledger / name).write_text("{}")
     backup_settings.BACKUP_BASE_INTERVAL_H = 0.000001
     labels = [scheduled(), backup_base_if_due()["label"]]
     assert [b["label"] for b in backups_list()] == labels
+    assert [p.name for p in ledger.iterdir()] == [recent]
     oldest = backups_list()[0]["start_wal"]
     kept = [p.name.removesuffix(".gz") for p in (workdir / "backups" / "wal").glob("*.gz")]
     assert kept and all(name[8:24] >= oldest[8:24] for name in kept if not name.endswith(".history"))
@@ -263,3 +271,344 @@ def test_disaster_drill(tmp_path):
     assert drill["lost_before_recovery_point"] == 0
     assert drill["acknowledged_before_recovery_point"] > 20  # the load and part of the live phase
     assert drill["rpo_s"] < 60
+
+
+# --- the erasure ledger: erasures survive a restore to a point before them ----------------------
+MEMORIES = {
+    "alice": ["Alice's safe code is 8642", "Alice sees Dr. Okafor on Tuesdays"],
+    "bob": ["Bob's safe code is 1357", "Bob keeps bees in Nesodden"],
+    "carol": ["Carol's safe code is 9753"],
+}
+_SEED = """
+from django.contrib.auth import get_user_model
+from core.scope import CallContext, MemoryScope
+from memories.services import memory_remember
+for name, texts in MEMORIES.items():
+    user = get_user_model().objects.create_user(name, name + "@example.com", name + "-password-1")
+    for text in texts:
+        memory_remember(MemoryScope.for_user(user), memory=text, call=CallContext(channel="internal"))
+result = {}
+"""
+_REMEMBER = """
+from django.contrib.auth import get_user_model
+from core.scope import CallContext, MemoryScope
+from memories.services import memory_remember
+user = get_user_model().objects.get(username=NAME)
+memory_remember(MemoryScope.for_user(user), memory=TEXT, call=CallContext(channel="internal"))
+result = {}
+"""
+# The erasure as wipe_user_data runs it (in a request, whose id its call takes), then what
+# the on-commit task (or beat's sweep) does.
+_WIPE = """
+from django.contrib.auth import get_user_model
+from core.request_ids import request_id_bound, request_id_claim
+from core.scope import CallContext, MemoryScope
+from memories.toolkit.services import toolkit_user_data_wipe
+from memsite.models import ErasureLedger
+from memsite.services import erasure_ledger_sweep
+user = get_user_model().objects.get(username=NAME)
+with request_id_bound():
+    call = CallContext(channel="internal", request_id=request_id_claim())
+    toolkit_user_data_wipe(MemoryScope.for_user(user), confirm=True, call=call)
+result = {"written": erasure_ledger_sweep(), "id": str(ErasureLedger.objects.get(user_pk=user.pk).id)}
+"""
+_STATE = """
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection
+from audit.models import AuditEvent, MemoryHistory, SubjectKey
+from core.scope import MemoryScope
+result = {}
+for user in get_user_model().objects.order_by("username"):
+    scope = MemoryScope.for_user(user)
+    with connection.cursor() as cursor:
+        table = settings.MEMORY_COLLECTION
+        cursor.execute(f"SELECT payload->>'data' FROM {table} WHERE payload->>'user_id' = %s", [scope.engine_user_id])
+        texts = sorted(row[0] for row in cursor.fetchall())
+    reapplied = AuditEvent.objects.filter(subject_user_id=user.pk, operation="erasure_reapply")
+    result[user.username] = {
+        "memories": texts,
+        "history": MemoryHistory.objects.filter(engine_user_id=scope.engine_user_id).count(),
+        "key": SubjectKey.objects.filter(subject_user_id=user.pk).exists(),
+        "reapplied": [[e.actor_username, e.outcome, e.request_id] for e in reapplied],
+    }
+"""
+_AGAIN = """
+from memsite import backup
+from memsite.services import erasures_reapply
+report = erasures_reapply(entries=backup.erasure_records(), after=None)
+result = {"reapplied": report.reapplied, "already": report.already_in_data}
+"""
+
+
+@pytest.fixture
+def memsite_env(backup_settings, monkeypatch):
+    """manage.py in subprocesses on the test's own data dir and backup target (the launcher's
+    children inherit this environment too)."""
+    for name in ("DATABASE_URL", "DATABASE_NAME", "CELERY_BROKER_URL", "BACKUP_S3_BUCKET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MEMSITE_DATA_DIR", str(backup_settings.DATA_DIR))
+    monkeypatch.setenv("BACKUP_DIR", str(backup_settings.BACKUP_DIR))
+    monkeypatch.setenv("BACKUP_ENABLED", "true")
+    monkeypatch.setenv("BACKUP_ARCHIVE_TIMEOUT_S", "60")
+    return backup_settings
+
+
+def _manage(*args: str) -> str:
+    result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"manage.py {args[0]}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def _shell(script: str, **values) -> dict:
+    prelude = "".join(f"{name} = {json.dumps(value)}\n" for name, value in values.items())
+    code = prelude + script + '\nimport json\nprint("RESULT " + json.dumps(result))\n'
+    out = _manage("shell", "-c", code)
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def test_a_restore_to_before_an_erasure_re_applies_it_from_the_ledger(memsite_env, servers, workdir, capfd):
+    from memsite.launcher import _erasures_reapply
+
+    settings = memsite_env
+    primary = servers.start(settings.DATA_DIR, server_settings(settings.DATA_DIR))
+    _manage("migrate", "--noinput")
+    _shell(_SEED, MEMORIES=MEMORIES)
+    backup_base()
+
+    # Carol is erased and comes back before the restore point: both are in the restored data.
+    carol_erasure = _shell(_WIPE, NAME="carol")
+    _shell(_REMEMBER, NAME="carol", TEXT="Carol is back and likes kayaks")
+    time.sleep(0.05)
+    cut = datetime.now(UTC)
+    time.sleep(0.05)
+    alice_erasure = _shell(_WIPE, NAME="alice")
+    assert carol_erasure["written"] == alice_erasure["written"] == 1
+    _archive_current_segment(primary)
+
+    # The ledger is on the backup target: ids and times only, no name, no content.
+    records = sorted((settings.BACKUP_DIR / "erasures").glob("*.json"))
+    assert [p.name.split("-", 1)[1] for p in records] == [f"{carol_erasure['id']}.json", f"{alice_erasure['id']}.json"]
+    alice_record = json.loads(records[1].read_text())
+    assert set(alice_record) == {"id", "user_pk", "engine_user_id", "erased_at", "request_id"}
+    assert alice_record["request_id"]
+    for text in ("alice", "Alice", "8642", "Okafor", "example.com"):
+        assert text not in records[1].read_text()
+
+    # Disaster, then a restore in place to before alice's erasure.
+    servers.stop(primary)
+    shutil.rmtree(settings.DATA_DIR / "postgres")
+    said = _manage("restore", "--to", cut.isoformat())
+    assert "2 erasure(s) in the ledger around or after the recovery point" in said
+    assert (settings.DATA_DIR / "erasures-reapply.json").exists()
+
+    # The first start (the launcher, after migrating) re-applies what the restore brought back.
+    capfd.readouterr()
+    _erasures_reapply(settings)
+    progress = capfd.readouterr().out
+    assert f"erasure {alice_erasure['id']}" in progress and "re-applied (2 memories erased)" in progress
+    assert f"erasure {carol_erasure['id']}" in progress and "already in the restored data" in progress
+    assert not (settings.DATA_DIR / "erasures-reapply.json").exists()
+
+    state = _shell(_STATE)
+    assert state["alice"] == {
+        "memories": [],
+        "history": 0,
+        "key": False,
+        "reapplied": [["system:restore", "ok", alice_record["request_id"]]],
+    }
+    assert state["bob"]["memories"] == sorted(MEMORIES["bob"]) and state["bob"]["key"]
+    assert state["bob"]["history"] == 2 and state["bob"]["reapplied"] == []
+    # Carol's erasure was before the restore point: not done again over what she stored since.
+    assert state["carol"]["memories"] == ["Carol is back and likes kayaks"] and state["carol"]["reapplied"] == []
+
+    # Idempotent: the marker is gone, and the ledger's rows say both erasures are in the data.
+    assert "no restore left erasures to re-apply here" in _manage("erasures", "--reapply")
+    assert _shell(_AGAIN) == {"reapplied": 0, "already": 2}
+    assert _shell(_STATE) == state
+
+
+def _wipe(scope, request_id: str | None = None) -> None:
+    from dataclasses import replace
+
+    from memories.toolkit.services import toolkit_user_data_wipe
+
+    call = internal_call() if request_id is None else replace(internal_call(), request_id=request_id)
+    toolkit_user_data_wipe(scope, confirm=True, call=call)
+
+
+@pytest.fixture
+def enqueued(monkeypatch) -> list[str]:
+    """The ledger writes an erasure enqueues on commit (no broker round trip)."""
+    from types import SimpleNamespace
+
+    from memsite import services
+
+    calls: list[str] = []
+    monkeypatch.setattr(services, "erasure_ledger_write_task", SimpleNamespace(delay=calls.append))
+    return calls
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("clean_vectors")
+def test_the_ledger_row_commits_with_the_erasure_and_its_record_holds_no_content(
+    backup_settings, alice, alice_scope, bob_scope, enqueued, monkeypatch
+):
+    from core.request_ids import request_id_bound
+    from memories.services import memory_remember
+    from memories.toolkit import services as toolkit_services
+    from memsite.celery import app
+    from memsite.models import ErasureLedger
+
+    memory_remember(alice_scope, memory="Alice's safe code is 8642", call=internal_call())
+    memory_remember(bob_scope, memory="Bob's safe code is 1357", call=internal_call())
+
+    def fails(**kwargs):
+        raise RuntimeError("the erasure fails after its ledger row was added")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(toolkit_services, "subject_content_erase", fails)
+        with pytest.raises(RuntimeError):
+            _wipe(alice_scope)
+    # Rolled back with the erasure: no row, nothing enqueued, nothing erased.
+    assert not ErasureLedger.objects.exists() and enqueued == []
+    assert toolkit_services.engine_health_counts(alice_scope)["total"] == 1
+
+    with request_id_bound() as bound:
+        _wipe(alice_scope, request_id=bound.request_id)
+    row = ErasureLedger.objects.get()
+    assert (row.state, row.user_pk, row.engine_user_id) == ("pending", alice.pk, alice_scope.engine_user_id)
+    assert row.request_id == bound.request_id and enqueued == [str(row.id)]
+
+    assert app.tasks["memsite.erasure_ledger_write"].apply(args=[str(row.id)]).get() is True
+    row.refresh_from_db()
+    assert row.state == "written" and row.written_at is not None
+    (record,) = (backup_settings.BACKUP_DIR / "erasures").iterdir()
+    assert record.name == f"{row.erased_at.strftime('%Y%m%dT%H%M%S%fZ')}-{row.id}.json"
+    assert json.loads(record.read_text()) == {
+        "id": str(row.id),
+        "user_pk": alice.pk,
+        "engine_user_id": alice_scope.engine_user_id,
+        "erased_at": row.erased_at.isoformat(),
+        "request_id": bound.request_id,
+    }
+    for text in ("alice", "8642", "safe code", "example.com"):
+        assert text not in record.read_text()
+    # Written once: the task again (a redelivery) does nothing; the same record again is fine.
+    assert app.tasks["memsite.erasure_ledger_write"].apply(args=[str(row.id)]).get() is False
+    from memsite import backup
+
+    backup.erasure_record_store(name=record.name, record=json.loads(record.read_text()))
+    with pytest.raises(BackupError, match="different content"):
+        backup.erasure_record_store(name=record.name, record={"id": "other"})
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("clean_vectors")
+def test_a_ledger_write_that_fails_is_retried_and_never_lost(
+    backup_settings, alice_scope, bob_scope, enqueued, monkeypatch, caplog
+):
+    from memsite.backup import _DirTarget
+    from memsite.celery import app
+    from memsite.models import ErasureLedger
+    from memsite.services import erasure_ledger_sweep
+
+    store = _DirTarget.store_erasure
+    failures = {"left": 2}
+
+    def flaky(self, name: str, body: bytes) -> None:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise OSError("the backup volume at /mnt/secret-path is gone")
+        store(self, name, body)
+
+    monkeypatch.setattr(_DirTarget, "store_erasure", flaky)
+    task = app.tasks["memsite.erasure_ledger_write"]
+
+    _wipe(alice_scope)
+    row = ErasureLedger.objects.get()
+    assert task.apply(args=[str(row.id)], throw=False).successful()  # eager: its retries run at once
+    row.refresh_from_db()
+    assert (row.state, row.attempts, row.last_error) == ("written", 3, "")
+
+    # Down for longer than the task's retries: the row stays pending for beat's sweep.
+    failures["left"] = 1000
+    _wipe(bob_scope)
+    row = ErasureLedger.objects.get(user_pk=bob_scope.user_pk)
+    assert task.apply(args=[str(row.id)], throw=False).failed()
+    row.refresh_from_db()
+    assert (row.state, row.attempts, row.last_error) == ("pending", 9, "OSError")
+    caplog.clear()
+    assert erasure_ledger_sweep() == 0
+    row.refresh_from_db()
+    assert row.state == "pending" and row.attempts == 10
+    assert "OSError" in caplog.text and "secret-path" not in caplog.text
+    failures["left"] = 0
+    assert erasure_ledger_sweep() == 1
+    row.refresh_from_db()
+    assert row.state == "written"
+    assert len(list((backup_settings.BACKUP_DIR / "erasures").glob("*.json"))) == 2
+    assert "memsite.erasure_ledger_sweep" in {e["task"] for e in backup_settings.CELERY_BEAT_SCHEDULE.values()}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("clean_vectors")
+@pytest.mark.parametrize("setup", ["external database", "backups off"])
+def test_without_memsite_backups_no_ledger_and_the_audit_trail_lists_erasures(
+    setup, backup_settings, alice, alice_scope, enqueued
+):
+    from memsite.models import ErasureLedger
+
+    if setup == "external database":
+        backup_settings.EMBEDDED_DATABASE = False
+    else:
+        backup_settings.BACKUP_ENABLED = False
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    _wipe(alice_scope)
+    assert not ErasureLedger.objects.exists() and enqueued == []
+
+    out = StringIO()
+    call_command("erasures", "--since", before.isoformat(), "--json", stdout=out)
+    (line,) = out.getvalue().splitlines()
+    listed = json.loads(line)
+    assert (listed["user_pk"], listed["engine_user_id"]) == (alice.pk, alice_scope.engine_user_id)
+    assert "alice" not in line
+    # The list, kept by the operator, re-applies after their own restore (here: nothing to
+    # erase again, and a second run finds it done).
+    listing = Path(tempfile.mkdtemp(prefix="mbk-")) / "erasures.jsonl"
+    listing.write_text(line + "\n")
+    call_command("erasures", "--reapply-from", str(listing), "--after", before.isoformat(), stdout=out)
+    assert "1 re-applied" in out.getvalue()
+    call_command("erasures", "--reapply-from", str(listing), "--after", before.isoformat(), stdout=out)
+    assert "0 re-applied, 1 already in the data" in out.getvalue()
+    shutil.rmtree(listing.parent)
+
+
+def test_the_erasure_ledger_in_a_bucket_is_under_object_lock(backup_settings, s3_server):
+    import boto3
+
+    from memsite import backup
+
+    client = boto3.client("s3", endpoint_url=s3_server, **CREDENTIALS)
+    client.create_bucket(Bucket="memsite-ledger", ObjectLockEnabledForBucket=True)
+    backup_settings.BACKUP_S3_BUCKET = "memsite-ledger"
+    backup_settings.BACKUP_S3_ENDPOINT_URL = s3_server
+    backup_settings.BACKUP_S3_ACCESS_KEY_ID = "testing"
+    backup_settings.BACKUP_S3_SECRET_ACCESS_KEY = "testing"
+    backup_settings.BACKUP_S3_REGION = "us-east-1"
+    backup_settings.BACKUP_S3_PREFIX = "pg"
+    backup_settings.BACKUP_OBJECT_LOCK_MODE = "COMPLIANCE"
+    backup_settings.BACKUP_OBJECT_LOCK_DAYS = 7
+
+    now = datetime.now(UTC)
+    old = {"id": "a", "user_pk": 1, "engine_user_id": "default:1", "erased_at": (now - timedelta(days=2)).isoformat()}
+    new = {"id": "b", "user_pk": 2, "engine_user_id": "default:2", "erased_at": now.isoformat(), "request_id": "r"}
+    for record in (old, new):
+        name = backup.erasure_record_name(erased_at=datetime.fromisoformat(record["erased_at"]), ledger_id=record["id"])
+        backup.erasure_record_store(name=name, record=record)
+    assert backup.erasure_records() == [old, new]
+    assert backup.erasure_records(after=now - timedelta(days=1)) == [new]
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="memsite-ledger", Prefix="pg/erasures/")["Contents"]]
+    assert len(keys) == 2
+    for key in keys:
+        assert client.head_object(Bucket="memsite-ledger", Key=key)["ObjectLockMode"] == "COMPLIANCE"

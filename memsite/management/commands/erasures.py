@@ -1,0 +1,89 @@
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from memsite.backup import BackupError
+from memsite.services import (
+    ErasureReapplyReport,
+    erasures_from_audit,
+    erasures_reapply,
+    erasures_reapply_after_restore,
+)
+
+
+def _time(value: str, option: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise CommandError(f"{option} must be an ISO 8601 time, not {value!r}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # TIME_ZONE is UTC
+
+
+class Command(BaseCommand):
+    help = (
+        "Erasures and restores. --since lists erasures from the audit trail (one JSON object a line "
+        "with --json: what an operator of an external DATABASE_URL keeps beside their backups). "
+        "--reapply re-applies, in a restored data dir, the erasure ledger's erasures after its "
+        "recovery point (the launcher runs it at the first start after `restore`). "
+        "--reapply-from FILE --after TIME re-applies the erasures listed in FILE after TIME "
+        "(e.g. after restoring an external database to TIME)."
+    )
+
+    def add_arguments(self, parser):
+        group = parser.add_mutually_exclusive_group(required=True)
+        group.add_argument("--since", help="list erasures from the audit trail since this ISO 8601 time")
+        group.add_argument("--reapply", action="store_true", help="after `manage.py restore`: re-apply from the ledger")
+        group.add_argument("--reapply-from", type=Path, help="a file of erasures as `--since ... --json` prints")
+        parser.add_argument("--json", action="store_true", help="with --since: one JSON object a line")
+        parser.add_argument("--after", help="with --reapply-from: the restored database's recovery point")
+
+    def handle(self, *args, since: str | None, reapply: bool, reapply_from: Path | None, **options):
+        if since is not None:
+            self._list(_time(since, "--since"), as_json=options["json"])
+            return
+        try:
+            if reapply:
+                report = erasures_reapply_after_restore(progress=self._say)
+                if not report.pending:
+                    self._say("no restore left erasures to re-apply here")
+                return
+            if not options["after"]:
+                raise CommandError("--reapply-from needs --after (the restored database's recovery point)")
+            entries = self._read(reapply_from)
+            report = erasures_reapply(entries=entries, after=_time(options["after"], "--after"), progress=self._say)
+            self._summary(report)
+        except BackupError as exc:
+            raise CommandError(str(exc)) from None
+
+    def _say(self, line: str) -> None:
+        self.stdout.write(line)
+        self.stdout.flush()
+
+    def _summary(self, report: ErasureReapplyReport) -> None:
+        self._say(
+            f"erasures: {report.reapplied} re-applied, {report.already_in_data} already in the data, "
+            f"{report.no_such_user} of users that do not exist here"
+        )
+
+    def _read(self, path: Path | None) -> list[dict]:
+        assert path is not None
+        try:
+            lines = path.read_text().splitlines()
+            return [json.loads(line) for line in lines if line.strip()]
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"cannot read {path}: {type(exc).__name__}") from None
+
+    def _list(self, since: datetime, *, as_json: bool) -> None:
+        entries = erasures_from_audit(since=since)
+        for entry in entries:
+            if as_json:
+                self.stdout.write(json.dumps(entry, sort_keys=True))
+            else:
+                self.stdout.write(
+                    f"{entry['erased_at']}  user {entry['user_pk']} ({entry['engine_user_id']})"
+                    f"  request {entry['request_id']}"
+                )
+        if not as_json:
+            self.stdout.write(f"{len(entries)} erasure(s) since {since.isoformat()}")
