@@ -145,6 +145,7 @@ class DatabaseCollector(Collector):
         started = time.perf_counter()
         try:
             yield from self._outbox()
+            yield from self._erasure_ledger()
             yield from self._audit_export()
             yield from self._broker()
             ok = 1.0
@@ -179,6 +180,28 @@ class DatabaseCollector(Collector):
         )
         yield GaugeMetricFamily(
             "memsite_usage_outbox_failed", "Usage events the gateway refused (need a person).", value=failed
+        )
+
+    def _erasure_ledger(self) -> Iterable[GaugeMetricFamily]:
+        from memsite.models import ErasureLedger
+
+        table = ErasureLedger._meta.db_table
+        with connection.cursor() as cursor:
+            # Its partial index on pending rows: the written ones (every erasure ever) are not read.
+            cursor.execute(
+                f"SELECT count(*), coalesce(extract(epoch FROM now() - min(erased_at)), 0) "  # noqa: S608
+                f"FROM {table} WHERE state = 'pending'"
+            )
+            pending, oldest = cursor.fetchone()
+        yield GaugeMetricFamily(
+            "memsite_erasure_ledger_pending",
+            "Erasures whose ledger record is not on the backup target yet (a restore would not redo them).",
+            value=pending,
+        )
+        yield GaugeMetricFamily(
+            "memsite_erasure_ledger_oldest_pending_seconds",
+            "Age of the oldest erasure whose ledger record is not written yet (0 when none).",
+            value=float(oldest),
         )
 
     def _audit_export(self) -> Iterable[GaugeMetricFamily]:

@@ -10,16 +10,20 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from audit.models import AuditEvent
 from billing.models import UsageEvent
 from core.logs import AccessLogFilter, JsonFormatter, RequestIdFilter, TextFormatter, scrub_secrets
 from core.request_ids import request_id_bound, request_id_claim
+from memsite.models import ErasureLedger
 from tests.conftest import McpCaller, free_port, service_env, wait_for
 from tests.environment import ROOT
 
@@ -319,3 +323,28 @@ def test_web_ui_responses_and_task_runs_carry_a_request_id(client, alice):
     assert request_id_claim() != "task-123"  # a retried task must not reuse it for a usage event
     _unbind_task_request_id(task_id="task-123")
     assert request_id_current() == ""
+
+
+def test_the_erasure_ledger_backlog_is_a_gauge_and_an_admin_page(client, admin_client, alice, bob, settings):
+    """An erasure whose ledger record has not reached the backups yet is one a restore
+    would not redo: operators see the backlog in /metrics, support in the admin."""
+    settings.METRICS_TOKEN = None
+    now = timezone.now()
+    ErasureLedger.objects.create(
+        id=uuid.uuid4(), user_pk=alice.pk, engine_user_id=f"t:{alice.pk}", erased_at=now - timedelta(minutes=20)
+    )
+    ErasureLedger.objects.create(
+        id=uuid.uuid4(), user_pk=bob.pk, engine_user_id=f"t:{bob.pk}", erased_at=now, state="written", written_at=now
+    )
+    found = samples(client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode())
+    assert value(found, "memsite_erasure_ledger_pending") == 1
+    assert value(found, "memsite_erasure_ledger_oldest_pending_seconds") >= 20 * 60
+
+    listing = admin_client.get("/admin/memsite/erasureledger/?state__exact=pending")
+    assert listing.status_code == 200
+    assert listing.context["cl"].result_count == 1
+    row = ErasureLedger.objects.get(user_pk=alice.pk)
+    detail = admin_client.get(f"/admin/memsite/erasureledger/{row.pk}/change/")
+    assert detail.status_code == 200 and b'name="_save"' not in detail.content
+    assert admin_client.post(f"/admin/memsite/erasureledger/{row.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert ErasureLedger.objects.count() == 2
