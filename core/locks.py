@@ -3,7 +3,7 @@ and hosts, without holding a transaction open across slow engine calls."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from django.conf import settings
@@ -33,10 +33,14 @@ def advisory_lock(key: str, *, timeout_s: float | None = None) -> Iterator[None]
             cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
 
 
-def advisory_xact_lock(*keys: str, timeout_s: float | None = None) -> None:
+def advisory_xact_lock(*keys: str, shared: Iterable[str] = (), timeout_s: float | None = None) -> None:
     """Take transaction-level advisory locks on `keys` (released at commit or rollback);
     `conflict` if one stays busy. Call inside `transaction.atomic()`: the locks then
-    cover exactly the writes they protect, and a crashed process cannot leak them."""
+    cover exactly the writes they protect, and a crashed process cannot leak them.
+
+    `shared` keys are taken in shared mode, before the exclusive ones: holders of a shared
+    key do not wait for each other, only for a holder of it in exclusive mode (and it for
+    them). The user's writers hold its erasure key shared, the erasure exclusive."""
     if not connection.in_atomic_block:
         raise RuntimeError("advisory_xact_lock needs a transaction")
     timeout_ms = int((timeout_s if timeout_s is not None else settings.MEMORY_LOCK_TIMEOUT_S) * 1000)
@@ -45,15 +49,19 @@ def advisory_xact_lock(*keys: str, timeout_s: float | None = None) -> None:
         # One round trip: the statements of one simple query run in order inside the
         # transaction, the caller's timeout kept in a transaction-local setting meanwhile.
         # Only the advisory wait is bounded; the rest of the transaction waits as usual.
-        ordered = sorted(set(keys))  # one order everywhere: no deadlocks between callers
+        # One order everywhere (shared keys first, each group sorted): no deadlocks between
+        # callers, as long as every caller takes a shared key before any exclusive one.
+        ordered_shared = sorted(set(shared))
+        ordered = sorted(set(keys))
         statements = [
             "SELECT set_config('memsite.lock_timeout_outside', current_setting('lock_timeout'), true),"
             " set_config('lock_timeout', %s, true)",
+            *["SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))"] * len(ordered_shared),
             *["SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"] * len(ordered),
             "SELECT set_config('lock_timeout', current_setting('memsite.lock_timeout_outside'), true)",
         ]
         with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-            cursor.execute("; ".join(statements), [f"{timeout_ms}ms", *ordered])
+            cursor.execute("; ".join(statements), [f"{timeout_ms}ms", *ordered_shared, *ordered])
     except OperationalError as exc:
         # Only lock_timeout (55P03) means busy; a lost connection is backend_unavailable (503).
         if getattr(exc.__cause__, "sqlstate", None) != "55P03":

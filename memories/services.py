@@ -266,6 +266,23 @@ class RememberResult:
         return {"id": self.id, "duplicate": self.duplicate}
 
 
+def erasure_lock_key(scope: MemoryScope) -> str:
+    """The user's erasure lock: an erasure, clear-all, bulk forget, restore, purge, import
+    or ingest completion holds it exclusively; every other writer of the user's rows holds
+    it shared (`user_write_locks`)."""
+    return f"clear_all:{scope.engine_user_id}"
+
+
+def user_write_locks(scope: MemoryScope, *keys: str, timeout_s: float | None = None) -> None:
+    """The first lock of every transaction that writes rows of the user: the erasure lock
+    shared, then `keys` exclusively, in one round trip. Under READ COMMITTED an erasure's
+    DELETE does not see rows a writer commits after its snapshot; holding the erasure lock
+    shared makes such a writer wait until the erasure committed (and the erasure wait for
+    writers already under way), while writers of one user still run side by side. First,
+    before any row lock: the erasure takes its lock first and then waits for row locks."""
+    advisory_xact_lock(*keys, shared=[erasure_lock_key(scope)], timeout_s=timeout_s)
+
+
 def _text_lock_key(scope: MemoryScope, digest: str) -> str:
     # Every path that sets a memory's text takes this lock: one dedupe rule, no races.
     return f"text:{scope.engine_user_id}:{digest}"
@@ -338,7 +355,7 @@ def memory_remember(
             with _engine_errors():
                 embedded = engine_embed_text(text)
         with _engine_errors(), transaction.atomic():
-            advisory_xact_lock(_text_lock_key(scope, digest))
+            user_write_locks(scope, _text_lock_key(scope, digest))
             existing_id = _hash_owner(scope, digest=digest)
             if existing_id is not None:
                 call_succeeded(
@@ -398,7 +415,7 @@ def memory_ingest(
     with transaction.atomic():
         # Under the lock an erasure holds: the intent exists before an erasure (which then
         # marks it) or is recorded after it committed, and then `source_present` sees it.
-        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        advisory_xact_lock(erasure_lock_key(scope))
         if source_present is not None and not source_present():
             return []
         intent = IngestIntent.objects.create(
@@ -440,7 +457,7 @@ def _ingest_complete(
     with _engine_errors(), transaction.atomic():
         # The erasure's lock before the intent's row lock, in the erasure's order: it
         # cannot commit between this check and the writes below.
-        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        advisory_xact_lock(erasure_lock_key(scope))
         current = IngestIntent.objects.select_for_update().get(pk=intent.pk)
         if current.state != IngestIntent.State.OPEN:
             return _ingest_results_recorded(scope, recorded=list(current.results))
@@ -546,7 +563,7 @@ def _ingest_undone(scope: MemoryScope, *, intent: IngestIntent, call: CallContex
     superseded by an erasure also loses what mem0 kept of it (raw messages, history
     texts). False when someone else closed it first."""
     with _engine_errors(), transaction.atomic():
-        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        advisory_xact_lock(erasure_lock_key(scope))
         current = IngestIntent.objects.select_for_update().get(pk=intent.pk)
         if current.state != IngestIntent.State.OPEN:
             return False
@@ -674,7 +691,8 @@ def memory_update(
             embedded = engine_embed_text(text)
     with _engine_errors(), transaction.atomic():
         keys = [f"memory:{memory_id}"] + ([_text_lock_key(scope, digest)] if digest else [])
-        advisory_xact_lock(*keys)
+        # Every update, not only new text: its history row and hash are the user's rows too.
+        user_write_locks(scope, *keys)
         current = engine_lock_owned(scope, memory_id=memory_id)
         if current is None or not _live(current, scope):
             raise not_found()
@@ -750,7 +768,7 @@ def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, c
     memory_get_owned(scope, memory_id=memory_id)
     detail = {"forget": True} if forget else {}
     with _engine_errors(), transaction.atomic():
-        advisory_xact_lock(f"memory:{memory_id}")
+        user_write_locks(scope, f"memory:{memory_id}")  # its history row is the user's too
         current = engine_lock_owned(scope, memory_id=memory_id)
         if current is None or not _live(current, scope):
             raise not_found()
@@ -780,7 +798,7 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
         )
     rate_limit_consume(scope, operation=Operation.CLEAR_ALL_MEMORY)
     with _engine_errors(), transaction.atomic():
-        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        advisory_xact_lock(erasure_lock_key(scope))
         memory_ids = _trash_or_delete(scope, memory_ids=None, call=call, operation=Operation.CLEAR_ALL_MEMORY)
         engine_purge_messages(scope)
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
@@ -831,7 +849,7 @@ def memory_forget_bulk(
     created_before = engine_timestamp(parse_instant(end, what="end")) if end else None
     criteria = {"tags": tags or [], "time_range": {"start": start, "end": end}, "memory_type": memory_type}
     with _engine_errors(), transaction.atomic():
-        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        advisory_xact_lock(erasure_lock_key(scope))
         memory_ids = engine_memory_ids(
             scope, containment=containment, created_from=created_from, created_before=created_before
         )
@@ -865,7 +883,7 @@ def memory_restore(
     unless the same text was remembered again meanwhile (then the newer memory keeps
     it and the restored one lives on beside it)."""
     with _engine_errors(), transaction.atomic():
-        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        advisory_xact_lock(erasure_lock_key(scope))
         with _attributed(call):
             restored = engine_restore(
                 scope, memory_ids=[memory_id] if memory_id else None, request_id=None if memory_id else request_id
@@ -893,7 +911,7 @@ def memory_restore(
 def memory_purge(scope: MemoryScope, *, memory_id: str | None = None, call: CallContext) -> int:
     """Delete for good: one memory in the scope's trash, or (no id) the whole trash."""
     with _engine_errors(), transaction.atomic():
-        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        advisory_xact_lock(erasure_lock_key(scope))
         trashed = engine_trashed(scope, memory_ids=[memory_id] if memory_id else None, limit=1_000_000)
         if memory_id and not trashed:
             raise not_found()
@@ -1320,7 +1338,7 @@ def _import_write(
             # One lock per user (not per text: thousands of advisory locks would overflow
             # the lock table); a racing `remember` of the same text meets the hash's
             # unique constraint and the whole import answers `conflict` (retry).
-            advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+            advisory_xact_lock(erasure_lock_key(scope))
             owned = _hash_owners(scope, digests=list(wanted))
             for digest, group in wanted.items():
                 if digest in owned:

@@ -4,6 +4,7 @@ only the wait bounded by the lock timeout, a busy key answered with `conflict`."
 import psycopg
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from core.errors import ErrorCode, ServiceError
 from core.locks import advisory_xact_lock
@@ -58,3 +59,52 @@ def test_a_busy_key_is_a_conflict_and_the_transaction_rolls_back():
 def test_outside_a_transaction_it_refuses():
     with pytest.raises(RuntimeError):
         advisory_xact_lock("lock-test:none")
+
+
+def _shared_free_elsewhere(other: psycopg.Connection, key: str) -> bool:
+    row = other.execute("SELECT pg_try_advisory_lock_shared(hashtextextended(%s, 0))", [key]).fetchone()
+    if row[0]:
+        other.execute("SELECT pg_advisory_unlock_shared(hashtextextended(%s, 0))", [key])
+    return row[0]
+
+
+def test_shared_keys_admit_other_sharers_keep_out_an_exclusive_holder_and_go_first_in_one_round_trip():
+    other = _other_connection()
+    try:
+        with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+            advisory_xact_lock("lock-test:x", shared=["lock-test:s2", "lock-test:s1", "lock-test:s1"])
+            assert _held_elsewhere(other, "lock-test:s1") and _held_elsewhere(other, "lock-test:s2")
+            assert _shared_free_elsewhere(other, "lock-test:s1")  # sharers do not wait for each other
+            assert not _shared_free_elsewhere(other, "lock-test:x")  # the exclusive key stays exclusive
+        assert len(queries) == 1
+        sql = queries[0]["sql"]
+        assert sql.index("lock-test:s1") < sql.index("lock-test:s2") < sql.index("lock-test:x")
+        assert sql.count("pg_advisory_xact_lock_shared") == 2
+        assert not _held_elsewhere(other, "lock-test:s1") and not _held_elsewhere(other, "lock-test:x")
+    finally:
+        other.close()
+
+
+def test_a_shared_key_held_exclusively_elsewhere_is_a_conflict_and_rolls_back():
+    other = _other_connection()
+    try:
+        other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", ["lock-test:erasing"])
+        with pytest.raises(ServiceError) as raised, transaction.atomic():
+            advisory_xact_lock("lock-test:mine", shared=["lock-test:erasing"], timeout_s=0.2)
+        assert raised.value.code == ErrorCode.CONFLICT
+        assert not _held_elsewhere(other, "lock-test:mine")
+    finally:
+        other.close()
+
+
+def test_the_exclusive_holder_may_take_its_key_shared_too():
+    other = _other_connection()
+    try:
+        with transaction.atomic():
+            advisory_xact_lock("lock-test:both")
+            # Same backend: no wait (timeout or deadlock) for a lock it holds itself.
+            advisory_xact_lock("lock-test:more", shared=["lock-test:both"], timeout_s=0.2)
+            assert not _shared_free_elsewhere(other, "lock-test:both")
+        assert not _held_elsewhere(other, "lock-test:both")
+    finally:
+        other.close()

@@ -59,7 +59,9 @@ from memories.services import (
     _system_metadata,
     _text_lock_key,
     content_sha256,
+    erasure_lock_key,
     ingest_intents_supersede,
+    user_write_locks,
 )
 from memories.sessions import session_data_erase
 from memories.toolkit import enrichment
@@ -110,8 +112,8 @@ def toolkit_memory_store(
         if m["role"] in HUMAN_ROLES and len(m["content"].strip()) > LTM_MIN_CHARS
     }
     with _engine_errors(), transaction.atomic():
-        for digest in sorted(candidates):  # one order for every caller: no deadlock between two calls
-            advisory_xact_lock(_text_lock_key(scope, digest))
+        # Also with no candidate: the short-term rows are the user's rows too.
+        user_write_locks(scope, *(_text_lock_key(scope, digest) for digest in candidates))
         for message in messages:
             text = message["content"].strip()
             base = {"conversation_id": conversation_id, "message_role": message["role"]}
@@ -498,6 +500,7 @@ def toolkit_cache_store(scope: MemoryScope, *, query: str, response: str, call: 
     rate_limit_consume(scope, operation=Operation.STORE_CACHE)
     vector = _embed_query(query)
     with transaction.atomic():
+        user_write_locks(scope)
         entry = CacheEntry.objects.create(
             user_id=scope.user_pk,
             query=query,
@@ -570,7 +573,7 @@ def toolkit_decision_store(
     now = timezone.now()
     expires_at = now + timedelta(days=ttl_days) if ttl_days else None
     with transaction.atomic():
-        advisory_xact_lock(f"decision:{scope.user_pk}:{key}")
+        user_write_locks(scope, f"decision:{scope.user_pk}:{key}")
         existing = Decision.objects.select_for_update().filter(user_id=scope.user_pk, key=key).first()
         before = None
         if existing is not None and (existing.expires_at is None or existing.expires_at > now):
@@ -696,7 +699,7 @@ def toolkit_user_data_wipe(scope: MemoryScope, *, confirm: bool, call: CallConte
     if operation == Operation.WIPE_USER_DATA:
         rate_limit_consume(scope, operation=Operation.WIPE_USER_DATA)
     with _engine_errors(), transaction.atomic():
-        advisory_xact_lock(f"clear_all:{scope.engine_user_id}")
+        advisory_xact_lock(erasure_lock_key(scope))
         with _attributed(call):
             memory_ids = engine_delete_user_rows(scope)
         engine_purge_messages(scope)

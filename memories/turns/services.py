@@ -57,6 +57,7 @@ from memories.services import (  # the one dedupe rule and history attribution o
     _system_metadata,
     _text_lock_key,
     content_sha256,
+    user_write_locks,
 )
 from memories.sessions import session_events_append, session_events_recent
 from memories.turns.extraction import (
@@ -100,9 +101,12 @@ def _busy(message: str) -> ServiceError:
 
 
 def _session_lock(scope: MemoryScope, *, project: str, session_id: str) -> None:
-    """Serialise after_turn and maintenance of one session (inside their transaction)."""
+    """Serialise after_turn and maintenance of one session (inside their transaction, as
+    its first lock): with the user's erasure lock shared, so an erasure under way makes
+    them wait and cannot miss the events, facts and archives they write."""
     try:
-        advisory_xact_lock(
+        user_write_locks(
+            scope,
             f"session:{scope.engine_user_id}:{project}:{session_id}",
             timeout_s=settings.MCP_MEMORY_SESSION_LOCK_TIMEOUT_S,
         )
@@ -300,6 +304,7 @@ def _guard_claim(scope: MemoryScope, *, project: str, session_id: str, turn_id: 
     process it (new, or a `processing` row past its lease taken over). Otherwise busy."""
     now = timezone.now()
     with transaction.atomic():
+        user_write_locks(scope)  # the guard row is the user's (an erasure deletes it)
         guard, created = TurnGuard.objects.select_for_update().get_or_create(
             engine_user_id=scope.engine_user_id,
             project=project,
@@ -407,7 +412,11 @@ def turn_after(
             raise backend_unavailable() from exc
         with transaction.atomic():
             _session_lock(scope, project=project, session_id=session_id)
-            current = TurnGuard.objects.select_for_update().get(pk=guard.pk)
+            current = TurnGuard.objects.select_for_update().filter(pk=guard.pk).first()
+            if current is None:  # an erasure deleted the guard during the slow work
+                raise ServiceError(
+                    ErrorCode.CONFLICT, "Your data was erased while this turn was processed; nothing was stored."
+                )
             if current.state == TurnGuard.State.DONE:
                 return _turn_duplicate(scope, guard=current, detail=detail, call=call)
             if current.owner != owner:
@@ -551,6 +560,14 @@ def _facts_by_tier(scope: MemoryScope, *, session_id: str | None = None) -> dict
 
 
 def _summary_refresh(scope: MemoryScope, *, project: str, session_id: str, now: datetime, force: bool) -> bool:
+    # One transaction under the session lock: the summary is written from what it read,
+    # and an erasure under way cannot miss the state row (nor its summary) it writes.
+    with transaction.atomic():
+        _session_lock(scope, project=project, session_id=session_id)
+        return _summary_write(scope, project=project, session_id=session_id, now=now, force=force)
+
+
+def _summary_write(scope: MemoryScope, *, project: str, session_id: str, now: datetime, force: bool) -> bool:
     state, _ = SessionState.objects.get_or_create(
         engine_user_id=scope.engine_user_id, project=project, session_id=session_id
     )
