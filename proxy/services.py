@@ -32,7 +32,7 @@ from memories.call_record import failures_audited
 from memories.models import ApiKey
 from memories.operations import principal_effective
 from memories.rate_limits import rate_limit_consume
-from memories.services import api_key_authenticate, memory_ingest
+from memories.services import api_key_authenticate, memory_ingest, user_write_locks
 from memories.sessions import session_events_append, session_events_recent
 from proxy.crypto import secret_encrypt
 from proxy.errors import ProxyError, unauthenticated
@@ -206,6 +206,9 @@ def chat_call_finish(
                 detail=detail,
             )
             return None
+        # The turn's rows (session log, extraction outbox) are the user's: an erasure under
+        # way is waited for, so it cannot miss them (see memories.services.user_write_locks).
+        user_write_locks(scope)
         new_messages = [*request_messages, *([answer] if answer else [])]
         stored = session_events_append(
             scope,

@@ -32,6 +32,8 @@ from memories.services import memory_import_file, memory_remember, memory_update
 from memories.toolkit.models import CacheEntry, Decision
 from memories.toolkit.services import toolkit_cache_store, toolkit_decision_store, toolkit_memory_store
 from memories.turns import services as turns
+from proxy.models import ProxyTurn
+from proxy.services import chat_call_finish, chat_caller_authenticate
 from tests.conftest import internal_call, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
@@ -291,3 +293,27 @@ def test_an_erasure_held_past_the_lock_timeout_is_a_conflict_with_nothing_writte
         row = AuditEvent.objects.get(operation=operation)
         assert (row.outcome, row.error_code) == ("error", "conflict")
     assert not AuditEvent.objects.filter(outcome="ok").exists()
+
+
+def test_the_chat_proxys_recorded_turn_waits_for_an_erasure_under_way(alice_scope, alice_key, upstream):
+    """The proxy records an answered turn (session log, extraction outbox) in one
+    transaction; an erasure under way is waited for, so it cannot miss them."""
+    caller = chat_caller_authenticate(authorization=f"Bearer {alice_key}")
+
+    def finish() -> int | None:
+        return chat_call_finish(
+            caller,
+            call=CallContext(channel="proxy"),
+            session_id="chat-1",
+            status=200,
+            stream=False,
+            model="m",
+            request_messages=[{"role": "user", "content": "My sister Ingrid lives in Narvik"}],
+            answer={"role": "assistant", "content": "Noted."},
+            memory_ids=[],
+            history_items=0,
+        )
+
+    turn_pk = waits_then_completes(alice_scope, finish, written=lambda: ProxyTurn.objects.exists())
+    assert ProxyTurn.objects.filter(pk=turn_pk, user_id=alice_scope.user_pk).exists()
+    assert SessionEvent.objects.filter(engine_user_id=alice_scope.engine_user_id).exists()
