@@ -6,8 +6,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -111,6 +114,36 @@ def service_env(**overrides: str) -> dict[str, str]:
     env["DATABASE_NAME"] = TEST_DATABASE
     env.update(overrides)
     return env
+
+
+class InThread:
+    """Run `work` on a thread of its own (its own database connection), as another request
+    or worker would; `result()` joins it and re-raises what it raised."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+        def target() -> None:
+            try:
+                self.value = work()
+            except BaseException as exc:  # handed to the test's thread by result()
+                self.error = exc
+            finally:
+                connection.close()
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def result(self, timeout: float = 60) -> Any:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the call on the other thread did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 class WorkerProcess:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,7 +23,7 @@ from memories.selectors import memory_get_owned
 from memories.services import memory_delete, memory_update
 from memories.toolkit import enrichment
 from memories.toolkit.services import ENRICHMENT_MAX_ATTEMPTS, toolkit_candidates_enrich
-from tests.conftest import internal_call
+from tests.conftest import InThread, internal_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -56,32 +56,6 @@ def enrich_rows(memory_id: str | None = None):
     return rows.filter(memory_ids__contains=[memory_id]) if memory_id else rows
 
 
-class Background:
-    """`fn` in a thread of its own (its own database connection), for a run held in the LLM."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-        def target() -> None:
-            try:
-                self.result = fn(*args, **kwargs)
-            except BaseException as exc:  # re-raised in the test's thread by join()
-                self.error = exc
-            finally:
-                connection.close()
-
-        self.thread = threading.Thread(target=target, daemon=True)
-        self.thread.start()
-
-    def join(self, timeout: float = 60) -> Any:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the enrichment run did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
 @pytest.fixture
 def held_llm(llm) -> Iterator[Any]:
     """The fake LLM, holding every call until released (and at the latest after 30 s, so a
@@ -108,7 +82,7 @@ def idle_transactions() -> int:
 def test_no_transaction_or_row_lock_is_held_during_the_llm_call(alice, held_llm):
     memory_id = store_candidate(alice, DARK_MODE)
     held_llm.queue_answer({"summary": "Prefers dark mode", "importance": 0.8, "tags": ["ui"], "memory_type": "user"})
-    run = Background(toolkit_candidates_enrich)
+    run = InThread(toolkit_candidates_enrich)
     held_llm.wait_held()
     assert run.thread.is_alive()  # still waiting on the LLM
     with transaction.atomic(), connection.cursor() as cursor:  # the row is not locked
@@ -119,7 +93,7 @@ def test_no_transaction_or_row_lock_is_held_during_the_llm_call(alice, held_llm)
     scope = MemoryScope.for_user(alice)
     memory_update(scope, memory_id=memory_id, pinned=True, fields={"why_stored": "asked to"}, call=internal_call())
     held_llm.release()
-    assert run.join() == 1
+    assert run.result() == 1
     payload = payload_of(memory_id)
     assert (payload["enrichment_status"], payload["summary"], payload["enriched_by"]) == (
         "completed",
@@ -136,12 +110,12 @@ def test_no_transaction_or_row_lock_is_held_during_the_llm_call(alice, held_llm)
 def test_a_memory_deleted_during_the_llm_call_is_not_written_or_resurrected(alice, held_llm, settings, trash_days):
     settings.TRASH_RETENTION_DAYS = trash_days
     memory_id = store_candidate(alice, DARK_MODE)
-    run = Background(toolkit_candidates_enrich)
+    run = InThread(toolkit_candidates_enrich)
     held_llm.wait_held()
     scope = MemoryScope.for_user(alice)
     memory_delete(scope, memory_id=memory_id, call=internal_call())  # not blocked by the run
     held_llm.release()
-    assert run.join() == 0
+    assert run.result() == 0
     payload = payload_of(memory_id)
     if trash_days:  # still in the trash, untouched by the enrichment
         assert payload["trash"] and payload["enrichment_status"] == "pending"
@@ -156,12 +130,12 @@ def test_a_memory_deleted_during_the_llm_call_is_not_written_or_resurrected(alic
 
 def test_a_memory_edited_during_the_llm_call_keeps_its_new_text_and_is_enriched_later(alice, held_llm):
     memory_id = store_candidate(alice, DARK_MODE)
-    run = Background(toolkit_candidates_enrich)
+    run = InThread(toolkit_candidates_enrich)
     held_llm.wait_held()
     scope = MemoryScope.for_user(alice)
     memory_update(scope, memory_id=memory_id, memory=KEYS, call=internal_call())
     held_llm.release()
-    assert run.join() == 0  # the summary of the old text is not written over the new one
+    assert run.result() == 0  # the summary of the old text is not written over the new one
     payload = payload_of(memory_id)
     assert (payload["data"], payload["enrichment_status"]) == (KEYS, "pending")
     assert "summary" not in payload and "enrichment_attempts" not in payload
@@ -212,10 +186,10 @@ def test_two_concurrent_runs_enrich_each_candidate_once(alice, bob, held_llm):
         store_candidate(bob, "Bob always wants the release notes before every deploy"),
         store_candidate(bob, "Bob prefers tea over coffee in the mornings at the office"),
     ]
-    first, second = Background(toolkit_candidates_enrich), Background(toolkit_candidates_enrich)
+    first, second = InThread(toolkit_candidates_enrich), InThread(toolkit_candidates_enrich)
     held_llm.wait_held(2)  # both runs are in an LLM call at the same time, on different rows
     held_llm.release()
-    assert first.join() + second.join() == len(ids)
+    assert first.result() + second.result() == len(ids)
     assert len(held_llm.prompts()) == len(ids)  # no candidate was sent to the LLM twice
     for memory_id in ids:
         payload = payload_of(memory_id)

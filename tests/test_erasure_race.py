@@ -9,11 +9,10 @@ and commits; the writes mem0 makes afterwards are real."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -30,7 +29,7 @@ from memories.services import ingest_intents_reconcile, memory_ingest, memory_re
 from memories.toolkit.services import toolkit_user_data_wipe
 from proxy.models import ProxyTurn
 from proxy.services import proxy_turn_extract, proxy_turns_sweep
-from tests.conftest import internal_call, wait_for
+from tests.conftest import InThread, internal_call, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -67,32 +66,6 @@ def llm_held(llm) -> Iterator[Gate]:
     finally:
         gate.release.set()
         llm.handle = answer
-
-
-class InThread:
-    """Run `work` on its own thread (own database connection), as a worker would."""
-
-    def __init__(self, work: Callable[[], Any]) -> None:
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-        def target() -> None:
-            try:
-                self.value = work()
-            except BaseException as exc:  # handed to the test thread
-                self.error = exc
-            finally:
-                connection.close()
-
-        self.thread = threading.Thread(target=target, daemon=True)
-        self.thread.start()
-
-    def result(self) -> Any:
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "the background call did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 def history_with(text: str):

@@ -34,7 +34,7 @@ from memories.toolkit.services import toolkit_cache_store, toolkit_decision_stor
 from memories.turns import services as turns
 from proxy.models import ProxyTurn
 from proxy.services import chat_call_finish, chat_caller_authenticate
-from tests.conftest import internal_call, wait_for
+from tests.conftest import InThread, internal_call, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -69,35 +69,6 @@ def erasure_under_way(scope: MemoryScope) -> Iterator[Callable[[], None]]:
     finally:
         release()
         other.close()
-
-
-class InThread:
-    """Run `work` on its own thread (own database connection), as another request would."""
-
-    def __init__(self, work: Callable[[], Any]) -> None:
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-        def target() -> None:
-            try:
-                self.value = work()
-            except BaseException as exc:  # handed to the test thread
-                self.error = exc
-            finally:
-                connection.close()
-
-        self.thread = threading.Thread(target=target, daemon=True)
-        self.thread.start()
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self) -> Any:
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "the writer did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 def _advisory_waiters() -> int:
