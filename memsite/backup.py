@@ -593,8 +593,15 @@ def erasure_records(*, after: datetime | None = None, progress: Progress = _quie
         stamp = after.astimezone(UTC).strftime(_STAMP)
         names = [n for n in names if n[: len(stamp)] >= stamp]
     progress(f"reading {len(names)} erasure ledger records from {describe(target_config())}/{ERASURES}")
+
+    def read(name: str) -> dict:
+        try:
+            return target.read_erasure(name)
+        except Exception as exc:  # one unreadable record must name itself, not stop on a traceback
+            raise BackupError(f"erasure ledger record {ERASURES}/{name} is unreadable ({type(exc).__name__})") from None
+
     with ThreadPoolExecutor(max_workers=8) as pool:  # a bucket answers each GET in tens of ms
-        return list(pool.map(target.read_erasure, names))
+        return list(pool.map(read, names))
 
 
 def _write_durably(path: Path, data: dict) -> None:
@@ -729,7 +736,12 @@ def restore(
         # Before anything can serve this data dir: the erasures after its recovery point are
         # re-applied at its first start. Written first without the point (a restore cut short
         # still leaves it); the erasure ledger's rows in the database tell exactly which.
-        marker = {"backup": meta["label"], "backup_started_at": meta["started_at"], "recovery_point": None}
+        marker = {
+            "backup": meta["label"],
+            "backup_started_at": meta["started_at"],
+            "recovery_point": None,
+            "in_place": in_place,
+        }
         _write_durably(data_dir / REAPPLY_MARKER, marker)
         _unpack(target, meta, pgdata, progress)
         user = postgres_os_user()
@@ -767,7 +779,14 @@ def restore(
         finally:
             server.stop()
             shutil.rmtree(spool, ignore_errors=True)
-        _write_durably(data_dir / REAPPLY_MARKER, {**marker, "recovery_point": point.isoformat() if point else None})
+        since = (point or datetime.fromisoformat(meta["started_at"])) - REAPPLY_MARGIN
+        # The records go into the marker now, from the target this restore read: a copy
+        # (--target-dir) serves with a backup target of its own, where they are not.
+        records = erasure_records(after=since, progress=progress)
+        _write_durably(
+            data_dir / REAPPLY_MARKER,
+            {**marker, "recovery_point": point.isoformat() if point else None, "records": records},
+        )
         report = RestoreReport(
             backup=meta["label"],
             data_dir=data_dir,
@@ -778,11 +797,8 @@ def restore(
         )
         if not in_place:
             report.notes.append(f"WAL archiving was off for this copy; set MEMSITE_DATA_DIR={data_dir} to serve it")
-        since = (point or datetime.fromisoformat(meta["started_at"])) - REAPPLY_MARGIN
-        stamp = since.astimezone(UTC).strftime(_STAMP)
-        later = sum(1 for name in target.erasure_names() if name[: len(stamp)] >= stamp)
         report.notes.append(
-            f"{later} erasure(s) in the ledger around or after the recovery point: the first start of this data "
+            f"{len(records)} erasure(s) in the ledger around or after the recovery point: the first start of this data "
             f"dir (bin/serve) re-applies those not in the restored data before serving (or now: "
             f"manage.py erasures --reapply)"
         )

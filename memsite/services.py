@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -101,7 +102,7 @@ def erasure_ledger_record(scope: MemoryScope) -> int:
             user_pk=scope.user_pk,
             engine_user_id=scope.engine_user_id,
             request_id=str(entry.get("request_id") or "")[:64],
-            erased_at=datetime.fromisoformat(entry["erased_at"]),
+            erased_at=entry["erased_at"],  # parsed by erasure_entries_check
             state=ErasureLedger.State.WRITTEN,  # its record is where it came from
             reapplied_at=timezone.now(),
         )
@@ -185,8 +186,47 @@ class ErasureReapplyReport:
     pending: bool = False  # whether a restore had left erasures to re-apply
 
 
+class ErasureEntryInvalid(ValueError):
+    """A ledger record (or a line of an operator's list) that cannot be re-applied as it is."""
+
+
+def _entry_problem(entry: Any) -> str:
+    if not isinstance(entry, dict):
+        return "not a JSON object"
+    try:
+        uuid.UUID(str(entry.get("id")))
+    except ValueError:
+        return "bad or missing id (a UUID)"
+    user_pk = entry.get("user_pk")
+    if isinstance(user_pk, bool) or not isinstance(user_pk, int):
+        return "bad or missing user_pk (an integer)"
+    try:
+        erased_at = datetime.fromisoformat(str(entry.get("erased_at")))
+    except ValueError:
+        return "bad or missing erased_at (an ISO 8601 time)"
+    if erased_at.tzinfo is None:
+        return "erased_at has no UTC offset"
+    if not isinstance(entry.get("engine_user_id"), str) or not entry["engine_user_id"]:
+        return "bad or missing engine_user_id"
+    if not isinstance(entry.get("request_id") or "", str):
+        return "bad request_id"
+    return ""
+
+
+def erasure_entries_check(entries: Iterable[Any]) -> list[dict]:
+    """Every entry well formed, or ErasureEntryInvalid naming the first bad one (1-based),
+    before anything is applied: a list that failed half-way would leave a restore half
+    erased. Returns the entries with `erased_at` parsed (timezone-aware)."""
+    checked: list[dict] = []
+    for number, entry in enumerate(entries, 1):
+        if problem := _entry_problem(entry):
+            raise ErasureEntryInvalid(f"erasure entry {number}: {problem}")
+        checked.append({**entry, "erased_at": datetime.fromisoformat(entry["erased_at"])})
+    return checked
+
+
 def erasures_reapply(
-    *, entries: Iterable[dict], after: datetime | None, progress: Progress = _quiet
+    *, entries: Iterable[Any], after: datetime | None, progress: Progress = _quiet
 ) -> ErasureReapplyReport:
     """Do again every erasure in `entries` (ledger records) timed after `after` that the
     database does not contain: its ledger row is absent (that row commits with the erasure,
@@ -194,31 +234,38 @@ def erasures_reapply(
     same erasure service as `wipe_user_data` and the admin's action, in its own transaction,
     audited as `erasure_reapply` by `system:restore` with the original erasure's request id."""
     report = ErasureReapplyReport()
-    wanted = [e for e in entries if after is None or datetime.fromisoformat(e["erased_at"]) > after]
-    wanted.sort(key=lambda e: (datetime.fromisoformat(e["erased_at"]), e["id"]))
+    wanted = [e for e in erasure_entries_check(entries) if after is None or e["erased_at"] > after]
+    wanted.sort(key=lambda e: (e["erased_at"], str(e["id"])))
     report.considered = len(wanted)
     progress(f"{len(wanted)} erasure(s) to check" + (f" after {after.isoformat()}" if after else ""))
     users = get_user_model().objects
     for number, entry in enumerate(wanted, 1):
-        label = f"[{number}/{len(wanted)}] erasure {entry['id']} of {entry['erased_at']} (user {entry['user_pk']})"
+        label = (
+            f"[{number}/{len(wanted)}] erasure {entry['id']} of {entry['erased_at'].isoformat()} "
+            f"(user {entry['user_pk']})"
+        )
         if ErasureLedger.objects.filter(id=entry["id"]).exists():
             report.already_in_data += 1
             progress(f"{label}: already in the restored data")
             continue
         user = users.filter(pk=entry["user_pk"]).first()
-        if user is None:
+        # A user who joined after the erasure is someone else: after a restore the id
+        # sequence goes back, and a new sign-up can get the pk of a user erased after the
+        # recovery point.
+        if user is None or user.date_joined > entry["erased_at"]:
             # Recorded as done, so that a user who gets this pk later is never erased by a rerun.
             ErasureLedger.objects.create(
                 id=entry["id"],
                 user_pk=entry["user_pk"],
                 engine_user_id=entry["engine_user_id"],
                 request_id=str(entry.get("request_id") or "")[:64],
-                erased_at=datetime.fromisoformat(entry["erased_at"]),
+                erased_at=entry["erased_at"],
                 state=ErasureLedger.State.WRITTEN,
                 reapplied_at=timezone.now(),
             )
             report.no_such_user += 1
-            progress(f"{label}: no such user in the restored data, nothing to erase")
+            what = "no such user" if user is None else "that id now belongs to a user who joined after the erasure"
+            progress(f"{label}: {what} in the restored data, nothing to erase")
             continue
         call = CallContext(channel=Channel.INTERNAL, actor_username=REAPPLY_ACTOR)
         if entry.get("request_id"):  # the original erasure's, whose own audit row the restore lost
@@ -246,8 +293,19 @@ def erasures_reapply_after_restore(*, progress: Progress = _quiet) -> ErasureRea
     point = marker.get("recovery_point") or marker["backup_started_at"]
     after = datetime.fromisoformat(point) - backup.REAPPLY_MARGIN
     progress(f"restored from base backup {marker['backup']} to {point}: re-applying the erasures since")
-    entries = backup.erasure_records(after=after, progress=progress)
-    report = erasures_reapply(entries=entries, after=after, progress=progress)
+    entries = marker.get("records")
+    if entries is None:
+        if not marker.get("in_place", True):
+            # A copy's own backup target does not hold the source's ledger: never guess.
+            raise backup.BackupError(
+                "this data dir was restored as a copy, but the restore stopped before it read the erasure "
+                "ledger: move the data dir away and run manage.py restore --target-dir again"
+            )
+        entries = backup.erasure_records(after=after, progress=progress)
+    try:
+        report = erasures_reapply(entries=entries, after=after, progress=progress)
+    except ErasureEntryInvalid as exc:
+        raise backup.BackupError(f"the erasure ledger holds a record that cannot be re-applied: {exc}") from None
     report.pending = True
     backup.erasure_reapply_marker_clear()
     progress(

@@ -612,3 +612,102 @@ def test_the_erasure_ledger_in_a_bucket_is_under_object_lock(backup_settings, s3
     assert len(keys) == 2
     for key in keys:
         assert client.head_object(Bucket="memsite-ledger", Key=key)["ObjectLockMode"] == "COMPLIANCE"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("clean_vectors")
+def test_a_restored_copy_re_applies_from_the_records_its_restore_read_not_its_own_target(
+    backup_settings, alice, alice_scope, bob, enqueued, workdir
+):
+    """A copy (`restore --target-dir`) serves with a backup target of its own, where the
+    source's ledger is not: the restore puts the records into its marker, and a copy whose
+    marker has none refuses to start rather than serve erased data."""
+    from memories.toolkit.models import Decision
+    from memsite import backup
+    from memsite.models import ErasureLedger
+    from memsite.services import erasure_ledger_write, erasures_reapply_after_restore
+
+    _wipe(alice_scope)
+    row = ErasureLedger.objects.get()
+    erasure_ledger_write(ledger_id=str(row.id))
+    records = backup.erasure_records()
+    # As in the restored data: the erasure's row is not there, and alice has data again.
+    ErasureLedger.objects.all().delete()
+    Decision.objects.create(
+        user_id=alice.pk, key="k", value="v", created_at=datetime.now(UTC), updated_at=datetime.now(UTC)
+    )
+    Decision.objects.create(
+        user_id=bob.pk, key="k", value="v", created_at=datetime.now(UTC), updated_at=datetime.now(UTC)
+    )
+    backup_settings.BACKUP_DIR = workdir / "copy-backups"  # the copy's own, empty target
+    backup_settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
+    marker = backup_settings.DATA_DIR / backup.REAPPLY_MARKER
+    base = {"backup": "b", "backup_started_at": (row.erased_at - timedelta(hours=1)).isoformat(), "in_place": False}
+    marker.write_text(json.dumps({**base, "recovery_point": None}))
+    with pytest.raises(BackupError, match="restored as a copy"):
+        erasures_reapply_after_restore()
+    assert marker.exists() and Decision.objects.filter(user_id=alice.pk).exists()
+
+    marker.write_text(json.dumps({**base, "recovery_point": None, "records": records}))
+    report = erasures_reapply_after_restore()
+    assert (report.reapplied, report.already_in_data) == (1, 0)
+    assert not Decision.objects.filter(user_id=alice.pk).exists() and Decision.objects.filter(user_id=bob.pk).exists()
+    assert not marker.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("clean_vectors")
+def test_a_re_apply_never_erases_a_user_who_joined_after_the_erasure_or_applies_half_a_bad_list(
+    backup_settings, alice, bob, workdir
+):
+    """After a restore the id sequence goes back: a new sign-up can get the pk of a user
+    erased after the recovery point. And a bad line anywhere stops the list before any
+    erasure is applied."""
+    import uuid
+
+    from memories.toolkit.models import Decision
+
+    Decision.objects.create(
+        user_id=alice.pk, key="k", value="v", created_at=datetime.now(UTC), updated_at=datetime.now(UTC)
+    )
+    Decision.objects.create(
+        user_id=bob.pk, key="k", value="v", created_at=datetime.now(UTC), updated_at=datetime.now(UTC)
+    )
+    erased_before_bob_joined = {
+        "id": str(uuid.uuid4()),
+        "user_pk": bob.pk,
+        "engine_user_id": f"t:{bob.pk}",
+        "erased_at": (bob.date_joined - timedelta(hours=1)).isoformat(),
+        "request_id": "",
+    }
+    of_alice = {**erased_before_bob_joined, "id": str(uuid.uuid4()), "user_pk": alice.pk}
+    of_alice["erased_at"] = (alice.date_joined + timedelta(seconds=1)).isoformat()
+    listing = workdir / "erasures.jsonl"
+    after = (bob.date_joined - timedelta(days=1)).isoformat()
+    out = StringIO()
+    for bad, problem in [
+        ([1, 2], "not a JSON object"),
+        ({**of_alice, "id": "not-a-uuid"}, "bad or missing id"),
+        ({**of_alice, "user_pk": "abc"}, "bad or missing user_pk"),
+        ({**of_alice, "erased_at": "2026-11-26T10:00:00"}, "erased_at has no UTC offset"),
+        ({k: v for k, v in of_alice.items() if k != "engine_user_id"}, "bad or missing engine_user_id"),
+    ]:
+        listing.write_text(json.dumps(of_alice) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(CommandError, match=f"erasure entry 2: {problem}"):
+            call_command("erasures", "--reapply-from", str(listing), "--after", after, stdout=out)
+        assert Decision.objects.filter(user_id=alice.pk).exists()  # nothing applied
+
+    listing.write_text(json.dumps(erased_before_bob_joined) + "\n")
+    call_command("erasures", "--reapply-from", str(listing), "--after", after, stdout=out)
+    assert "joined after the erasure" in out.getvalue()
+    assert Decision.objects.filter(user_id=bob.pk).exists()
+
+
+def test_an_unreadable_ledger_record_is_named(backup_settings):
+    from memsite import backup
+
+    folder = backup_settings.BACKUP_DIR / "erasures"
+    folder.mkdir(parents=True)
+    (folder / "20261126T100000000000Z-x.json").write_text("{truncated")
+    with pytest.raises(BackupError, match=r"erasures/20261126T100000000000Z-x.json is unreadable \(JSONDecodeError\)"):
+        backup.erasure_records()

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from memsite.backup import BackupError
 from memsite.services import (
+    ErasureEntryInvalid,
     ErasureReapplyReport,
     erasures_from_audit,
     erasures_reapply,
@@ -54,7 +55,7 @@ class Command(BaseCommand):
             entries = self._read(reapply_from)
             report = erasures_reapply(entries=entries, after=_time(options["after"], "--after"), progress=self._say)
             self._summary(report)
-        except BackupError as exc:
+        except (BackupError, ErasureEntryInvalid) as exc:  # checked before any erasure is applied
             raise CommandError(str(exc)) from None
 
     def _say(self, line: str) -> None:
