@@ -128,6 +128,21 @@ def test_a_memory_deleted_during_the_llm_call_is_not_written_or_resurrected(alic
     assert not enrich_rows().exists()  # neither a success nor a failure
 
 
+def test_fields_the_user_sets_during_the_llm_call_are_kept_and_the_rest_enriched(alice, held_llm):
+    memory_id = store_candidate(alice, DARK_MODE)
+    held_llm.queue_answer({"summary": "Prefers dark mode", "importance": 0.8, "tags": ["ui"], "memory_type": "user"})
+    run = InThread(toolkit_candidates_enrich)
+    held_llm.wait_held()
+    scope = MemoryScope.for_user(alice)
+    memory_update(scope, memory_id=memory_id, fields={"tags": ["mine"], "importance": 0.1}, call=internal_call())
+    held_llm.release()
+    assert run.result() == 1
+    payload = payload_of(memory_id)
+    assert (payload["attrs"]["tags"], payload["attrs"]["importance"]) == (["mine"], 0.1)  # the user's
+    assert payload["attrs"]["memory_type"] == "user"  # untouched by the user: enriched
+    assert (payload["enrichment_status"], payload["summary"]) == ("completed", "Prefers dark mode")
+
+
 def test_a_memory_edited_during_the_llm_call_keeps_its_new_text_and_is_enriched_later(alice, held_llm):
     memory_id = store_candidate(alice, DARK_MODE)
     run = InThread(toolkit_candidates_enrich)

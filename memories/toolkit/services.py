@@ -241,7 +241,7 @@ def _candidate_enrich(item: EngineMemory, *, claim: dict[str, str], call: CallCo
                 # A savepoint: a write the database refuses undoes this candidate's changes only,
                 # and the failure is recorded in the same (still usable) transaction.
                 with transaction.atomic():
-                    _candidate_apply(scope, item=current, result=result, call=call)
+                    _candidate_apply(scope, item=current, claimed=item, result=result, call=call)
                 return True
             except Exception as exc:  # as above: counted, never blocking the others
                 reason = type(exc).__name__
@@ -250,11 +250,23 @@ def _candidate_enrich(item: EngineMemory, *, claim: dict[str, str], call: CallCo
 
 
 def _candidate_apply(
-    scope: MemoryScope, *, item: EngineMemory, result: enrichment.Enrichment, call: CallContext
+    scope: MemoryScope,
+    *,
+    item: EngineMemory,
+    claimed: EngineMemory,
+    result: enrichment.Enrichment,
+    call: CallContext,
 ) -> None:
-    # The fields as they are now (`item` is the re-locked row), so an edit of the user's
-    # made during the LLM call to other fields is kept.
-    attrs = replace(item.attrs, memory_type=result.memory_type, tags=tuple(result.tags), importance=result.importance)
+    """`item` is the re-locked row, `claimed` the row as the claim read it. A field the user
+    set during the LLM call (it differs from the claimed one) is the user's and stays; the
+    enrichment fills only the fields nobody touched meanwhile."""
+    now, then = item.attrs, claimed.attrs
+    attrs = replace(
+        now,
+        memory_type=result.memory_type if now.memory_type == then.memory_type else now.memory_type,
+        tags=tuple(result.tags) if now.tags == then.tags else now.tags,
+        importance=result.importance if now.importance == then.importance else now.importance,
+    )
     metadata = {ENRICHMENT_KEY: "completed", "summary": result.summary, "enriched_by": result.method}
     engine_enrichment_apply(scope, memory_id=item.id, metadata=metadata, attrs=attrs)
     audit_record(
@@ -262,7 +274,7 @@ def _candidate_apply(
         call=call,
         operation=Operation.ENRICH_MEMORY,
         memory_ids=[item.id],
-        detail={"method": result.method, "memory_type": result.memory_type, "importance": result.importance},
+        detail={"method": result.method, "memory_type": attrs.memory_type, "importance": attrs.importance},
     )
 
 
