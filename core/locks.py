@@ -66,4 +66,7 @@ def advisory_xact_lock(*keys: str, shared: Iterable[str] = (), timeout_s: float 
         # Only lock_timeout (55P03) means busy; a lost connection is backend_unavailable (503).
         if getattr(exc.__cause__, "sqlstate", None) != "55P03":
             raise
-        raise ServiceError(ErrorCode.CONFLICT, "Another change to this memory is in progress; retry.") from None
+        raise ServiceError(
+            ErrorCode.CONFLICT,
+            "Another change to this memory, or to all your memories (a clear-all or erasure), is in progress; retry.",
+        ) from None

@@ -607,6 +607,25 @@ def ingest_intents_supersede(scope: MemoryScope, *, call: CallContext, erased: b
     return marked
 
 
+def _ingest_intents_unsupersede(scope: MemoryScope, *, request_id: str) -> int:
+    """The undo of a clear-all (its request id), under the user's erasure lock: the ingest
+    calls it marked while they were in flight are no longer superseded, so they store
+    their facts as if the clear-all had not happened (else they would land in the trash
+    after the undo). An erasure's mark is never lifted. Returns how many."""
+    lifted = 0
+    in_flight = IngestIntent.objects.select_for_update().filter(
+        engine_user_id=scope.engine_user_id, state=IngestIntent.State.OPEN
+    )
+    for intent in in_flight.order_by("pk"):
+        mark = intent.detail.get(SUPERSEDED_KEY)
+        if not mark or mark.get("erased") or mark.get("request_id") != request_id:
+            continue
+        intent.detail = {key: value for key, value in intent.detail.items() if key != SUPERSEDED_KEY}
+        intent.save(update_fields=["detail"])
+        lifted += 1
+    return lifted
+
+
 def _ingest_results_recorded(scope: MemoryScope, *, recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The answer of an ingest completed by someone else (the reconciler, after a stall):
     the intent keeps ids and events only, so the texts are read from the memories as
@@ -898,6 +917,9 @@ def memory_restore(
             ignore_conflicts=True,
         )
         ids = [item.id for item in restored]
+        if request_id and not memory_id:
+            # Undoing a clear-all: the ingest calls it caught in flight keep what they store.
+            _ingest_intents_unsupersede(scope, request_id=request_id)
         audit_record(
             scope,
             call=call,
@@ -1335,10 +1357,12 @@ def _import_write(
     created: list[str] = []
     try:
         with _engine_errors(), transaction.atomic(), _attributed(call):
-            # One lock per user (not per text: thousands of advisory locks would overflow
-            # the lock table); a racing `remember` of the same text meets the hash's
-            # unique constraint and the whole import answers `conflict` (retry).
-            advisory_xact_lock(erasure_lock_key(scope))
+            # The user's erasure lock, shared like every writer's: an erasure or clear-all
+            # waits for the import (or it for them), but the user's other writes go on
+            # during a long import. No lock per text (thousands of advisory locks would
+            # overflow the lock table): a racing `remember` or import of the same text meets
+            # the hash's unique constraint, and the whole import answers `conflict` (retry).
+            user_write_locks(scope)
             owned = _hash_owners(scope, digests=list(wanted))
             for digest, group in wanted.items():
                 if digest in owned:

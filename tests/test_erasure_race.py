@@ -279,3 +279,26 @@ def test_an_erasure_after_a_clear_all_in_the_same_window_deletes_the_facts_for_g
     nothing_left_of(alice_scope, request_id=call.request_id, words=("Narvik", "nyckelharpa"))
     wipe_row = AuditEvent.objects.get(operation="wipe_user_data", outcome="ok")
     assert the_audit_row(call.request_id).detail["superseded_by"]["request_id"] == wipe_row.request_id
+
+
+def test_a_clear_all_undone_while_an_ingest_is_in_flight_lets_the_ingest_keep_its_facts(
+    alice, alice_scope, llm, settings
+):
+    """The undo comes before the call completes: the call is no longer superseded, so its
+    facts are stored live (not trashed after the undo, where nothing would bring them back)."""
+    settings.TRASH_RETENTION_DAYS = 30
+    memory_remember(alice_scope, memory="Alice lives in Tromsø", call=internal_call())
+    llm.queue_facts(*FACTS)
+    call = internal_call()
+    with llm_held(llm) as gate:
+        ingest = InThread(lambda: memory_ingest(alice_scope, messages=TURN, call=call))
+        assert gate.entered.wait(30)
+        run(alice, "clear_all_memory", {"confirm": True})
+        clear_row = AuditEvent.objects.get(operation="clear_all_memory", outcome="ok")
+        assert run(alice, "restore_memory", {"request_id": clear_row.request_id})["restored"]
+    results = ingest.result()
+    assert sorted((r["memory"], r["event"]) for r in results) == sorted((fact, "ADD") for fact in FACTS)
+    live = sorted(engine.engine_memory_of(r).text for r in engine.engine_rows_owned(alice_scope))
+    assert live == sorted(["Alice lives in Tromsø", *FACTS])
+    assert not engine.engine_trashed(alice_scope)
+    assert "superseded_by" not in the_audit_row(call.request_id).detail

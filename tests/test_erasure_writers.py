@@ -25,6 +25,7 @@ from audit.models import AuditEvent
 from core.errors import ErrorCode, ServiceError
 from core.scope import CallContext, MemoryScope
 from memories import engine
+from memories import services as memory_services
 from memories.auth import Principal
 from memories.models import ContentHash, SessionEvent, TurnGuard
 from memories.operations import operation_execute
@@ -288,3 +289,28 @@ def test_the_chat_proxys_recorded_turn_waits_for_an_erasure_under_way(alice_scop
     turn_pk = waits_then_completes(alice_scope, finish, written=lambda: ProxyTurn.objects.exists())
     assert ProxyTurn.objects.filter(pk=turn_pk, user_id=alice_scope.user_pk).exists()
     assert SessionEvent.objects.filter(engine_user_id=alice_scope.engine_user_id).exists()
+
+
+def test_a_long_import_does_not_hold_up_the_users_other_writers(alice_scope, monkeypatch):
+    """An import holds the erasure lock shared, like every writer: a `remember` during a
+    long import goes through at once (it used to wait for the whole import and fail with
+    `conflict`), while an erasure would still wait for the import."""
+    inside, finish = threading.Event(), threading.Event()
+    insert = memory_services.engine_insert_imported
+
+    def slow_insert(*args: Any, **kwargs: Any) -> Any:
+        inside.set()
+        finish.wait(30)
+        return insert(*args, **kwargs)
+
+    monkeypatch.setattr(memory_services, "engine_insert_imported", slow_insert)
+    data = (FIXTURES / "mem0_export.json").read_bytes()
+    importing = InThread(lambda: memory_import_file(alice_scope, data=data, source="mem0", call=internal_call()))
+    try:
+        assert inside.wait(30)
+        memory_remember(alice_scope, memory="Alice bakes rye bread", call=internal_call())
+        assert "Alice bakes rye bread" in _texts(alice_scope)
+        assert not importing.done()
+    finally:
+        finish.set()
+    assert importing.result().imported > 0

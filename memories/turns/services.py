@@ -113,7 +113,8 @@ def _session_lock(scope: MemoryScope, *, project: str, session_id: str) -> None:
     except ServiceError as error:
         if error.code != ErrorCode.CONFLICT:
             raise
-        raise _busy("This session is being updated by another call; retry.") from None
+        # The wait covers the session and the user's erasure lock (one call): say both.
+        raise _busy("This session or your memory is being updated by another call (e.g. an erasure); retry.") from None
 
 
 def _session_touch(scope: MemoryScope, *, project: str, session_id: str) -> None:
