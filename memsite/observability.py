@@ -157,17 +157,24 @@ class DatabaseCollector(Collector):
             "memsite_scrape_database_seconds", "Time to read the database gauges.", value=time.perf_counter() - started
         )
 
+    def _pending(self, *, table: str, status: str, since: str) -> tuple[int, float]:
+        """An outbox's pending rows: how many, and the oldest one's age in seconds (0 when
+        none). Each outbox has a partial index on its pending rows, so the rows it has
+        dealt with (most of the table) are not read."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT count(*), coalesce(extract(epoch FROM now() - min({since})), 0) "  # noqa: S608
+                f"FROM {table} WHERE {status} = 'pending'"
+            )
+            pending, oldest = cursor.fetchone()
+        return pending, float(oldest)
+
     def _outbox(self) -> Iterable[GaugeMetricFamily]:
         from billing.models import UsageEvent
 
         table = UsageEvent._meta.db_table
+        pending, oldest = self._pending(table=table, status="status", since="created_at")
         with connection.cursor() as cursor:
-            # The partial index on pending rows answers this without touching delivered ones.
-            cursor.execute(
-                f"SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0) "  # noqa: S608
-                f"FROM {table} WHERE status = 'pending'"
-            )
-            pending, oldest = cursor.fetchone()
             cursor.execute(f"SELECT count(*) FROM {table} WHERE status = 'failed'")  # noqa: S608
             failed = cursor.fetchone()[0]
         yield GaugeMetricFamily(
@@ -176,7 +183,7 @@ class DatabaseCollector(Collector):
         yield GaugeMetricFamily(
             "memsite_usage_outbox_oldest_pending_seconds",
             "Age of the oldest undelivered usage event (0 when none).",
-            value=float(oldest),
+            value=oldest,
         )
         yield GaugeMetricFamily(
             "memsite_usage_outbox_failed", "Usage events the gateway refused (need a person).", value=failed
@@ -185,14 +192,7 @@ class DatabaseCollector(Collector):
     def _erasure_ledger(self) -> Iterable[GaugeMetricFamily]:
         from memsite.models import ErasureLedger
 
-        table = ErasureLedger._meta.db_table
-        with connection.cursor() as cursor:
-            # Its partial index on pending rows: the written ones (every erasure ever) are not read.
-            cursor.execute(
-                f"SELECT count(*), coalesce(extract(epoch FROM now() - min(erased_at)), 0) "  # noqa: S608
-                f"FROM {table} WHERE state = 'pending'"
-            )
-            pending, oldest = cursor.fetchone()
+        pending, oldest = self._pending(table=ErasureLedger._meta.db_table, status="state", since="erased_at")
         yield GaugeMetricFamily(
             "memsite_erasure_ledger_pending",
             "Erasures whose ledger record is not on the backup target yet (a restore would not redo them).",
@@ -201,7 +201,7 @@ class DatabaseCollector(Collector):
         yield GaugeMetricFamily(
             "memsite_erasure_ledger_oldest_pending_seconds",
             "Age of the oldest erasure whose ledger record is not written yet (0 when none).",
-            value=float(oldest),
+            value=oldest,
         )
 
     def _audit_export(self) -> Iterable[GaugeMetricFamily]:

@@ -230,19 +230,25 @@ def s3_server():
     server.stop()
 
 
-def test_point_in_time_restore_from_s3_with_object_lock(backup_settings, servers, workdir, s3_server):
+def _use_bucket(settings, endpoint: str, bucket: str):
+    """A new object-locked bucket on the local S3 server as the backup target; its client."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3_server, **CREDENTIALS)
-    client.create_bucket(Bucket="memsite-backups", ObjectLockEnabledForBucket=True)
-    backup_settings.BACKUP_S3_BUCKET = "memsite-backups"
-    backup_settings.BACKUP_S3_ENDPOINT_URL = s3_server
-    backup_settings.BACKUP_S3_ACCESS_KEY_ID = "testing"
-    backup_settings.BACKUP_S3_SECRET_ACCESS_KEY = "testing"
-    backup_settings.BACKUP_S3_REGION = "us-east-1"
-    backup_settings.BACKUP_S3_PREFIX = "pg"
-    backup_settings.BACKUP_OBJECT_LOCK_MODE = "COMPLIANCE"
-    backup_settings.BACKUP_OBJECT_LOCK_DAYS = 7
+    client = boto3.client("s3", endpoint_url=endpoint, **CREDENTIALS)
+    client.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
+    settings.BACKUP_S3_BUCKET = bucket
+    settings.BACKUP_S3_ENDPOINT_URL = endpoint
+    settings.BACKUP_S3_ACCESS_KEY_ID = "testing"
+    settings.BACKUP_S3_SECRET_ACCESS_KEY = "testing"
+    settings.BACKUP_S3_REGION = "us-east-1"
+    settings.BACKUP_S3_PREFIX = "pg"
+    settings.BACKUP_OBJECT_LOCK_MODE = "COMPLIANCE"
+    settings.BACKUP_OBJECT_LOCK_DAYS = 7
+    return client
+
+
+def test_point_in_time_restore_from_s3_with_object_lock(backup_settings, servers, workdir, s3_server):
+    client = _use_bucket(backup_settings, s3_server, "memsite-backups")
 
     said = _pitr_round_trip(backup_settings, servers, workdir)
     assert any(line.startswith("downloading ") for line in said)  # WAL fetched up front, not per segment
@@ -585,20 +591,9 @@ def test_without_memsite_backups_no_ledger_and_the_audit_trail_lists_erasures(
 
 
 def test_the_erasure_ledger_in_a_bucket_is_under_object_lock(backup_settings, s3_server):
-    import boto3
-
     from memsite import backup
 
-    client = boto3.client("s3", endpoint_url=s3_server, **CREDENTIALS)
-    client.create_bucket(Bucket="memsite-ledger", ObjectLockEnabledForBucket=True)
-    backup_settings.BACKUP_S3_BUCKET = "memsite-ledger"
-    backup_settings.BACKUP_S3_ENDPOINT_URL = s3_server
-    backup_settings.BACKUP_S3_ACCESS_KEY_ID = "testing"
-    backup_settings.BACKUP_S3_SECRET_ACCESS_KEY = "testing"
-    backup_settings.BACKUP_S3_REGION = "us-east-1"
-    backup_settings.BACKUP_S3_PREFIX = "pg"
-    backup_settings.BACKUP_OBJECT_LOCK_MODE = "COMPLIANCE"
-    backup_settings.BACKUP_OBJECT_LOCK_DAYS = 7
+    client = _use_bucket(backup_settings, s3_server, "memsite-ledger")
 
     now = datetime.now(UTC)
     old = {"id": "a", "user_pk": 1, "engine_user_id": "default:1", "erased_at": (now - timedelta(days=2)).isoformat()}

@@ -1,10 +1,11 @@
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
 from memsite.backup import BackupError
+from memsite.management.times import option_time
 from memsite.services import (
     ErasureEntryInvalid,
     ErasureReapplyReport,
@@ -12,14 +13,6 @@ from memsite.services import (
     erasures_reapply,
     erasures_reapply_after_restore,
 )
-
-
-def _time(value: str, option: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise CommandError(f"{option} must be an ISO 8601 time, not {value!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # TIME_ZONE is UTC
 
 
 class Command(BaseCommand):
@@ -42,7 +35,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, since: str | None, reapply: bool, reapply_from: Path | None, **options):
         if since is not None:
-            self._list(_time(since, "--since"), as_json=options["json"])
+            self._list(option_time(since, option="--since"), as_json=options["json"])
             return
         try:
             if reapply:
@@ -53,7 +46,9 @@ class Command(BaseCommand):
             if not options["after"]:
                 raise CommandError("--reapply-from needs --after (the restored database's recovery point)")
             entries = self._read(reapply_from)
-            report = erasures_reapply(entries=entries, after=_time(options["after"], "--after"), progress=self._say)
+            report = erasures_reapply(
+                entries=entries, after=option_time(options["after"], option="--after"), progress=self._say
+            )
             self._summary(report)
         except (BackupError, ErasureEntryInvalid) as exc:  # checked before any erasure is applied
             raise CommandError(str(exc)) from None

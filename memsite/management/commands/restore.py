@@ -1,19 +1,14 @@
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
 from memsite.backup import BackupError, restore
+from memsite.management.times import option_time
 
 
 def _target_time(value: str) -> datetime | None:
-    if value == "latest":
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise CommandError(f"--to must be an ISO 8601 time or 'latest', not {value!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # TIME_ZONE is UTC
+    return None if value == "latest" else option_time(value, option="--to", also=" or 'latest'")
 
 
 class Command(BaseCommand):
