@@ -343,6 +343,8 @@ def test_the_erasure_ledger_backlog_is_a_gauge_and_an_admin_page(client, admin_c
     listing = admin_client.get("/admin/memsite/erasureledger/?state__exact=pending")
     assert listing.status_code == 200
     assert listing.context["cl"].result_count == 1
+    for term in ("abc", "1" * 40, "-1"):  # not an id: no match, never a 500
+        assert admin_client.get("/admin/memsite/erasureledger/", {"q": term}).context["cl"].result_count == 0
     row = ErasureLedger.objects.get(user_pk=alice.pk)
     detail = admin_client.get(f"/admin/memsite/erasureledger/{row.pk}/change/")
     assert detail.status_code == 200 and b'name="_save"' not in detail.content
