@@ -139,7 +139,8 @@ def engine_health_counts(scope: MemoryScope) -> dict[str, Any]:
             trash += count
             continue
         total += count
-        tiers[tier or "none"] = tiers.get(tier or "none", 0) + count
+        # A memory without a tier (made by another surface) is long-term, as results label it.
+        tiers[tier or "ltm"] = tiers.get(tier or "ltm", 0) + count
         if status:
             enrichment[status] = enrichment.get(status, 0) + count
         types[memory_type or "user"] = types.get(memory_type or "user", 0) + count

@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from memories.engine import engine_llm_json, llm_configured
+from memories.schemas import TAG_MAX_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +202,9 @@ def _importance(lower: str, length: int) -> float:
 
 def _tags(text: str) -> list[str]:
     words = [w.lower().strip(".-") for w in _WORD.findall(text)]
-    counts = Counter(w for w in words if w not in _STOP and len(w) > 2)
+    # A tag is at most TAG_MAX_CHARS, as every writer's tags are (an export must import):
+    # a longer "word" (a hash, a kebab-case run) is no useful tag anyway.
+    counts = Counter(w for w in words if w not in _STOP and 2 < len(w) <= TAG_MAX_CHARS)
     return [word for word, _ in counts.most_common(MAX_TAGS)]
 
 
@@ -214,6 +217,20 @@ def enrich_heuristic(text: str) -> Enrichment:
         memory_type=_memory_type(lower),
         method="heuristic",
     )
+
+
+def _llm_tags(raw: object, *, fallback: list[str]) -> list[str]:
+    """The LLM's tags: its list's non-empty strings, once each, in its order. Anything but a
+    list is not an answer about tags (a string would otherwise be split into letters):
+    the heuristic tags stand instead."""
+    if not isinstance(raw, list):
+        return fallback
+    tags: list[str] = []
+    for item in raw:
+        tag = storable_text(item)[:TAG_MAX_CHARS].strip().lower() if isinstance(item, str) else ""
+        if tag and tag not in tags:
+            tags.append(tag)
+    return tags[:MAX_TAGS]
 
 
 def enrich_text(text: str) -> Enrichment:
@@ -233,7 +250,7 @@ def enrich_text(text: str) -> Enrichment:
     try:
         memory_type = answer.get("memory_type")
         importance = float(answer.get("importance", -1))
-        tags = [t for t in (storable_text(str(t))[:64].lower() for t in answer.get("tags", [])) if t][:MAX_TAGS]
+        tags = _llm_tags(answer.get("tags"), fallback=heuristic.tags)
         summary = storable_text(str(answer.get("summary") or ""))[:SUMMARY_MAX_CHARS] or heuristic.summary
         if memory_type not in ("user", "feedback", "project", "reference") or not 0 <= importance <= 1:
             return heuristic

@@ -13,13 +13,18 @@ from pgvector.django import VectorField
 class CacheEntry(models.Model):
     """A cached query/response pair. The query's embedding is a pgvector column without a
     fixed dimension (the embedder decides it); lookups are an exact scan of one user's
-    live rows, which are few."""
+    live rows, which are few. `embedder` names the embedder that made the embedding
+    (`EmbedderSpec.label`, e.g. "local:384"): after a switch (`manage.py reembed`, which
+    leaves cache rows alone) only rows of the active one are compared, as vectors of two
+    models are not comparable (nor, with other dimensions, computable). Empty: unknown
+    (rows from before it was recorded), never a hit."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     query = models.TextField()
     response = models.TextField()
     embedding = VectorField()
+    embedder = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(db_index=True)
 

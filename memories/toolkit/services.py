@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 from pgvector.django import CosineDistance
@@ -35,6 +36,7 @@ from memories.engine import (
     EngineMemory,
     MemoryAttrs,
     attrs_containment,
+    embedder_spec_active,
     engine_delete_user_rows,
     engine_embed_query,
     engine_embed_text,
@@ -82,9 +84,17 @@ ENRICHMENT_CLAIM_LEASE_S = 30 * 60
 logger = logging.getLogger(__name__)
 
 
-def _user_label(call: CallContext) -> str:
-    """Seed 003's `user_id` in results: the authenticated user's name (never an argument)."""
-    return call.actor_username
+def _user_label(scope: MemoryScope, *, call: CallContext) -> str:
+    """Seed 003's `user_id` in results: the name of the user whose data the call touched
+    (never an argument). That is the caller, unless a service account acts for a subject
+    (or staff or a job acts for the user): then the subject's name, looked up by the scope."""
+    if call.actor_user_id is not None and call.actor_user_id == scope.user_pk and call.actor_username:
+        return call.actor_username
+    user_model = get_user_model()
+    username = (
+        user_model._default_manager.filter(pk=scope.user_pk).values_list(user_model.USERNAME_FIELD, flat=True).first()
+    )
+    return str(username) if username is not None else ""
 
 
 # --- store_memory / enrichment --------------------------------------------------------------
@@ -149,8 +159,23 @@ def toolkit_memory_store(
             detail={"conversation_id": conversation_id, "stm": len(stm_ids), "ltm_candidates": len(ltm_ids)},
         )
         if ltm_ids:
-            transaction.on_commit(lambda: enrich_memories_task.delay(ltm_ids))
+            transaction.on_commit(lambda: _enrichment_enqueue(ltm_ids))
     return {"stm_ids": stm_ids, "count": len(stm_ids)}
+
+
+def _enrichment_enqueue(memory_ids: list[str]) -> None:
+    """After commit: the call is stored, billed and audited, so a broker that is down must
+    not turn it into an error (the client would store it all again). The candidates stay
+    pending and the `toolkit.enrich_pending` sweep enriches them. Only the error's type is
+    logged: a broker's message can carry its URL."""
+    try:
+        enrich_memories_task.delay(memory_ids)
+    except Exception as exc:
+        logger.warning(
+            "enrichment of %d candidate(s) not queued (%s); the pending sweep will take them",
+            len(memory_ids),
+            type(exc).__name__,
+        )
 
 
 def toolkit_candidates_enrich(*, memory_ids: list[str] | None = None, limit: int = 100) -> int:
@@ -305,16 +330,41 @@ def _candidate_failed(
 
 
 # --- recall_memory / hybrid_search ----------------------------------------------------------
-def _filters(*, tier: Sequence[str] | None, memory_type: str | None, tags: list[str] | None) -> dict[str, Any]:
-    wanted: dict[str, Any] = attrs_containment(memory_type=memory_type, tags=tags)
-    tiers = set(tier or ("stm", "ltm"))
-    if len(tiers) == 1:
-        wanted[TIER_KEY] = next(iter(tiers))
-    return wanted
+# How deep a long-term-only search looks at most (see _search_tiers).
+LTM_SEARCH_MAX = 1000
 
 
 def _tier_of(item: EngineMemory) -> str:
     return str(item.metadata.get(TIER_KEY) or "ltm")  # other surfaces' memories are long-term
+
+
+def _search_tiers(
+    scope: MemoryScope,
+    *,
+    tier: Sequence[str] | None,
+    memory_type: str | None,
+    tags: list[str] | None,
+    limit: int,
+    **kwargs: Any,
+) -> list[EngineMemory]:
+    """The best `limit` memories of the wanted tiers. Short-term ones carry their tier, so
+    `["stm"]` is a filter of the engine's; long-term ones are also every memory made
+    elsewhere (no tier at all), which the engine's containment filter cannot select, so
+    `["ltm"]` searches without it and drops the short-term rows, looking deeper (up to
+    LTM_SEARCH_MAX) while they crowd the long-term ones out."""
+    filters: dict[str, Any] = attrs_containment(memory_type=memory_type, tags=tags)
+    tiers = set(tier or ("stm", "ltm"))
+    if tiers != {"ltm"}:
+        if tiers == {"stm"}:
+            filters[TIER_KEY] = "stm"
+        return _search(scope, limit=limit, filters=filters or None, **kwargs)
+    fetch = limit
+    while True:
+        found = _search(scope, limit=fetch, filters=filters or None, **kwargs)
+        kept = [item for item in found if _tier_of(item) == "ltm"]
+        if len(kept) >= limit or len(found) < fetch or fetch >= LTM_SEARCH_MAX:
+            return kept[:limit]
+        fetch = min(LTM_SEARCH_MAX, fetch * 4)
 
 
 def _memory_dict(item: EngineMemory, *, user: str) -> dict[str, Any]:
@@ -370,11 +420,13 @@ def toolkit_memory_recall(
     access counters are folded in later from this call's audit row (memory_recalls_fold)."""
     rate_limit_consume(scope, operation=Operation.RECALL_MEMORY)
     limit = _limit(limit)
-    candidates = _search(
+    candidates = _search_tiers(
         scope,
+        tier=tier,
+        memory_type=memory_type,
+        tags=tags,
         query=query,
         limit=min(200, limit * settings.SEARCH_CANDIDATE_FACTOR * 2),
-        filters=_filters(tier=tier, memory_type=memory_type, tags=tags) or None,
     )
     now = datetime.now(UTC)
     best = max((c.score or 0.0 for c in candidates), default=0.0)
@@ -387,7 +439,7 @@ def toolkit_memory_recall(
         if pair not in by_pair or score > by_pair[pair][0]:
             by_pair[pair] = (score, item)
     ranked = sorted(by_pair.values(), key=lambda pair: (-pair[0], pair[1].id))[:limit]
-    user = _user_label(call)
+    user = _user_label(scope, call=call)
     results = [
         {
             **_memory_dict(item, user=user),
@@ -436,17 +488,19 @@ def toolkit_hybrid_search(
         raise ServiceError(ErrorCode.INVALID_ARGUMENT, "vector_weight and text_weight cannot both be 0")
     rate_limit_consume(scope, operation=Operation.HYBRID_SEARCH)
     limit = _limit(limit)
-    found = _search(
+    found = _search_tiers(
         scope,
+        tier=tier,
+        memory_type=memory_type,
+        tags=tags,
         query=query,
         limit=limit,
-        filters=_filters(tier=tier, memory_type=memory_type, tags=tags) or None,
         fusion="rrf",
         vector_weight=vector_weight,
         lexical_weight=text_weight,
         rrf_k=settings.RRF_K,
     )
-    user = _user_label(call)
+    user = _user_label(scope, call=call)
     results = [{**_memory_dict(item, user=user), "rrf_score": round(item.score or 0.0, 6)} for item in found]
     with transaction.atomic():
         call_succeeded(
@@ -465,11 +519,18 @@ def toolkit_hybrid_search(
 
 
 # --- the semantic cache ---------------------------------------------------------------------
-def _embed_query(text: str) -> list[float]:
+def _embed_query(text: str) -> tuple[str, list[float]]:
+    """The query's vector and the label of the embedder that made it ("" when a switch of
+    embedders raced the call and which one made it is unsure: such a vector is stored as
+    unknown and compared with nothing, so no two embedders' vectors ever meet)."""
+    spec = embedder_spec_active()
     try:
-        return engine_embed_query(text)
+        vector = engine_embed_query(text)
     except EngineError as exc:
         raise backend_unavailable() from exc
+    if len(vector) != spec.dims or embedder_spec_active() != spec:
+        return "", vector
+    return spec.label, vector
 
 
 def toolkit_cache_check(
@@ -479,12 +540,16 @@ def toolkit_cache_check(
     (cosine similarity of the query embeddings; CACHE_SIMILARITY_THRESHOLD by default)."""
     rate_limit_consume(scope, operation=Operation.CHECK_CACHE)
     threshold = settings.CACHE_SIMILARITY_THRESHOLD if similarity_threshold is None else similarity_threshold
-    vector = _embed_query(query)
+    embedder, vector = _embed_query(query)
+    # Only rows of the embedder that made this vector: another one's (or an unknown one's)
+    # would be compared across models, or fail on their other dimension.
     nearest = (
-        CacheEntry.objects.filter(user_id=scope.user_pk, expires_at__gt=timezone.now())
+        CacheEntry.objects.filter(user_id=scope.user_pk, expires_at__gt=timezone.now(), embedder=embedder)
         .annotate(distance=CosineDistance("embedding", vector))
         .order_by("distance", "-created_at")
         .first()
+        if embedder
+        else None
     )
     score = None if nearest is None else round(1.0 - float(nearest.distance), 6)
     hit = nearest is not None and score is not None and score >= threshold
@@ -510,7 +575,7 @@ def toolkit_cache_store(scope: MemoryScope, *, query: str, response: str, call: 
     """Cache a query/response pair for CACHE_TTL_SECONDS (expired rows are hidden at
     once and deleted by `toolkit.cache_purge_expired`)."""
     rate_limit_consume(scope, operation=Operation.STORE_CACHE)
-    vector = _embed_query(query)
+    embedder, vector = _embed_query(query)
     with transaction.atomic():
         user_write_locks(scope)
         entry = CacheEntry.objects.create(
@@ -518,6 +583,7 @@ def toolkit_cache_store(scope: MemoryScope, *, query: str, response: str, call: 
             query=query,
             response=response,
             embedding=vector,
+            embedder=embedder,
             expires_at=timezone.now() + timedelta(seconds=settings.CACHE_TTL_SECONDS),
         )
         call_succeeded(
@@ -542,14 +608,17 @@ def toolkit_cache_invalidate(
         entries = CacheEntry.objects.filter(user_id=scope.user_pk)
         if not invalidate_all:
             entries = entries.filter(query__icontains=pattern or "")
-        deleted, _ = entries.delete()
+        now = timezone.now()
+        # Expired entries are gone for every reader already: they go too, uncounted.
+        deleted, _ = entries.filter(expires_at__gt=now).delete()
+        entries.filter(expires_at__lte=now).delete()
         call_succeeded(
             scope,
             call=call,
             operation=Operation.CACHE_INVALIDATE,
             detail={"pattern": audit_text(pattern), "all": invalidate_all, "deleted": deleted},
         )
-    return {"user_id": _user_label(call), "deleted_count": deleted}
+    return {"user_id": _user_label(scope, call=call), "deleted_count": deleted}
 
 
 def toolkit_expired_purge(*, now: datetime | None = None) -> dict[str, int]:
@@ -608,7 +677,7 @@ def toolkit_decision_store(
             after={"value": audit_text(value)},
             detail={"key": key, "action": action, "ttl_days": ttl_days},
         )
-    return {"key": key, "action": action, "user_id": _user_label(call)}
+    return {"key": key, "action": action, "user_id": _user_label(scope, call=call)}
 
 
 def toolkit_decision_recall(scope: MemoryScope, *, key: str, call: CallContext) -> dict[str, Any]:
@@ -623,7 +692,8 @@ def toolkit_decision_recall(scope: MemoryScope, *, key: str, call: CallContext) 
         )
     if decision is None:
         return {"key": key, "found": False}
-    return {"key": key, "found": True, "decision": decision_as_dict(decision, user=_user_label(call))}
+    user = _user_label(scope, call=call)
+    return {"key": key, "found": True, "decision": decision_as_dict(decision, user=user)}
 
 
 def toolkit_decision_delete(scope: MemoryScope, *, key: str, call: CallContext) -> bool:
@@ -683,7 +753,7 @@ def toolkit_memory_health(scope: MemoryScope, *, call: CallContext) -> dict[str,
     with transaction.atomic():
         call_succeeded(scope, call=call, operation=Operation.MEMORY_HEALTH, detail={"total": counts["total"]})
     return {
-        "user_id": _user_label(call),
+        "user_id": _user_label(scope, call=call),
         "total_memories": counts["total"],
         "tier_stats": {"stm": 0, "ltm": 0, **counts["tiers"]},
         "enrichment_stats": {"pending": 0, "completed": 0, **counts["enrichment"]},
@@ -746,7 +816,7 @@ def toolkit_user_data_wipe(scope: MemoryScope, *, confirm: bool, call: CallConte
         else:
             audit_record(scope, call=call, operation=operation, memory_ids=memory_ids, detail=counts)
     return {
-        "user_id": call.actor_username,
+        "user_id": _user_label(scope, call=call),
         "memories_deleted": len(memory_ids),
         "cache_deleted": cache,
         "audit_deleted": erased["audit_rows_shredded"],

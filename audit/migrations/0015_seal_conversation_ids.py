@@ -1,0 +1,27 @@
+"""Seal the `conversation_id` in the detail of audit rows written before it was a content
+key (seed 003's store_memory: clients choose it freely, so it can name a person), so
+erasing their user makes it unreadable too. Rows of a user erased since hold the erased
+marker instead: their key is gone, and sealing under a new one would keep them readable."""
+
+from django.db import migrations
+from django.db.models import Max
+
+
+def seal_conversation_ids(apps, schema_editor):
+    from audit.migrations._sealing import details_seal
+
+    event = apps.get_model("audit", "AuditEvent")
+    erasures = (
+        event.objects.filter(operation__in=("wipe_user_data", "admin_wipe_user_data"), outcome="ok")
+        .values("subject_user_id")
+        .annotate(last=Max("id"))
+    )
+    erased_after = {row["subject_user_id"]: row["last"] for row in erasures if row["subject_user_id"] is not None}
+    details_seal(apps, schema_editor, keys=("conversation_id",), erased_after=erased_after)
+
+
+class Migration(migrations.Migration):
+    dependencies = [("audit", "0014_history_owner_index")]
+
+    # Not reversible into plaintext: unsealing would defeat erasures made since.
+    operations = [migrations.RunPython(seal_conversation_ids, migrations.RunPython.noop)]
