@@ -28,6 +28,7 @@ from core.scope import CallContext, MemoryScope
 from memories.call_record import call_succeeded
 from memories.cursors import CursorError, cursor_decode, cursor_encode
 from memories.engine import (
+    DEFAULT_IMPORTANCE,
     EmbeddedText,
     EngineError,
     EngineMemory,
@@ -70,6 +71,7 @@ from memories.portability import (
 from memories.rate_limits import rate_limit_consume
 from memories.schemas import parse_instant
 from memories.selectors import MemoryView, decayed_score, memory_get_owned, memory_histories, memory_view
+from memories.turns.extraction import FACT_TAG, tags_made_durable
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 # The IngestIntent.detail key an erasure or clear-all sets on the user's ingest calls in
@@ -291,13 +293,35 @@ def _text_lock_key(scope: MemoryScope, digest: str) -> str:
 def _hash_owner(scope: MemoryScope, *, digest: str) -> str | None:
     """The live memory holding this text's hash, row-locked; a hash whose memory went
     away behind its back is removed. Inside the transaction, under the text lock."""
+    owner = _hash_owner_memory(scope, digest=digest)
+    return owner.id if owner is not None else None
+
+
+def _hash_owner_memory(scope: MemoryScope, *, digest: str) -> EngineMemory | None:
+    """`_hash_owner`, as the memory itself (for a caller that adjusts the one it found)."""
     known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).first()
     if known is None:
         return None
-    if _live(engine_lock_owned(scope, memory_id=str(known.memory_id)), scope):
-        return str(known.memory_id)
+    current = engine_lock_owned(scope, memory_id=str(known.memory_id))
+    if current is not None and _live(current, scope):
+        return current
     known.delete()
     return None
+
+
+def _turn_fact_durable_attrs(attrs: MemoryAttrs) -> MemoryAttrs | None:
+    """An expiring turn fact's fields made durable (long-term tier, no expiry), or None
+    when `attrs` are not an expiring turn fact's. For a fact its owner keeps on purpose:
+    remembered again, pinned, edited; retention (and the purge of expired rows) would
+    otherwise delete it for good."""
+    if FACT_TAG not in attrs.tags or attrs.expires_at is None:
+        return None
+    return replace(
+        attrs,
+        tags=tags_made_durable(attrs.tags),
+        expires_at=None,
+        importance=max(attrs.importance, DEFAULT_IMPORTANCE),
+    )
 
 
 def _hash_owners(scope: MemoryScope, *, digests: list[str]) -> dict[str, str]:
@@ -356,16 +380,25 @@ def memory_remember(
                 embedded = engine_embed_text(text)
         with _engine_errors(), transaction.atomic():
             user_write_locks(scope, _text_lock_key(scope, digest))
-            existing_id = _hash_owner(scope, digest=digest)
-            if existing_id is not None:
+            existing = _hash_owner_memory(scope, digest=digest)
+            if existing is not None:
+                # Remembering a text an expiring turn fact holds keeps it (unless this
+                # remember itself asks for an expiry): same transaction, same audit row.
+                durable_attrs = _turn_fact_durable_attrs(existing.attrs) if attrs.expires_at is None else None
+                durable = None
+                if durable_attrs is not None:
+                    with _attributed(call):
+                        durable = engine_update_row(existing.id, embedded=None, metadata=None, attrs=durable_attrs)
                 call_succeeded(
                     scope,
                     call=call,
                     operation=Operation.REMEMBER,
-                    memory_ids=[existing_id],
-                    detail={"duplicate": True},
+                    memory_ids=[existing.id],
+                    before=_snapshot(existing) if durable is not None else None,
+                    after=_snapshot(durable) if durable is not None else None,
+                    detail={"duplicate": True, **({"made_durable": True} if durable is not None else {})},
                 )
-                return RememberResult(id=existing_id, duplicate=True)
+                return RememberResult(id=existing.id, duplicate=True)
             if embedded is not None:
                 with _attributed(call):
                     memory_id = engine_insert_text(

@@ -7,6 +7,7 @@ the configured OpenAI-compatible model extracts them (chat completions, JSON ans
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,10 @@ import httpx
 from django.conf import settings
 
 from core.errors import ErrorCode, ServiceError
+from core.inputs import text_problem
 from memories.turns.items import item_role, item_text
+
+logger = logging.getLogger(__name__)
 
 TIER_L1 = "l1"
 TIER_L2 = "l2"
@@ -45,6 +49,21 @@ def tier_tag(tier: str) -> str:
 
 def project_tag(project: str) -> str:
     return f"project:{project}"
+
+
+PROJECT_TAG_PREFIX = project_tag("")
+
+
+def project_tags(tags: tuple[str, ...] | list[str]) -> frozenset[str]:
+    """The `project:` tags of a memory; none means user-wide (recalled in every project)."""
+    return frozenset(tag for tag in tags if tag.startswith(PROJECT_TAG_PREFIX))
+
+
+def tags_made_durable(tags: tuple[str, ...]) -> tuple[str, ...]:
+    """`tags` with a short tier (L1, L2) turned long-term: for a fact that must not expire
+    (remembered on purpose, pinned, edited by its owner)."""
+    short = {tier_tag(TIER_L1), tier_tag(TIER_L2)}
+    return tuple(dict.fromkeys(tier_tag(TIER_LONG) if tag in short else tag for tag in tags))
 
 
 @dataclass(frozen=True)
@@ -98,9 +117,15 @@ def heuristic_llm_enabled() -> bool:
 
 
 def _endpoint() -> str:
+    """The chat completions URL for the configured base URL. Seed 002 §9.3 documents a
+    provider root, a `/v1` base and an explicit `/v1/responses` endpoint; we speak chat
+    completions (docs/architecture.md), so an explicit responses endpoint names its
+    sibling `.../chat/completions` rather than gaining a second path after it."""
     base = (settings.MCP_MEMORY_HEURISTIC_BASE_URL or settings.LLM_BASE_URL or "").rstrip("/")
     if base.endswith("/chat/completions"):
         return base
+    if base.endswith("/responses"):
+        return base.removesuffix("/responses") + "/chat/completions"
     return f"{base}/chat/completions" if base.endswith("/v1") else f"{base}/v1/chat/completions"
 
 
@@ -138,13 +163,21 @@ def facts_llm(items: list[dict[str, Any]]) -> list[Fact]:
         raise ServiceError(ErrorCode.LLM_UNAVAILABLE, "The fact-extraction model gave no JSON; retry later.") from None
     entries = data.get("memory") or data.get("facts") or [] if isinstance(data, dict) else []
     facts: list[Fact] = []
+    unstorable = 0
     for entry in entries if isinstance(entries, list) else []:
         text = entry.get("text") if isinstance(entry, dict) else entry
         if not isinstance(text, str) or not text.strip():
             continue
+        # The model's answer is untrusted text: a NUL or lone surrogate could be neither
+        # embedded nor stored, and failing the turn over it would fail every retry too.
+        if text_problem(text) is not None:
+            unstorable += 1
+            continue
         text = " ".join(text.split())[:FACT_MAX_CHARS]
         tier = entry.get("tier") if isinstance(entry, dict) else None
         facts.append(Fact(text=text, tier=tier if tier in TIERS else fact_tier(text)))
+    if unstorable:
+        logger.warning("fact extraction: dropped %d unstorable facts from the model's answer", unstorable)
     return facts[:FACTS_PER_TURN_MAX]
 
 

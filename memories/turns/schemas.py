@@ -150,6 +150,8 @@ class MaintenanceOutput(BaseModel):
     compacted_events: int = 0
     expired_facts: int = 0
     summaries_refreshed: int = 0
+    # Sessions busy with a turn during the run: their summary waits for the next run.
+    summaries_skipped: int = 0
     consolidated_facts: int = 0
     pruned_turn_guards: int = 0
 

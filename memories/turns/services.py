@@ -8,7 +8,8 @@
   under the session's advisory lock, then appends the events, stores the facts (with the
   dedupe rule), marks the guard `done` and writes the audit row and usage event.
 - `turn_maintenance_run`: compaction, tier retention, summaries, consolidation; each step
-  one transaction, so a run killed mid-way is simply run again.
+  one transaction, so a run killed mid-way is simply run again; a step that deletes or
+  trashes memories writes its own audit row in it, so nothing done goes unrecorded.
 
 Turn content reaches audit rows only as hashes and lengths (`items_digest`)."""
 
@@ -16,15 +17,16 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import F, Max
 from django.utils import timezone
 
+from audit.models import MemoryHistory
 from audit.services import audit_record, history_content_erase
 from core.choices import MemoryType, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
@@ -42,10 +44,12 @@ from memories.engine import (
     engine_embed_text,
     engine_expired_owned,
     engine_insert_text,
+    engine_lock_owned_many,
     engine_memory_of,
     engine_rows_owned,
     engine_timestamp,
     engine_trash,
+    engine_update_row,
     hybrid_search,
 )
 from memories.models import ContentHash, SessionArchive, SessionEvent, SessionState, TurnGuard
@@ -53,9 +57,10 @@ from memories.rate_limits import rate_limit_consume
 from memories.selectors import decayed_score, memory_view
 from memories.services import (  # the one dedupe rule and history attribution of memories/services.py
     _attributed,
-    _hash_owner,
+    _hash_owner_memory,
     _system_metadata,
     _text_lock_key,
+    _turn_fact_durable_attrs,
     content_sha256,
     user_write_locks,
 )
@@ -70,6 +75,7 @@ from memories.turns.extraction import (
     heuristic_llm_enabled,
     llm_complete,
     project_tag,
+    project_tags,
     tier_tag,
 )
 from memories.turns.items import item_role, item_text, items_digest, items_token_count, message
@@ -144,15 +150,24 @@ class MemoryBlock:
 
 def memory_block_build(scope: MemoryScope, *, query: str, limit: int, project: str = "") -> MemoryBlock:
     """The `limit` best live memories for `query` (hybrid retrieval, then age decay), as
-    the notes block both before_turn and prefetch inject. A project narrows to its facts."""
+    the notes block both before_turn and prefetch inject. A project narrows to its own
+    facts and the user-wide ones (no `project:` tag); other projects' stay out."""
     query = query.strip()[-2000:]
     if not query or limit <= 0:
         return MemoryBlock(facts=[], scores=[])
-    containment = attrs_containment(tags=[project_tag(project)]) if project else None
+    pool = min(100, limit * settings.SEARCH_CANDIDATE_FACTOR)
     try:
-        candidates = hybrid_search(
-            scope, query=query, limit=min(100, limit * settings.SEARCH_CANDIDATE_FACTOR), filters=containment
-        )
+        candidates = hybrid_search(scope, query=query, limit=pool)
+        if project:
+            own = project_tag(project)
+            allowed = [c for c in candidates if not project_tags(c.attrs.tags) or own in c.attrs.tags]
+            if len(allowed) < len(candidates):
+                # Other projects' facts took places in the pool: the project's own search
+                # fills in what they crowded out (user-wide ones rarely are: few and broad).
+                seen = {c.id for c in allowed}
+                own_hits = hybrid_search(scope, query=query, limit=pool, filters=attrs_containment(tags=[own]))
+                allowed += [c for c in own_hits if c.id not in seen]
+            candidates = allowed
     except EngineError as exc:
         raise backend_unavailable() from exc
     now = datetime.now(UTC)
@@ -356,18 +371,22 @@ def _facts_store(
     session_id: str,
     turn_id: str,
     call: CallContext,
-) -> list[str]:
+) -> tuple[list[str], list[str]]:
     """Store the facts in the caller's transaction under the one dedupe rule: a text the
-    user already has answers the existing memory's id (never a second copy)."""
+    user already has answers the existing memory's id (never a second copy). Returns the
+    fact ids and those of existing facts that gained this project's tag."""
     digests = [content_sha256(fact.text) for fact, _ in facts]
     if digests:
         advisory_xact_lock(*(_text_lock_key(scope, digest) for digest in digests))
     ids: list[str] = []
+    tagged: list[str] = []
     now = _now()
     for (fact, embedded), digest in zip(facts, digests, strict=True):
-        existing = _hash_owner(scope, digest=digest)
+        existing = _hash_owner_memory(scope, digest=digest)
         if existing is not None:
-            ids.append(existing)
+            if _project_tag_add(existing, project=project, call=call):
+                tagged.append(existing.id)
+            ids.append(existing.id)
             continue
         with _attributed(call):
             memory_id = engine_insert_text(
@@ -380,7 +399,21 @@ def _facts_store(
             )
         ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
         ids.append(memory_id)
-    return list(dict.fromkeys(ids))
+    return list(dict.fromkeys(ids)), list(dict.fromkeys(tagged))
+
+
+def _project_tag_add(existing: EngineMemory, *, project: str, call: CallContext) -> bool:
+    """The same fact said in another project is that project's too: the one memory (the
+    dedupe rule) gains the project's tag, or that project's recall would never see it.
+    A memory with no project tag is user-wide already. The row is locked (the hash owner)."""
+    tags = existing.attrs.tags
+    if not project or not project_tags(tags) or project_tag(project) in tags:
+        return False
+    with _attributed(call):  # its history shows the change, attributed to this call
+        engine_update_row(
+            existing.id, embedded=None, metadata=None, attrs=replace(existing.attrs, tags=(*tags, project_tag(project)))
+        )
+    return True
 
 
 def turn_after(
@@ -427,7 +460,7 @@ def turn_after(
                 scope, session_id=session_id, project=project, turn_id=turn_id, items=[*input_items, *output_items]
             )
             try:
-                fact_ids = _facts_store(
+                fact_ids, tagged = _facts_store(
                     scope, facts=embedded, project=project, session_id=session_id, turn_id=turn_id, call=call
                 )
             except EngineError as exc:
@@ -442,7 +475,12 @@ def turn_after(
                 call=call,
                 operation=Operation.MEMORY_AFTER_TURN,
                 memory_ids=fact_ids,
-                detail={**detail, "events_stored": stored, "facts": tiers},
+                detail={
+                    **detail,
+                    "events_stored": stored,
+                    "facts": tiers,
+                    **({"project_tagged": tagged} if tagged else {}),
+                },
             )
     except BaseException:
         _guard_release(guard, owner=owner)
@@ -492,9 +530,11 @@ def turn_run(
 
 # --- maintenance -----------------------------------------------------------------------------------
 def _sessions_of(scope: MemoryScope, *, project: str, session_id: str) -> list[str]:
-    if session_id:
-        return [session_id]
+    """The sessions to maintain: the one asked for, if the user has it (maintenance never
+    creates a session), else all the user's sessions in the project."""
     states = SessionState.objects.filter(engine_user_id=scope.engine_user_id, project=project)
+    if session_id:
+        states = states.filter(session_id=session_id)
     return sorted(set(states.values_list("session_id", flat=True)))
 
 
@@ -534,22 +574,84 @@ def _compact(scope: MemoryScope, *, project: str, session_id: str, now: datetime
             moved += len(events)
 
 
-def _retention_sweep(scope: MemoryScope, *, now: datetime, call: CallContext) -> int:
-    """Delete the user's turn facts past their tier's retention (already invisible to
-    every read since they expired), with their dedupe hashes."""
-    deleted = 0
+def _facts_of_project(project: str) -> dict[str, Any]:
+    """The turn facts a maintenance call for `project` looks after: the project's own
+    (seed 002 §8: operations are scoped by user and project). Without a project, all the
+    user's, as the call without a project recalls them all; consolidation still never
+    compares facts of different projects (`_consolidate`)."""
+    return attrs_containment(tags=[FACT_TAG, project_tag(project)] if project else [FACT_TAG])
+
+
+def _pinned(facts: list[EngineMemory]) -> set[str]:
+    return {fact.id for fact in facts if fact.metadata.get("pinned") is True}
+
+
+def _owner_kept(facts: list[EngineMemory]) -> set[str]:
+    """The facts their owner made their own: pinned, or with text edited since it was
+    extracted (an UPDATE in the history that changed the text). Consolidation never
+    trashes them."""
+    pinned = _pinned(facts)
+    others = [fact.id for fact in facts if fact.id not in pinned]
+    if not others:
+        return pinned
+    edited = (
+        MemoryHistory.objects.filter(memory_id__in=others, event=MemoryHistory.Event.UPDATE)
+        .exclude(old_memory=F("new_memory"))
+        .values_list("memory_id", flat=True)
+    )
+    return pinned | set(edited)
+
+
+def _step_audited(
+    scope: MemoryScope, *, call: CallContext, step: str, memory_ids: list[str], detail: dict[str, Any]
+) -> None:
+    """The audit row of one maintenance step that deleted, trashed or changed memories,
+    in that step's transaction: a call that fails later still leaves on record all it did."""
+    audit_record(
+        scope,
+        call=call,
+        operation=Operation.MEMORY_RUN_MAINTENANCE,
+        memory_ids=memory_ids,
+        detail={"step": step, **detail},
+    )
+
+
+def _retention_sweep(
+    scope: MemoryScope, *, project: str, now: datetime, call: CallContext
+) -> tuple[list[str], list[str]]:
+    """Delete the project's turn facts past their tier's retention (already invisible to
+    every read since they expired), with their dedupe hashes. A pinned fact never
+    expires: it is made durable instead (long-term, no expiry). An edited one still
+    does (an edit keeps its tier). Each batch is one transaction with its audit row.
+    Returns (deleted, made durable)."""
+    deleted: list[str] = []
+    kept: list[str] = []
     while True:
         with transaction.atomic():
-            ids = engine_expired_owned(scope, at=now, containment=attrs_containment(tags=[FACT_TAG]), limit=200)
+            ids = engine_expired_owned(scope, at=now, containment=_facts_of_project(project), limit=200)
             if not ids:
-                return deleted
+                return deleted, kept
+            rows = engine_lock_owned_many(scope, memory_ids=ids)
+            keep = _pinned(list(rows.values()))
+            doomed = [memory_id for memory_id in ids if memory_id not in keep]
             with _attributed(call):
-                for memory_id in ids:
+                for memory_id in sorted(keep):
+                    durable = _turn_fact_durable_attrs(rows[memory_id].attrs)
+                    engine_update_row(memory_id, embedded=None, metadata=None, attrs=durable)
+                for memory_id in doomed:
                     engine_delete_row(memory_id, keep_text=False)
             # Deleted for good, as a purge: the history keeps the events, not the texts.
-            history_content_erase(engine_user_id=scope.engine_user_id, memory_ids=ids)
-            ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=ids).delete()
-            deleted += len(ids)
+            history_content_erase(engine_user_id=scope.engine_user_id, memory_ids=doomed)
+            ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=doomed).delete()
+            _step_audited(
+                scope,
+                call=call,
+                step="retention",
+                memory_ids=[*doomed, *sorted(keep)],
+                detail={"project": project, "deleted": len(doomed), "made_durable": len(keep)},
+            )
+            deleted += doomed
+            kept += sorted(keep)
 
 
 def _facts_by_tier(scope: MemoryScope, *, session_id: str | None = None) -> dict[str, int]:
@@ -569,9 +671,11 @@ def _summary_refresh(scope: MemoryScope, *, project: str, session_id: str, now: 
 
 
 def _summary_write(scope: MemoryScope, *, project: str, session_id: str, now: datetime, force: bool) -> bool:
-    state, _ = SessionState.objects.get_or_create(
+    state = SessionState.objects.filter(
         engine_user_id=scope.engine_user_id, project=project, session_id=session_id
-    )
+    ).first()
+    if state is None:  # gone since the run listed it (deleted by an erasure): never re-created here
+        return False
     interval = timedelta(minutes=settings.MCP_MEMORY_SUMMARY_REFRESH_INTERVAL_MINUTES)
     if not force and state.summary_updated_at and state.summary_updated_at > now - interval:
         return False
@@ -594,39 +698,76 @@ def _summary_write(scope: MemoryScope, *, project: str, session_id: str, now: da
 
 
 _WORD = re.compile(r"\w+")
+# Words whose presence or absence does not change what a fact says. Nothing else may
+# differ between two facts merged as one: not a name ("Anna" / "Maria"), a number, a
+# negation ("not", "don't" -> "don", "t") or any other content word.
+_FILLER_WORDS = frozenset(
+    {"a", "an", "the", "and", "of", "to", "in", "on", "at", "that", "so"}  # articles, links
+    | {"very", "really", "just", "also", "too", "quite", "actually"}  # intensifiers, fillers
+)
 
 
 def _words(text: str) -> frozenset[str]:
     return frozenset(word.casefold() for word in _WORD.findall(text))
 
 
-def _consolidate(scope: MemoryScope, *, now: datetime, call: CallContext) -> int:
-    """Near-duplicate turn facts (word Jaccard >= 0.85, same tier): the newest one stays,
-    the older ones go to the trash (restorable). One transaction; a re-run finds none."""
+def _near_duplicate(words: frozenset[str], other: frozenset[str]) -> bool:
+    """The same fact twice: the word sets (case folded, punctuation ignored) differ only
+    in filler words, and overlap by word Jaccard >= 0.85."""
+    if not words or not other or not (words ^ other) <= _FILLER_WORDS:
+        return False
+    return len(words & other) / len(words | other) >= NEAR_DUPLICATE_JACCARD
+
+
+def _fact_group(fact: EngineMemory) -> tuple[str, frozenset[str]]:
+    """Facts are compared only within one tier and one exact set of projects."""
+    tier = next((tag for tag in fact.attrs.tags if tag.startswith("tier:")), "")
+    return tier, project_tags(fact.attrs.tags)
+
+
+def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallContext) -> list[str]:
+    """Near-duplicate turn facts of the project (`_near_duplicate`, same tier, same
+    projects): the newest one stays, the older ones go to the trash (restorable). A
+    pinned or edited fact is never trashed, and a group holding one keeps it instead of
+    the newest. One transaction with its audit row; a re-run finds none."""
     with transaction.atomic():
-        rows = engine_rows_owned(scope, containment=attrs_containment(tags=[FACT_TAG]))
+        rows = engine_rows_owned(scope, containment=_facts_of_project(project))
         rows = rows.order_by("-created")  # type: ignore[misc]
         facts = [engine_memory_of(row) for row in rows[:CONSOLIDATE_MAX_FACTS]]
-        kept: list[tuple[EngineMemory, frozenset[str]]] = []
+        owned = _owner_kept(facts)
+        # The owner's facts first (sorted is stable: newest first within each part).
+        ordered = sorted(facts, key=lambda fact: fact.id not in owned)
+        kept: list[tuple[tuple[str, frozenset[str]], frozenset[str]]] = []
         doomed: list[str] = []
-        for fact in facts:  # newest first
-            words = _words(fact.text)
-            tier = next((t for t in fact.attrs.tags if t.startswith("tier:")), "")
-            duplicate = any(
-                tier in other.attrs.tags and words and len(words & other_words) / len(words | other_words) >= 0.85
-                for other, other_words in kept
+        for fact in ordered:
+            group, words = _fact_group(fact), _words(fact.text)
+            duplicate = fact.id not in owned and any(
+                group == other_group and _near_duplicate(words, other_words) for other_group, other_words in kept
             )
             if duplicate:
                 doomed.append(fact.id)
             else:
-                kept.append((fact, words))
+                kept.append((group, words))
         if not doomed:
-            return 0
-        moved = engine_trash(
-            scope, memory_ids=doomed, at=now, request_id=call.request_id, operation=Operation.MEMORY_RUN_MAINTENANCE
-        )
+            return []
+        # Locked, then checked again: a fact pinned since it was read stays.
+        locked = engine_lock_owned_many(scope, memory_ids=doomed)
+        owned = _owner_kept(list(locked.values()))
+        doomed = [memory_id for memory_id in doomed if memory_id in locked and memory_id not in owned]
+        with _attributed(call):
+            moved = engine_trash(
+                scope, memory_ids=doomed, at=now, request_id=call.request_id, operation=Operation.MEMORY_RUN_MAINTENANCE
+            )
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=moved).delete()
-        return len(moved)
+        if moved:
+            _step_audited(
+                scope,
+                call=call,
+                step="consolidation",
+                memory_ids=moved,
+                detail={"project": project, "trashed": len(moved)},
+            )
+        return moved
 
 
 def _guards_prune(scope: MemoryScope, *, project: str, session_id: str) -> int:
@@ -643,37 +784,51 @@ def turn_maintenance_run(
     scope: MemoryScope, *, project: str, session_id: str, call: CallContext, billed: bool = True
 ) -> dict[str, Any]:
     """Compaction, tier retention, summary refresh, consolidation for one session (or all
-    the user's sessions in the project). Safe to re-run at any point."""
+    the user's sessions in the project); retention and consolidation for the project's
+    facts. Safe to re-run at any point: each step commits on its own, and the ones that
+    delete or trash memories with their own audit row (the final row lists them all)."""
     if billed:
         rate_limit_consume(scope, operation=Operation.MEMORY_RUN_MAINTENANCE)
     now = _now()
     sessions = _sessions_of(scope, project=project, session_id=session_id)
-    counters = {"compacted_events": 0, "summaries_refreshed": 0, "pruned_turn_guards": 0}
+    counters = {"compacted_events": 0, "summaries_refreshed": 0, "summaries_skipped": 0, "pruned_turn_guards": 0}
     try:
         for name in sessions:
             counters["compacted_events"] += _compact(scope, project=project, session_id=name, now=now)
             counters["pruned_turn_guards"] += _guards_prune(scope, project=project, session_id=name)
-        expired = _retention_sweep(scope, now=now, call=call)
-        consolidated = _consolidate(scope, now=now, call=call)
+        expired, made_durable = _retention_sweep(scope, project=project, now=now, call=call)
+        consolidated = _consolidate(scope, project=project, now=now, call=call)
         for name in sessions:
-            counters["summaries_refreshed"] += _summary_refresh(
-                scope, project=project, session_id=name, now=now, force=bool(counters["compacted_events"])
-            )
+            try:
+                counters["summaries_refreshed"] += _summary_refresh(
+                    scope, project=project, session_id=name, now=now, force=bool(counters["compacted_events"])
+                )
+            except ServiceError as error:
+                if error.code != ErrorCode.RESOURCE_BUSY:
+                    raise
+                # A session busy with a turn keeps its summary until the next run; the
+                # work above is done and stays done, so the call still succeeds.
+                counters["summaries_skipped"] += 1
     except EngineError as exc:
         raise backend_unavailable() from exc
     result = {
         "ok": True,
         "sessions": len(sessions),
         **counters,
-        "expired_facts": expired,
-        "consolidated_facts": consolidated,
+        "expired_facts": len(expired),
+        "consolidated_facts": len(consolidated),
     }
-    detail = {"project": project, "session_id": session_id, **result}
+    detail = {"project": project, "session_id": session_id, **result, "made_durable": len(made_durable)}
+    memory_ids = [*expired, *made_durable, *consolidated]
     with transaction.atomic():
         if billed:
-            call_succeeded(scope, call=call, operation=Operation.MEMORY_RUN_MAINTENANCE, detail=detail)
+            call_succeeded(
+                scope, call=call, operation=Operation.MEMORY_RUN_MAINTENANCE, memory_ids=memory_ids, detail=detail
+            )
         else:  # the nightly job: audited, not billed
-            audit_record(scope, call=call, operation=Operation.MEMORY_RUN_MAINTENANCE, detail=detail)
+            audit_record(
+                scope, call=call, operation=Operation.MEMORY_RUN_MAINTENANCE, memory_ids=memory_ids, detail=detail
+            )
     return result
 
 
