@@ -92,13 +92,15 @@ def json_value_check(value: Any, *, max_depth: int = MAX_JSON_DEPTH, max_nodes: 
             if not math.isfinite(item):
                 raise InputError(f"{_where(path)}: numbers must be finite (no NaN or Infinity)")
         elif isinstance(item, dict):
-            for key, child in item.items():
+            for n, (key, child) in enumerate(item.items(), start=1):
                 if not isinstance(key, str):
                     raise InputError(f"{_where(path)}: object keys must be strings")
                 problem = text_problem(key)
                 if problem:
                     raise InputError(f"{_where(path)}: a key {problem}")
-                stack.append((child, (*path, key[:64])))
+                # Top-level keys are argument names (ours); a nested object's keys are the
+                # caller's own text (metadata may hold anything, a secret too): by position.
+                stack.append((child, (*path, key[:64] if not path else f"#{n}")))
         elif isinstance(item, list | tuple):
             stack.extend((child, (*path, index)) for index, child in enumerate(item))
 

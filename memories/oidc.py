@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from core.choices import Role
 from core.scope import DEFAULT_TENANT, user_tenant
 from memories.models import ExternalIdentity, Tenant, TenantMembership
+from memories.portability import LABEL_MAX_CHARS
 from memories.tenancy import tenant_ensure
 
 logger = logging.getLogger(__name__)
@@ -144,7 +145,8 @@ def oidc_principal(token: str):
     return Principal(
         user=user,
         method="oidc",
-        client_app=str(client_app) if client_app else None,
+        # Cut like OAuth client labels: an export carries it and the import refuses longer ones.
+        client_app=str(client_app)[:LABEL_MAX_CHARS] if client_app else None,
         tenant=tenant,
         role=role_from_claims(claims),
         credential=f"oidc:{str(client_app or 'token')[:80]}",

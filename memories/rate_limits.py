@@ -6,12 +6,18 @@
 - Longer ones ("5 per hour") use an exact sliding window: a log of the calls per
   (user, operation), counted over the last `window` seconds under a transaction-level
   advisory lock on the key, so the limit holds in ANY span of that length.
+
+A call counts in every window that applies to it (the user's; a service credential's own)
+or in none: all are checked and recorded in one transaction, and a refusal by any of
+them rolls back the others' records, so a call refused for one user never spends the
+credential's capacity for its other users.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -24,11 +30,13 @@ from memories.models import RateEvent, RateWindow
 
 SLIDING_WINDOW_FROM_S = 3600
 
+# Counts the call only while the window has room: no row back means refused, and a
+# refused call leaves the count as it was.
 _UPSERT = f"""
 INSERT INTO {RateWindow._meta.db_table} (user_id, operation, window_seconds, window_start, count)
 VALUES (%s, %s, %s, %s, 1)
 ON CONFLICT (user_id, operation, window_seconds, window_start)
-DO UPDATE SET count = {RateWindow._meta.db_table}.count + 1
+DO UPDATE SET count = {RateWindow._meta.db_table}.count + 1 WHERE {RateWindow._meta.db_table}.count < %s
 RETURNING count
 """  # noqa: S608 - table name from our own model
 
@@ -59,11 +67,19 @@ def rate_limit_consume(scope: MemoryScope, *, operation: str) -> None:
     limit, window = settings.RATE_LIMITS.get(operation, (0, 60))
     if limit == 0:
         return
+    keys = [(scope.user_pk, operation, limit)]
     if scope.credential and scope.credential_user_pk is not None:
         factor = settings.RATE_LIMIT_CREDENTIAL_FACTOR
-        key = f"{operation}@{scope.credential}"[:96]
-        _consume(scope.credential_user_pk, operation=key, shown=operation, limit=limit * factor, window=window)
-    _consume(scope.user_pk, operation=operation, shown=operation, limit=limit, window=window)
+        keys.insert(0, (scope.credential_user_pk, f"{operation}@{scope.credential}"[:96], limit * factor))
+    # One fixed window is one atomic statement. Anything more (a sliding window's
+    # count-then-insert, two windows) runs in one transaction (a savepoint when the caller
+    # holds one): a refusal raised inside rolls back the windows already counted. Its
+    # locks (the fixed window's row, the sliding window's advisory lock) are held to its
+    # end, always credential first, then user, so concurrent calls queue, never deadlock.
+    single = len(keys) == 1 and window < SLIDING_WINDOW_FROM_S
+    with nullcontext() if single else transaction.atomic():
+        for user_pk, key, key_limit in keys:
+            _consume(user_pk, operation=key, shown=operation, limit=key_limit, window=window)
 
 
 def _consume(user_pk: int, *, operation: str, shown: str, limit: int, window: int) -> None:
@@ -73,27 +89,26 @@ def _consume(user_pk: int, *, operation: str, shown: str, limit: int, window: in
     now = clock()
     start = math.floor(now / window) * window
     with connection.cursor() as cursor:
-        cursor.execute(_UPSERT, [user_pk, operation, window, datetime.fromtimestamp(start, UTC)])
-        count = cursor.fetchone()[0]
-    if count > limit:
+        cursor.execute(_UPSERT, [user_pk, operation, window, datetime.fromtimestamp(start, UTC), limit])
+        counted = cursor.fetchone()
+    if counted is None:
         raise _limited(shown, limit, window, start + window - now)
 
 
 def _sliding_consume(user_pk: int, *, operation: str, shown: str, limit: int, window: int) -> None:
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            # Serialises count-then-insert per key across processes; released at commit.
-            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"rate:{user_pk}:{operation}"])
-        now = clock()
-        at = datetime.fromtimestamp(now, UTC)
-        since = at - timedelta(seconds=window)
-        log = RateEvent.objects.filter(user_id=user_pk, operation=operation)
-        log.filter(at__lte=since).delete()  # aged out: keeps each key's log at most `limit` rows
-        recent = list(log.filter(at__gt=since).order_by("at").values_list("at", flat=True)[:limit])
-        if len(recent) >= limit:
-            # A slot frees up when the oldest call in the window ages out of it.
-            raise _limited(shown, limit, window, (recent[0] - since).total_seconds())
-        RateEvent.objects.create(user_id=user_pk, operation=operation, at=at)
+    with connection.cursor() as cursor:
+        # Serialises count-then-insert per key across processes; released at commit.
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"rate:{user_pk}:{operation}"])
+    now = clock()
+    at = datetime.fromtimestamp(now, UTC)
+    since = at - timedelta(seconds=window)
+    log = RateEvent.objects.filter(user_id=user_pk, operation=operation)
+    log.filter(at__lte=since).delete()  # aged out: keeps each key's log at most `limit` rows
+    recent = list(log.filter(at__gt=since).order_by("at").values_list("at", flat=True)[:limit])
+    if len(recent) >= limit:
+        # A slot frees up when the oldest call in the window ages out of it.
+        raise _limited(shown, limit, window, (recent[0] - since).total_seconds())
+    RateEvent.objects.create(user_id=user_pk, operation=operation, at=at)
 
 
 def rate_windows_prune(*, older_than: timedelta = timedelta(days=2)) -> int:

@@ -70,14 +70,20 @@ def _too_large(message: str) -> PydanticCustomError:
     return PydanticCustomError("payload_too_large", message)
 
 
+# Objects whose keys are the caller's own text (which may hold anything, a secret too):
+# errors name such a key by its position, never by itself, as the import promises for
+# the records of a file (docs/portability.md), and failure audit rows keep the message.
+FREE_KEYED_FIELDS = frozenset({"metadata", "filters"})
+
+
 def _check_keys(values: dict[str, Any], *, what: str, max_keys: int, allow: frozenset[str] = frozenset()) -> None:
     if len(values) > max_keys:
         raise _too_large(f"{what} may have at most {max_keys} keys")
-    for key in values:
+    for n, key in enumerate(values, start=1):
         if len(key) > METADATA_KEY_MAX_CHARS or not _KEY_PATTERN.fullmatch(key):
-            raise ValueError(f"{what} key {key[:80]!r} must be 1-64 letters, digits, '_', '.', '-' (no '__')")
+            raise ValueError(f"{what} key #{n} must be 1-64 letters, digits, '_', '.', '-' (no '__')")
         if key in RESERVED_KEYS and key not in allow:
-            raise ValueError(f"{what} key {key!r} is reserved")
+            raise ValueError(f"{what} key #{n} ({key!r}) is reserved")  # one of our names: safe to show
 
 
 class StrictInput(BaseModel):
@@ -138,9 +144,9 @@ class MetadataMixin(StrictInput):
         if value is None:
             return None
         _check_keys(value, what="metadata", max_keys=METADATA_MAX_KEYS)
-        for key, item in value.items():
+        for n, item in enumerate(value.values(), start=1):
             if isinstance(item, str) and len(item) > METADATA_VALUE_MAX_CHARS:
-                raise _too_large(f"metadata value for {key!r} exceeds {METADATA_VALUE_MAX_CHARS} characters")
+                raise _too_large(f"the value of metadata key #{n} exceeds {METADATA_VALUE_MAX_CHARS} characters")
         if len(json.dumps(value)) > METADATA_MAX_BYTES:
             raise _too_large(f"metadata exceeds {METADATA_MAX_BYTES} bytes")
         return value
@@ -165,9 +171,9 @@ class FiltersMixin(StrictInput):
         for key in ("client_app", "source"):
             if key in value and not isinstance(value[key], str):
                 raise ValueError(f"filters.{key} must be a string")
-        for key, item in value.items():
+        for n, item in enumerate(value.values(), start=1):
             if isinstance(item, str) and len(item) > METADATA_VALUE_MAX_CHARS:
-                raise _too_large(f"filters value for {key!r} exceeds {METADATA_VALUE_MAX_CHARS} characters")
+                raise _too_large(f"the value of filters key #{n} exceeds {METADATA_VALUE_MAX_CHARS} characters")
         return value
 
 
@@ -530,8 +536,15 @@ class ImportOutput(BaseModel):
     ids: list[str]
 
 
-def _describe(error: Any) -> str:
-    where = ".".join(str(p) for p in error.get("loc", ())) or "arguments"
+def _describe(error: Any, arguments: dict[str, Any]) -> str:
+    loc = error.get("loc", ())
+    if len(loc) >= 2 and loc[0] in FREE_KEYED_FIELDS:
+        # pydantic's location names the key (then the union member tried): say its place.
+        given = arguments.get(loc[0])
+        keys = list(given) if isinstance(given, dict) else []
+        n = keys.index(loc[1]) + 1 if loc[1] in keys else "?"
+        return f"{loc[0]} key #{n}: the value must be text, a number, true, false or null"
+    where = ".".join(str(p) for p in loc) or "arguments"
     if error["type"] == "extra_forbidden":
         return f"unexpected argument {where!r}"
     message = error["msg"].removeprefix("Value error, ")
@@ -565,7 +578,9 @@ def validate_input[T: BaseModel](model: type[T], arguments: Any) -> T:
         errors = exc.errors(include_url=False, include_input=False)
         too_large = any(e["type"] in ("payload_too_large", "string_too_long", "too_long") for e in errors)
         code = ErrorCode.PAYLOAD_TOO_LARGE if too_large else ErrorCode.INVALID_ARGUMENT
-        raise ServiceError(code, "; ".join(_describe(e) for e in errors[:5])) from None
+        # One line per problem: a bad metadata value fails every member of the union.
+        described = dict.fromkeys(_describe(e, arguments) for e in errors[:5])
+        raise ServiceError(code, "; ".join(described)) from None
 
 
 class RestoreInput(StrictInput):

@@ -22,12 +22,33 @@ def operator_scope(username: str) -> tuple[MemoryScope, CallContext]:
 
 
 class ProgressLine:
-    """`done/total` on stderr, at most every `every` items (and at the end)."""
+    """`label: done/total noun` on stderr each time `done` passes a multiple of `every`,
+    and at the end. Passes, not hits: the work reports in batches (64 texts embedded at a
+    time), so `done` seldom lands on a multiple of `every` itself. `say` adds the lines
+    that tell which phase a long run is in."""
 
-    def __init__(self, label: str, stream=None, every: int = 100) -> None:
-        self.label, self.stream, self.every = label, stream or sys.stderr, every
+    def __init__(self, label: str, *, noun: str = "", stream=None, every: int = 100) -> None:
+        self.label, self.noun, self.stream, self.every = label, noun, stream or sys.stderr, every
+        self._step = 0
+
+    def say(self, text: str) -> None:
+        self.stream.write(f"{self.label}: {text}\n")
+        self.stream.flush()
 
     def __call__(self, done: int, total: int) -> None:
-        if done % self.every == 0 or (total and done == total):
-            self.stream.write(f"{self.label}: {done}/{total or '?'}\n")
-            self.stream.flush()
+        step = done // self.every
+        if step != self._step or (total and done == total):
+            self._step = step
+            self.say(f"{done}/{total or '?'} {self.noun}".rstrip())
+
+
+class ImportProgress(ProgressLine):
+    """The import's new texts embedded, then the one write transaction that follows."""
+
+    def __init__(self, stream=None, every: int = 100) -> None:
+        super().__init__("import", noun="new texts embedded", stream=stream, every=every)
+
+    def __call__(self, done: int, total: int) -> None:
+        super().__call__(done, total)
+        if total and done == total:
+            self.say("writing the new memories (one transaction)")

@@ -20,9 +20,11 @@ class Command(BaseCommand):
 
     def handle(self, *args, username: str, format: str, output: str | None, **options):  # noqa: A002
         scope, call = operator_scope(username)
+        progress = ProgressLine("export", noun="memories read")
+        progress.say(f"reading the memories of {username!r}")
         try:
             with failures_audited(scope, call=call, operation=Operation.EXPORT_MEMORIES):
-                result = memory_export(scope, file_format=format, call=call, progress=ProgressLine("read"))
+                result = memory_export(scope, file_format=format, call=call, progress=progress)
         except ServiceError as exc:
             raise CommandError(f"{exc.code.value}: {exc.message}") from None
         if output:

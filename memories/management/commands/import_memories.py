@@ -6,9 +6,9 @@ from django.core.management.base import BaseCommand, CommandError
 from core.choices import Operation
 from core.errors import ServiceError
 from memories.call_record import failures_audited
-from memories.management.commands._portability import ProgressLine, operator_scope
-from memories.portability import IMPORT_SOURCES
-from memories.services import memory_import_file
+from memories.management.commands._portability import ImportProgress, operator_scope
+from memories.portability import IMPORT_SOURCES, import_items_parse
+from memories.services import memory_import
 
 
 class Command(BaseCommand):
@@ -29,11 +29,20 @@ class Command(BaseCommand):
             raise CommandError(f"no file {file!r}")
         if path.stat().st_size > settings.IMPORT_MAX_BYTES:
             raise CommandError(f"payload_too_large: the file exceeds {settings.IMPORT_MAX_BYTES} bytes")
+        progress = ImportProgress()
         try:
             with failures_audited(scope, call=call, operation=Operation.IMPORT_MEMORIES):
-                result = memory_import_file(
-                    scope, data=path.read_bytes(), source=source, call=call, progress=ProgressLine("import")
+                # Parsed here rather than in memory_import_file so each phase of a long
+                # import (validating, embedding, writing) says when it starts.
+                progress.say(f"validating {path.name}")
+                items = import_items_parse(
+                    data=path.read_bytes(),
+                    source=source,
+                    max_bytes=settings.IMPORT_MAX_BYTES,
+                    max_memories=settings.IMPORT_MAX_MEMORIES,
                 )
+                progress.say(f"checking {len(items)} records against the memories of {username!r}")
+                result = memory_import(scope, items=items, source=source, call=call, progress=progress)
         except ServiceError as exc:
             raise CommandError(f"{exc.code.value}: {exc.message}") from None
         self.stdout.write(
