@@ -99,7 +99,9 @@ def audit_record(
         ip=call.ip or None,
         user_agent=(call.user_agent or "")[:300],
         turn_id=call.turn_id[:128],
-        turn_event=TURN_EVENTS.get(operation, "") if call.turn_id else "",
+        # A refused or failed call keeps its turn id (the row stays grouped with the turn)
+        # but is no memory_write/recall/forget: nothing was written, recalled or forgotten.
+        turn_event=TURN_EVENTS.get(operation, "") if call.turn_id and outcome == AuditEvent.Outcome.OK else "",
     )
 
 

@@ -36,6 +36,21 @@ def _subject_of(request: Any) -> str:
     return text_storable(value.strip()[:SUBJECT_MAX_CHARS]) if isinstance(value, str) else ""
 
 
+def subject_claim_of(claimed: dict[str, Any] | None, *, tenant: str, username: str) -> str:
+    """Seed 001's `scope.tenant_id`/`scope.user_id` claim as `<tenant>/<username>`, the
+    caller's own `tenant`/`username` filling a part it leaves out; '' when it names
+    neither. Recorded like the X-Memory-Subject header, so a refused claim names whom it
+    claimed; never checked or resolved from here."""
+    if not claimed:
+        return ""
+    claimed_tenant, claimed_user = claimed.get("tenant_id"), claimed.get("user_id")
+    if not isinstance(claimed_tenant, str) and not isinstance(claimed_user, str):
+        return ""
+    tenant = claimed_tenant if isinstance(claimed_tenant, str) else tenant
+    username = claimed_user if isinstance(claimed_user, str) else username
+    return text_storable(f"{tenant}/{username}"[:SUBJECT_MAX_CHARS])
+
+
 def _client_of(request: Any) -> tuple[str | None, str]:
     """(ip, user agent) of a Django HttpRequest / DRF Request or a Starlette Request."""
     meta = getattr(request, "META", None)

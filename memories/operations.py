@@ -14,8 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.db import transaction
 from pydantic import BaseModel
 
+from core.calls import subject_claim_of
 from core.choices import ALL_PERMISSIONS, Operation, Permission
 from core.errors import ErrorCode, ServiceError
 from core.inputs import text_problem
@@ -23,7 +25,9 @@ from core.metrics import call_observed
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
-from memories.call_record import failures_audited
+from memories.call_record import call_succeeded, failures_audited
+from memories.rate_limits import rate_limit_consume
+from memories.selectors import memory_trash_list
 from memories.services import (
     memory_clear_all,
     memory_delete,
@@ -62,12 +66,27 @@ class OperationDef:
     # Issue 14: the MCP tool's name when it differs from `name` (seed 003's delete_memory).
     tool_name: str = ""
     open_world: bool = False
-    # Issue 12: the one permission (core.choices.Permission) a credential needs to call it.
+    # Issue 12: the permission (core.choices.Permission) a credential needs to call it.
     # Undeclared ("") fails closed: only a credential holding every permission may call it.
     permission: str = ""
+    # Needed as well, for an operation whose effects span two permissions (maintenance
+    # writes, and also trashes and deletes facts).
+    also_requires: frozenset[str] = frozenset()
+
+    @property
+    def required_permissions(self) -> frozenset[str]:
+        return frozenset({self.permission}) | self.also_requires if self.permission else ALL_PERMISSIONS
 
     def permitted(self, permissions: frozenset[str]) -> bool:
-        return self.permission in permissions if self.permission else permissions >= ALL_PERMISSIONS
+        return permissions >= self.required_permissions
+
+    def refusal(self, permissions: frozenset[str]) -> str:
+        """Why a credential holding `permissions` may not call it (names no secret)."""
+        if not self.permission:
+            return f"This credential lacks the every permission {self.name} needs."
+        missing = [p for p in (self.permission, *sorted(self.also_requires)) if p not in permissions]
+        plural = "s" if len(missing) > 1 else ""
+        return f"This credential lacks the {' and '.join(missing)} permission{plural} {self.name} needs."
 
 
 def _search(scope: MemoryScope, args: schemas.SearchInput, call: CallContext) -> dict[str, Any]:
@@ -162,6 +181,27 @@ def _export(scope: MemoryScope, args: schemas.ExportInput, call: CallContext) ->
 
 def _import(scope: MemoryScope, args: schemas.ImportInput, call: CallContext) -> dict[str, Any]:
     return memory_import_file(scope, data=args.data, source=args.source, call=call).as_dict()
+
+
+class TrashListInput(schemas.StrictInput):
+    """The trash listing takes no arguments."""
+
+
+def _list_trash(scope: MemoryScope, args: TrashListInput, call: CallContext) -> dict[str, Any]:  # noqa: ARG001
+    # Deleted memories are still the subject's content: a read of them (above all one made
+    # on someone's behalf) is rate limited, billed and audited as a list call, with the ids
+    # it showed.
+    rate_limit_consume(scope, operation=Operation.LIST_MEMORY)
+    trashed = memory_trash_list(scope)
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.LIST_MEMORY,
+            memory_ids=[item.memory.id for item in trashed],
+            detail={"trash": True, "results": len(trashed)},
+        )
+    return {"memories": [item.as_dict() for item in trashed]}
 
 
 OPERATIONS: dict[str, OperationDef] = {
@@ -321,6 +361,19 @@ OPERATIONS: dict[str, OperationDef] = {
             destructive=True,
             permission=Permission.DELETE,
         ),
+        # GET /v1/trash (REST only; not an MCP tool).
+        OperationDef(
+            "list_trash",
+            Operation.LIST_MEMORY,
+            "List the trash",
+            "Your deleted memories that can still be restored, most recently deleted first.",
+            TrashListInput,
+            schemas.TrashListOutput,
+            _list_trash,
+            read_only=True,
+            idempotent=True,
+            permission=Permission.READ,
+        ),
         OperationDef(
             "list_memory_dated",
             Operation.LIST_MEMORY,
@@ -354,6 +407,10 @@ def operation_execute(
     Whatever happens, the call leaves exactly one audit row. A call that returns has
     also recorded exactly one usage event (billed operations); one that raises, none."""
     definition = OPERATIONS[name]
+    header_subject = call.subject
+    claim = header_subject
+    if not claim and claimed_scope:  # only then: the caller's tenant may cost a query
+        claim = subject_claim_of(claimed_scope, tenant=principal.tenant_name, username=principal.user.get_username())
     call = replace(
         call,
         actor_username=principal.acting_user.get_username(),
@@ -361,6 +418,9 @@ def operation_execute(
         actor_user_id=principal.acting_user.pk,
         actor_role=principal.role,
         turn_id=call.turn_id or _turn_id(arguments),
+        # Whom the call claims to act for, on its audit row even when refused: the header,
+        # or else seed 001's scope claim.
+        subject=claim,
     )
     memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
     if not isinstance(memory_id, str) or text_problem(memory_id):
@@ -370,15 +430,11 @@ def operation_execute(
             # Whose memories: the principal's own, or a subject it may act for (audited
             # under the caller's own scope when refused).
             with failures_audited(principal.scope(), call=call, operation=definition.operation, memory_id=memory_id):
-                effective = principal_effective(principal, subject=call.subject, claimed=claimed_scope)
+                effective = principal_effective(principal, subject=header_subject, claimed=claimed_scope)
             scope = effective.scope()
             with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
                 if not definition.permitted(principal.permissions):
-                    raise ServiceError(
-                        ErrorCode.FORBIDDEN,
-                        f"This credential lacks the {definition.permission or 'every'} permission {name} needs.",
-                        denied=True,
-                    )
+                    raise ServiceError(ErrorCode.FORBIDDEN, definition.refusal(principal.permissions), denied=True)
                 if claimed_scope is not None:
                     principal_claim_check(effective, claimed_scope)
                 validated = schemas.validate_input(definition.input_model, arguments)
@@ -626,3 +682,8 @@ _LATER_PERMISSIONS = {
 for _name, _permission in _LATER_PERMISSIONS.items():
     if not OPERATIONS[_name].permission:
         OPERATIONS[_name] = replace(OPERATIONS[_name], permission=_permission)
+# Maintenance also trashes facts (consolidation) and deletes expired ones (retention): a
+# write-only credential must not reach deletions through it.
+OPERATIONS["memory_run_maintenance"] = replace(
+    OPERATIONS["memory_run_maintenance"], also_requires=frozenset({Permission.DELETE})
+)

@@ -177,7 +177,7 @@ def test_every_operation_declares_its_permission():
         name: op.permission for name, op in OPERATIONS.items() if op.permission not in ("read", "write", "delete")
     } == {}
     assert operations_permitted(frozenset({"read"})) == {
-        "search_memory", "list_memory", "get_memory", "list_memory_dated", "export_memories",
+        "search_memory", "list_memory", "get_memory", "list_memory_dated", "export_memories", "list_trash",
         # the turn lifecycle (issue 13) and seed 003's toolkit (issue 14)
         "memory_before_turn", "memory_list_dir_with_abstract", "memory_run_turn", "memory_prefetch",
         "recall_memory", "check_cache", "hybrid_search", "search_web", "memory_health", "recall_decision",

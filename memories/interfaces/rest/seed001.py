@@ -180,18 +180,24 @@ class SeedMemoryCollectionView(APIView):
         ],
     )
     def post(self, request):
+        # Read once: after a failed parse DRF's request.data is an empty QueryDict, so a
+        # second read would hide why the body was refused (too large, not JSON, NUL).
         raw = _body(request)
         if isinstance(raw, dict) and raw.get("messages") is not None and raw.get("content") is None:
-            result = _execute(request, "ingest", lambda: self._arguments(request, messages=True))
+            result = _execute(request, "ingest", lambda: self._arguments(raw, messages=True))
             return Response({"memories": result["results"]}, status=status.HTTP_201_CREATED)
-        result = _execute(request, "remember", lambda: self._arguments(request, messages=False))
+        result = _execute(request, "remember", lambda: self._arguments(raw, messages=False))
         memory = seed_memory(_effective(request), _stored(_effective(request), result["id"]))
         code = status.HTTP_200_OK if result["duplicate"] else status.HTTP_201_CREATED
         return Response({"memory": memory, "duplicate": result["duplicate"]}, status=code)
 
     @staticmethod
-    def _arguments(request, *, messages: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-        body = _body_dict(request)
+    def _arguments(
+        raw: dict[str, Any] | schemas.RejectedArguments, *, messages: bool
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        if isinstance(raw, schemas.RejectedArguments):
+            raise _RejectedBody(raw)
+        body = dict(raw)
         claimed = _scope_of(body.pop("scope", None))
         content, items = body.pop("content", None), body.pop("messages", None)
         _only(body, set(STORE_FIELDS) | {"metadata"})
@@ -316,6 +322,8 @@ class SeedMemoryForgetView(APIView):
             # The body is optional, but one that does not parse is answered and audited
             # like any bad argument (reading request.data raised past the dispatcher).
             body = _body_dict(request)
+            # Refused before anything is deleted: {"dry_run": true} must not delete.
+            _only(body, {"scope"})
             if body.get("scope") is not None:
                 claimed = {**claimed, **_scope_of(body["scope"])}
             return {"memory_id": memory_id}, claimed

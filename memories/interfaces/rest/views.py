@@ -16,13 +16,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.calls import call_context_from_request
-from core.choices import Channel, Permission
+from core.choices import Channel
 from core.errors import ErrorCode, ServiceError
 from core.inputs import InputError, json_loads_safe
 from core.scope import CallContext
 from memories import schemas
-from memories.operations import operation_execute, principal_effective
-from memories.selectors import memory_trash_list
+from memories.operations import operation_execute
 
 EXPORT_CONTENT_TYPES = {"jsonl": "application/x-ndjson", "markdown": "text/markdown"}
 EXPORT_FILE_NAMES = {"jsonl": "memories.jsonl", "markdown": "memories.md"}
@@ -247,13 +246,7 @@ class MemoryForgetView(APIView):
 class TrashView(APIView):
     @extend_schema(operation_id="list_trash", responses={200: schemas.TrashListOutput, **_errors(*COMMON_ERRORS)})
     def get(self, request):
-        # A selector (not audited, like the history view), under the same subject and
-        # permission rules as the dispatcher.
-        principal = principal_effective(request.auth, subject=_call(request).subject)
-        if Permission.READ not in request.auth.permissions:
-            raise ServiceError(ErrorCode.FORBIDDEN, "This credential lacks the read permission.", denied=True)
-        trashed = memory_trash_list(principal.scope())
-        return Response({"memories": [item.as_dict() for item in trashed]})
+        return Response(operation_execute(request.auth, "list_trash", call=_call(request), arguments={}))
 
 
 class TrashRestoreView(APIView):
