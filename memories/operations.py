@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from django.db import transaction
 from pydantic import BaseModel
 
 from core.calls import subject_claim_of
@@ -25,9 +24,7 @@ from core.metrics import call_observed
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
-from memories.call_record import call_succeeded, failures_audited
-from memories.rate_limits import rate_limit_consume
-from memories.selectors import memory_trash_list
+from memories.call_record import failures_audited
 from memories.services import (
     memory_clear_all,
     memory_delete,
@@ -41,6 +38,7 @@ from memories.services import (
     memory_remember,
     memory_restore,
     memory_search,
+    memory_trash_read,
     memory_update,
 )
 from memories.tenancy import subject_parse, subject_resolve
@@ -188,20 +186,7 @@ class TrashListInput(schemas.StrictInput):
 
 
 def _list_trash(scope: MemoryScope, args: TrashListInput, call: CallContext) -> dict[str, Any]:  # noqa: ARG001
-    # Deleted memories are still the subject's content: a read of them (above all one made
-    # on someone's behalf) is rate limited, billed and audited as a list call, with the ids
-    # it showed.
-    rate_limit_consume(scope, operation=Operation.LIST_MEMORY)
-    trashed = memory_trash_list(scope)
-    with transaction.atomic():
-        call_succeeded(
-            scope,
-            call=call,
-            operation=Operation.LIST_MEMORY,
-            memory_ids=[item.memory.id for item in trashed],
-            detail={"trash": True, "results": len(trashed)},
-        )
-    return {"memories": [item.as_dict() for item in trashed]}
+    return {"memories": [item.as_dict() for item in memory_trash_read(scope, call=call)]}
 
 
 OPERATIONS: dict[str, OperationDef] = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import secrets
 import unicodedata
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from memories.call_record import call_succeeded
 from memories.cursors import CursorError, cursor_decode, cursor_encode
 from memories.engine import (
     DEFAULT_IMPORTANCE,
+    TIER_KEY,
     EmbeddedText,
     EngineError,
     EngineMemory,
@@ -51,6 +53,7 @@ from memories.engine import (
     engine_recalls_fold,
     engine_restore,
     engine_rows_from_request,
+    engine_text_copies_locked,
     engine_timestamp,
     engine_trash,
     engine_trashed,
@@ -69,8 +72,16 @@ from memories.portability import (
     import_items_parse,
 )
 from memories.rate_limits import rate_limit_consume
-from memories.schemas import parse_instant
-from memories.selectors import MemoryView, decayed_score, memory_get_owned, memory_histories, memory_view
+from memories.schemas import METADATA_MAX_BYTES, METADATA_MAX_KEYS, parse_instant
+from memories.selectors import (
+    MemoryView,
+    TrashedView,
+    decayed_score,
+    memory_get_owned,
+    memory_histories,
+    memory_trash_list,
+    memory_view,
+)
 from memories.turns.extraction import FACT_TAG, tags_made_durable
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -749,6 +760,12 @@ def memory_update(
         if current is None or not _live(current, scope):
             raise not_found()
         attrs = _attrs(fields, base=current.attrs) if fields else None
+        if pinned is True and not {"expires_at", "ttl_days"} & set(fields or {}):
+            # Reads hide an expired memory and the purge deletes it, pinned or not: pinning
+            # an expiring turn fact is keeping it.
+            attrs = _turn_fact_durable_attrs(attrs or current.attrs) or attrs
+        if metadata:
+            _metadata_merge_check(current, metadata=metadata)
         if digest is not None:
             existing_id = _hash_owner(scope, digest=digest)
             if existing_id is not None and existing_id != memory_id:
@@ -766,6 +783,28 @@ def memory_update(
             after=_snapshot(updated),
         )
     return memory_view(updated)
+
+
+def _metadata_merge_check(current: EngineMemory, *, metadata: dict[str, Any]) -> None:
+    """The merged metadata stays within `remember`'s limits (each update is checked
+    alone at the edge): an export holding more could not be imported. An update that
+    does not make a memory that is already over them (stored before this check) larger
+    goes through. Counts only in the message, never keys or values."""
+    before = memory_view(current).metadata
+    merged = {**before, **metadata}
+    keys, size = len(merged), len(json.dumps(merged))
+    if keys > METADATA_MAX_KEYS and keys > len(before):
+        raise ServiceError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"metadata would have {keys} keys after this update (the memory has {len(before)}); "
+            f"a memory holds at most {METADATA_MAX_KEYS}. Nothing was changed.",
+        )
+    if size > METADATA_MAX_BYTES and size > len(json.dumps(before)):
+        raise ServiceError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"metadata would take {size} bytes as JSON after this update; "
+            f"a memory holds at most {METADATA_MAX_BYTES}. Nothing was changed.",
+        )
 
 
 def _snapshot(item) -> dict[str, Any]:
@@ -817,17 +856,20 @@ def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, c
     once). `forget` records a user-initiated forget (seed 001's /forget). The row change,
     its history, the hash, the usage event and the audit row commit in one transaction."""
     rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
-    memory_get_owned(scope, memory_id=memory_id)
+    digest = content_sha256(memory_get_owned(scope, memory_id=memory_id).text)
     detail = {"forget": True} if forget else {}
     with _engine_errors(), transaction.atomic():
-        user_write_locks(scope, f"memory:{memory_id}")  # its history row is the user's too
+        # Its history row is the user's too; the text lock for the hash it may hand over.
+        user_write_locks(scope, f"memory:{memory_id}", _text_lock_key(scope, digest))
         current = engine_lock_owned(scope, memory_id=memory_id)
         if current is None or not _live(current, scope):
             raise not_found()
         if not _trash_or_delete(scope, memory_ids=[memory_id], call=call, operation=Operation.DELETE_MEMORY):
             raise not_found()
         # In the trash a memory is not counted for dedupe: the same text again is new.
-        ContentHash.objects.filter(memory_id=memory_id).delete()
+        dropped, _ = ContentHash.objects.filter(memory_id=memory_id).delete()
+        if dropped and content_sha256(current.text) == digest:  # else its text changed before the lock
+            _hash_hand_over(scope, digest=digest, text=current.text)
         call_succeeded(
             scope,
             call=call,
@@ -836,6 +878,30 @@ def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, c
             before=_snapshot(current),
             detail={**detail, "trashed": _trash_enabled()},
         )
+
+
+def _holds_hash_first(item: EngineMemory) -> bool:
+    # As the importer's rule (ImportItem.holds_hash_first) for rows of the engine.
+    return item.metadata.get(TIER_KEY) != "stm" and item.attrs.expires_at is None
+
+
+def _hash_hand_over(scope: MemoryScope, *, digest: str, text: str) -> str | None:
+    """After the memory holding `digest` left (it is in the trash or gone): another live
+    memory of the user with the same text gets the hash, so remembering the text again
+    finds it (one lived beside it without a hash: restored next to a newer copy). A
+    toolkit short-term copy never holds one, as in live data; a long-term one without
+    expiry is preferred, then the oldest. In the caller's transaction, under the text lock."""
+    copies = engine_text_copies_locked(scope, text=text).values()
+    eligible = [
+        item
+        for item in copies
+        if _live(item, scope) and item.metadata.get(TIER_KEY) != "stm" and content_sha256(item.text) == digest
+    ]
+    if not eligible:
+        return None
+    heir = min(eligible, key=lambda item: (not _holds_hash_first(item), item.created_at or "", item.id))
+    ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=heir.id)
+    return heir.id
 
 
 def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) -> int:
@@ -933,24 +999,38 @@ def memory_restore(
     """Take memories out of the trash with the same ids and history: one by id, or all
     that one call deleted (its request id). A restored memory gets its dedupe hash back
     unless the same text was remembered again meanwhile (then the newer memory keeps
-    it and the restored one lives on beside it)."""
+    it and the restored one lives on beside it). Hashes go to the memories that hold
+    one in live data: never a toolkit short-term copy, and of equal texts restored
+    together the long-term one without expiry (`_restored_hashes`).
+
+    A memory whose expiry passed while it was in the trash stays there (the purge
+    deletes it): restored it would be invisible. By id that answers `not_found` saying
+    so; by request id the others are restored and the audit row counts the expired."""
+    now = datetime.now(UTC)
+    memory_ids = [memory_id] if memory_id else None
+    by_id = memory_ids is not None
     with _engine_errors(), transaction.atomic():
         advisory_xact_lock(erasure_lock_key(scope))
         with _attributed(call):
             restored = engine_restore(
-                scope, memory_ids=[memory_id] if memory_id else None, request_id=None if memory_id else request_id
+                scope, memory_ids=memory_ids, request_id=None if by_id else request_id, unexpired_at=now
+            )
+        expired = 0
+        if not by_id and request_id:
+            # What the call trashed and is still there: the expired ones (this holds the
+            # user's erasure lock, so nothing else moves their trash meanwhile).
+            expired = sum(
+                1 for item in engine_trashed(scope, request_id=request_id, limit=1_000_000) if item.expired(now)
             )
         if not restored:
+            if by_id:
+                expired = sum(1 for item in engine_trashed(scope, memory_ids=memory_ids) if item.expired(now))
+            if expired:
+                raise _expired_in_trash(several=not by_id)
             raise not_found()
-        ContentHash.objects.bulk_create(
-            [
-                ContentHash(engine_user_id=scope.engine_user_id, sha256=content_sha256(item.text), memory_id=item.id)
-                for item in restored
-            ],
-            ignore_conflicts=True,
-        )
+        _restored_hashes(scope, restored=restored)
         ids = [item.id for item in restored]
-        if request_id and not memory_id:
+        if request_id and not by_id:
             # Undoing a clear-all: the ingest calls it caught in flight keep what they store.
             _ingest_intents_unsupersede(scope, request_id=request_id)
         audit_record(
@@ -958,9 +1038,65 @@ def memory_restore(
             call=call,
             operation=Operation.RESTORE_MEMORY,
             memory_ids=ids,
-            detail={"restored": len(ids), "request_id": request_id or ""},
+            detail={"restored": len(ids), "request_id": request_id or "", **({"expired": expired} if expired else {})},
         )
     return ids
+
+
+def _expired_in_trash(*, several: bool) -> ServiceError:
+    # Only for the scope's own trash: another user's id never gets here (engine_trashed
+    # is the scope's), so it still answers like a missing one.
+    what = "Everything that call deleted" if several else "That memory"
+    return ServiceError(
+        ErrorCode.NOT_FOUND, f"{what} expired while in the trash and can no longer be restored; nothing was restored."
+    )
+
+
+# Digests looked up per statement when restoring (a clear-all's undo may bring back
+# every memory of the user).
+RESTORE_HASH_BATCH = 1000
+
+
+def _restored_hashes(scope: MemoryScope, *, restored: list[EngineMemory]) -> None:
+    """Dedupe hashes for restored memories, in the restore's transaction under the user's
+    erasure lock. Per text, the restored memory that holds one in live data gets it
+    (`_holds_hash_first` first, in restore order otherwise; a short-term copy never),
+    unless a live memory holds it already; a hash whose memory went away (expired) is
+    taken over."""
+    holders: dict[str, str] = {}
+    for item in sorted(restored, key=lambda item: not _holds_hash_first(item)):  # stable
+        if item.metadata.get(TIER_KEY) != "stm":
+            holders.setdefault(content_sha256(item.text), item.id)
+    digests = list(holders)
+    owned: dict[str, str] = {}
+    for start in range(0, len(digests), RESTORE_HASH_BATCH):
+        owned |= _hash_owners(scope, digests=digests[start : start + RESTORE_HASH_BATCH])
+    ContentHash.objects.bulk_create(
+        [
+            ContentHash(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
+            for digest, memory_id in holders.items()
+            if digest not in owned
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def memory_trash_read(scope: MemoryScope, *, call: CallContext) -> list[TrashedView]:
+    """The scope's trash for an API caller (GET /v1/trash). Deleted memories are still the
+    subject's content and a credential may read them on someone's behalf, so this is rate
+    limited, billed and audited as a list call, with the ids it showed. (The web UI's own
+    Trash page reads `memory_trash_list` directly, like the history view.)"""
+    rate_limit_consume(scope, operation=Operation.LIST_MEMORY)
+    trashed = memory_trash_list(scope)
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.LIST_MEMORY,
+            memory_ids=[item.memory.id for item in trashed],
+            detail={"trash": True, "results": len(trashed)},
+        )
+    return trashed
 
 
 def memory_purge(scope: MemoryScope, *, memory_id: str | None = None, call: CallContext) -> int:

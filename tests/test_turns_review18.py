@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
@@ -118,7 +119,10 @@ def test_consolidation_never_trashes_a_pinned_or_edited_fact(alice, alice_scope,
 def test_retention_never_expires_a_pinned_fact(alice, alice_scope, monkeypatch, clean_vectors):
     pinned = turn(alice, "s", "t1", "Today I am working from the cafe.")["fact_ids"][0]
     turn(alice, "s", "t2", "Today I am working late.")
-    run(alice, "update_memory", memory_id=pinned, pinned=True)
+    # Pinned in the row itself, as a fact pinned before pinning made turn facts durable at
+    # once (memory_update) still is: retention keeps it by itself.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE memories SET payload = payload || '{\"pinned\": true}' WHERE id = %s", [pinned])
     monkeypatch.setattr(turns, "_now", lambda: timezone.now() + timedelta(days=2))
     result = run(alice, "memory_run_maintenance", session_id="s")
     assert result["expired_facts"] == 1

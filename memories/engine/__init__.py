@@ -81,6 +81,7 @@ from memories.engine.writes import (
     engine_lock_owned_many,
     engine_purge_messages,
     engine_rows_from_request,
+    engine_text_copies_locked,
     engine_update_row,
 )
 
@@ -106,6 +107,7 @@ __all__ = [
     "engine_insert_text",
     "engine_lock_owned",
     "engine_lock_owned_many",
+    "engine_text_copies_locked",
     "engine_rows_from_request",
     "engine_update_row",
     "ENGINE_RESERVED_METADATA_KEYS",

@@ -84,10 +84,16 @@ def engine_trash(
 
 
 def engine_restore(
-    scope: MemoryScope, *, memory_ids: list[str] | None = None, request_id: str | None = None
+    scope: MemoryScope,
+    *,
+    memory_ids: list[str] | None = None,
+    request_id: str | None = None,
+    unexpired_at: datetime | None = None,
 ) -> list[EngineMemory]:
     """Take the scope's memories out of the trash: by id, or everything one call trashed
-    (its request id). Returns them as restored."""
+    (its request id). Returns them as restored. With `unexpired_at`, memories whose
+    expiry has passed by then stay in the trash: restored, they would be invisible to
+    every read and deleted by the next purge."""
     if memory_ids is None and request_id is None:
         raise ValueError("restore by memory ids or by request id")
     params: list[Any] = [KEY_TRASH, KEY_USER_ID, scope.engine_user_id, KEY_TRASH]
@@ -98,6 +104,10 @@ def engine_restore(
     else:
         which = sql.SQL("payload->{}->>'request_id' = %s").format(sql.Literal(KEY_TRASH))
         params.append(request_id)
+    if unexpired_at is not None:
+        # The stored `expires_at` column (vector_schema), as the reads test a live row.
+        which = sql.SQL("{} AND (expires_at IS NULL OR expires_at > %s)").format(which)
+        params.append(engine_timestamp(unexpired_at))
     statement = sql.SQL(
         "UPDATE {} SET payload = payload - %s WHERE payload->>%s = %s AND payload ? %s AND {} RETURNING id, payload"
     ).format(_table(), which)
@@ -112,13 +122,19 @@ def engine_restore(
     return restored
 
 
-def engine_trashed(scope: MemoryScope, *, memory_ids: list[str] | None = None, limit: int = 500) -> list[EngineMemory]:
-    """The scope's trash, most recently trashed first."""
+def engine_trashed(
+    scope: MemoryScope, *, memory_ids: list[str] | None = None, request_id: str | None = None, limit: int = 500
+) -> list[EngineMemory]:
+    """The scope's trash, most recently trashed first; optionally only `memory_ids`, or
+    only what the call `request_id` trashed."""
     params: list[Any] = [KEY_USER_ID, scope.engine_user_id, KEY_TRASH]
-    clause = sql.SQL("")
+    clause: sql.Composable = sql.SQL("")
     if memory_ids is not None:
         clause = sql.SQL(" AND id = ANY(%s::uuid[])")
         params.append(memory_ids)
+    if request_id is not None:
+        clause = sql.SQL("{} AND payload->{}->>'request_id' = %s").format(clause, sql.Literal(KEY_TRASH))
+        params.append(request_id)
     params.append(limit)
     statement = sql.SQL(
         "SELECT id, payload FROM {} WHERE payload->>%s = %s AND payload ? %s{}"

@@ -171,15 +171,31 @@ def engine_lock_owned_many(scope: MemoryScope, *, memory_ids: list[str]) -> dict
     statement = sql.SQL(
         "SELECT id, payload FROM {} WHERE id = ANY(%s::uuid[]) AND payload->>'user_id' = %s ORDER BY id FOR UPDATE"
     ).format(_table())
+    return _locked_rows(statement, [memory_ids, scope.engine_user_id])
+
+
+def engine_text_copies_locked(scope: MemoryScope, *, text: str) -> dict[str, EngineMemory]:
+    """The scope's rows out of the trash whose text may equal `text` up to case and
+    spacing, row-locked, by id: every word of it, through the owner's full-text index, or
+    the exact text, through the payload index, for a text of stop words only. The caller
+    compares the normalised texts."""
+    _require_transaction()
+    statement = sql.SQL(
+        "SELECT id, payload FROM {} WHERE NOT trashed AND ((payload->>'user_id' = %s"
+        " AND fts @@ plainto_tsquery('english', %s)) OR payload @> %s::jsonb) ORDER BY id FOR UPDATE"
+    ).format(_table())
+    exact = json.dumps({KEY_USER_ID: scope.engine_user_id, KEY_TEXT: text})
+    return _locked_rows(statement, [scope.engine_user_id, text, exact])
+
+
+def _locked_rows(statement: sql.Composable, params: list[Any]) -> dict[str, EngineMemory]:
     with connection.cursor() as cursor:
-        cursor.execute(statement.as_string(cursor.connection), [memory_ids, scope.engine_user_id])
+        cursor.execute(statement.as_string(cursor.connection), params)
         rows = cursor.fetchall()
-    found = {}
-    for row_id, payload in rows:
-        found[str(row_id)] = engine_memory_from_row(
-            row_id, payload if isinstance(payload, dict) else json.loads(payload)
-        )
-    return found
+    return {
+        str(row_id): engine_memory_from_row(row_id, payload if isinstance(payload, dict) else json.loads(payload))
+        for row_id, payload in rows
+    }
 
 
 def _payload_of(memory_id: str) -> dict[str, Any] | None:

@@ -10,18 +10,38 @@ import json
 from typing import Annotated, Any
 
 from django.conf import settings
-from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, StrictInt, StrictStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from memories.schemas import QUERY_MAX_CHARS, MemoryOut, Message, StrictInput
+from memories.schemas import QUERY_MAX_CHARS, TAG_MAX_CHARS, MemoryOut, Message, StrictInput
+from memories.turns.extraction import PROJECT_TAG_PREFIX
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 ITEM_TYPES = frozenset({"message", "function_call", "function_call_output"})
 ROLES = frozenset({"user", "assistant", "system", "developer", "tool"})
 
+# A project's facts carry the tag `project:<name>`, and a tag is at most TAG_MAX_CHARS
+# long: a longer name made facts that an export could not bring back (import refuses them).
+PROJECT_MAX_CHARS = TAG_MAX_CHARS - len(PROJECT_TAG_PREFIX)
+PROJECT_PATTERN = rf"^$|^[A-Za-z0-9][A-Za-z0-9._:-]{{0,{PROJECT_MAX_CHARS - 1}}}$"
+
+
+def _project_length(value: Any) -> Any:
+    # A long name is told the limit rather than the pattern.
+    if isinstance(value, str) and len(value) > PROJECT_MAX_CHARS:
+        raise ValueError(f"a project name is at most {PROJECT_MAX_CHARS} characters")
+    return value
+
+
 SessionId = Annotated[StrictStr, Field(pattern=NAME_PATTERN, description="The agent session (1-128 chars).")]
 Project = Annotated[
-    StrictStr, Field(default="", pattern=r"^$|" + NAME_PATTERN, description="Narrows inside your memories.")
+    StrictStr,
+    Field(
+        default="",
+        pattern=PROJECT_PATTERN,
+        description=f"Narrows inside your memories (1-{PROJECT_MAX_CHARS} chars).",
+    ),
+    BeforeValidator(_project_length),  # last: runs first, before the pattern
 ]
 TurnId = Annotated[StrictStr, Field(pattern=NAME_PATTERN, description="The turn's id, unique in the session.")]
 Item = dict[str, Any]
