@@ -17,6 +17,7 @@ from django.db import connection
 
 from core.scope import CallContext, MemoryScope
 from tests.environment import ROOT, TEST_DATABASE
+from tests.fakes import FakeGemini, FakeOIDC
 
 
 def internal_call() -> CallContext:
@@ -399,3 +400,40 @@ def no_broker_backlog():
         cursor.execute("SELECT to_regclass('kombu_message') IS NOT NULL")
         if cursor.fetchone()[0]:
             cursor.execute("DELETE FROM kombu_message WHERE visible")
+
+
+@pytest.fixture
+def oidc(settings):
+    from memories import oidc as oidc_module
+
+    provider = FakeOIDC().start()
+    settings.OIDC_ISSUER = provider.issuer
+    settings.OIDC_AUDIENCE = "memsite"
+    settings.OIDC_JWKS_URL = None  # discovered from the issuer
+    oidc_module._jwks_client.cache_clear()
+    oidc_module._discovered_jwks_url.cache_clear()
+    yield provider
+    provider.stop()
+    oidc_module._jwks_client.cache_clear()
+    oidc_module._discovered_jwks_url.cache_clear()
+
+
+@pytest.fixture
+def fake_gemini(settings, monkeypatch):
+    fake = FakeGemini().start()
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake.url)
+    settings.GOOGLE_API_KEY = "fake-gemini-key"
+    yield fake
+    fake.stop()
+    # Put the table back as every other test expects it (384-d, no shadow column).
+    from memories.engine import engine_reembed_abort
+    from memories.engine.embedders import embedder_spec_refresh
+    from memories.models import EmbedderState
+
+    engine_reembed_abort()
+    with connection.cursor() as cursor:
+        for table in ("memories", "memories_entities"):
+            cursor.execute(f'DELETE FROM "{table}"')  # noqa: S608 - our own table names
+            cursor.execute(f'ALTER TABLE "{table}" ALTER COLUMN vector TYPE vector(384)')
+    EmbedderState.objects.all().delete()
+    embedder_spec_refresh()

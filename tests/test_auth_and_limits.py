@@ -5,25 +5,8 @@ import time
 import pytest
 
 from memories.models import ExternalIdentity, RateWindow
-from tests.fakes import FakeOIDC
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
-
-
-@pytest.fixture
-def oidc(settings):
-    from memories import oidc as oidc_module
-
-    provider = FakeOIDC().start()
-    settings.OIDC_ISSUER = provider.issuer
-    settings.OIDC_AUDIENCE = "memsite"
-    settings.OIDC_JWKS_URL = None  # discovered from the issuer
-    oidc_module._jwks_client.cache_clear()
-    oidc_module._discovered_jwks_url.cache_clear()
-    yield provider
-    provider.stop()
-    oidc_module._jwks_client.cache_clear()
-    oidc_module._discovered_jwks_url.cache_clear()
 
 
 def test_valid_access_token_maps_sub_to_a_user_and_azp_to_the_client(api_client, oidc):

@@ -25,7 +25,6 @@ from memories.models import RateEvent, RateWindow
 from memories.rate_limits import rate_limit_consume
 from memories.services import memory_export, memory_import_file, memory_list
 from tests.conftest import internal_call
-from tests.fakes import FakeOIDC
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -121,22 +120,6 @@ def test_a_refusal_inside_the_callers_transaction_leaves_it_usable(settings, clo
 
 
 # --- F5: an OIDC client name longer than an import takes ------------------------------------
-@pytest.fixture
-def oidc(settings):
-    from memories import oidc as oidc_module
-
-    provider = FakeOIDC().start()
-    settings.OIDC_ISSUER = provider.issuer
-    settings.OIDC_AUDIENCE = "memsite"
-    settings.OIDC_JWKS_URL = None
-    oidc_module._jwks_client.cache_clear()
-    oidc_module._discovered_jwks_url.cache_clear()
-    yield provider
-    provider.stop()
-    oidc_module._jwks_client.cache_clear()
-    oidc_module._discovered_jwks_url.cache_clear()
-
-
 # 150: the export could not be imported (client_app over the import's cap); 300: the
 # call itself failed, a 500 (over the audit row's actor_client_app column).
 @pytest.mark.parametrize("length", [150, 300])

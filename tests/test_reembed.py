@@ -33,27 +33,6 @@ def _table_dims() -> int:
         return vector_table_dims(cursor, "memories")
 
 
-@pytest.fixture
-def fake_gemini(settings, monkeypatch):
-    fake = FakeGemini().start()
-    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake.url)
-    settings.GOOGLE_API_KEY = "fake-gemini-key"
-    yield fake
-    fake.stop()
-    # Put the table back as every other test expects it (384-d, no shadow column).
-    from memories.engine import engine_reembed_abort
-    from memories.engine.embedders import embedder_spec_refresh
-    from memories.models import EmbedderState
-
-    engine_reembed_abort()
-    with connection.cursor() as cursor:
-        for table in ("memories", "memories_entities"):
-            cursor.execute(f'DELETE FROM "{table}"')  # noqa: S608 - our own table names
-            cursor.execute(f'ALTER TABLE "{table}" ALTER COLUMN vector TYPE vector(384)')
-    EmbedderState.objects.all().delete()
-    embedder_spec_refresh()
-
-
 def _embedded_texts(fake: FakeGemini) -> int:
     return sum(len(r["json"].get("requests", [])) for r in fake.requests if ":batchEmbedContents" in r["path"])
 

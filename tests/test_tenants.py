@@ -21,7 +21,6 @@ from memories.models import ApiKey, RateWindow, Tenant, TenantMembership
 from memories.services import api_key_issue, memory_remember
 from memories.tenancy import tenant_create, tenant_user_create
 from tests.conftest import internal_call
-from tests.fakes import FakeOIDC
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -345,22 +344,6 @@ def test_credential_rate_limit_spans_its_subjects(acme, api_client, settings):  
 
 
 # --- OIDC -----------------------------------------------------------------------------------
-@pytest.fixture
-def oidc(settings):
-    from memories import oidc as oidc_module
-
-    provider = FakeOIDC().start()
-    settings.OIDC_ISSUER = provider.issuer
-    settings.OIDC_AUDIENCE = "memsite"
-    settings.OIDC_JWKS_URL = None
-    oidc_module._jwks_client.cache_clear()
-    oidc_module._discovered_jwks_url.cache_clear()
-    yield provider
-    provider.stop()
-    oidc_module._jwks_client.cache_clear()
-    oidc_module._discovered_jwks_url.cache_clear()
-
-
 def test_oidc_tenant_and_roles_from_claims(oidc, settings, api_client, acme, unlimited):  # noqa: ARG001
     settings.OIDC_TENANT_CLAIM = "organization"
     settings.OIDC_TENANT_MAP = {"Acme Corporation": "acme"}

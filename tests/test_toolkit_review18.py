@@ -11,7 +11,6 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -29,7 +28,6 @@ from memories.toolkit import enrichment, tasks
 from memories.toolkit.models import CacheEntry
 from memories.toolkit.services import toolkit_candidates_enrich
 from tests.conftest import internal_call
-from tests.fakes import FakeGemini
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -74,27 +72,6 @@ def test_store_memory_succeeds_when_the_enrichment_task_cannot_be_queued(alice, 
 
 
 # --- F2: the cache across an embedder switch ----------------------------------------------------
-@pytest.fixture
-def fake_gemini(settings, monkeypatch):
-    fake = FakeGemini().start()
-    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake.url)
-    settings.GOOGLE_API_KEY = "fake-gemini-key"
-    yield fake
-    fake.stop()
-    # Put the table back as every other test expects it (384-d, no shadow column).
-    from memories.engine import engine_reembed_abort
-    from memories.engine.embedders import embedder_spec_refresh
-    from memories.models import EmbedderState
-
-    engine_reembed_abort()
-    with connection.cursor() as cursor:
-        for table in ("memories", "memories_entities"):
-            cursor.execute(f'DELETE FROM "{table}"')  # noqa: S608 - our own table names
-            cursor.execute(f'ALTER TABLE "{table}" ALTER COLUMN vector TYPE vector(384)')
-    EmbedderState.objects.all().delete()
-    embedder_spec_refresh()
-
-
 def test_check_cache_after_an_embedder_switch_is_a_miss_then_hits_again(alice, fake_gemini):  # noqa: ARG001
     query = "What is the project deadline?"
     run(alice, "store_cache", {"query": query, "response": "March 31"})
