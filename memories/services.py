@@ -1475,6 +1475,8 @@ def memory_import(
                     embedded[text] = vector_text
                 if progress:
                     progress(start + len(batch), len(todo))
+            if progress and not todo:  # every text known already: the write still says it starts
+                progress(0, 0)
         try:
             created = _import_write(
                 scope,

@@ -265,6 +265,8 @@ def test_manage_py_import_and_export_say_each_phase(bob, tmp_path, capsys):
     assert captured.err.splitlines() == [
         "import: validating many.jsonl",
         "import: checking 130 records against the memories of 'bob'",
+        "import: no new texts to embed",
+        "import: writing the new memories (one transaction)",
     ]
 
     call_command("export_memories", "bob", "-o", str(tmp_path / "out.jsonl"))

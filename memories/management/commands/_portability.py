@@ -49,6 +49,9 @@ class ImportProgress(ProgressLine):
         super().__init__("import", noun="new texts embedded", stream=stream, every=every)
 
     def __call__(self, done: int, total: int) -> None:
-        super().__call__(done, total)
-        if total and done == total:
+        if total:
+            super().__call__(done, total)
+        else:  # every text is known already (a re-import): nothing to embed
+            self.say("no new texts to embed")
+        if done == total:
             self.say("writing the new memories (one transaction)")
