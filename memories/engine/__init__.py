@@ -59,7 +59,7 @@ from memories.engine.reembed import (
     engine_reembed_progress,
     engine_reembed_switch,
 )
-from memories.engine.retrieval import hybrid_search
+from memories.engine.retrieval import FILTER_EXCLUDED, hybrid_search
 from memories.engine.toolkit_rows import (
     ENRICHMENT_CLAIM_KEY,
     ENRICHMENT_KEY,
@@ -86,6 +86,7 @@ from memories.engine.writes import (
 )
 
 __all__ = [
+    "FILTER_EXCLUDED",
     "EmbedderSpec",
     "embedder_spec_active",
     "embedder_spec_configured",

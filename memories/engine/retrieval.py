@@ -64,6 +64,10 @@ MAX_QUERY_TERMS = 32
 
 
 Filters = dict[str, Any] | None
+# A filters key no payload key can be (metadata keys are letters, digits, "_.-"): the rows
+# it holds are left out (`NOT payload @> ...`), e.g. {FILTER_EXCLUDED: {"tier": "stm"}}
+# for every memory but the toolkit's short-term ones, those without a tier included.
+FILTER_EXCLUDED = "$excluded"
 
 
 def _table() -> sql.Identifier:
@@ -86,11 +90,16 @@ def _owned_clause(
         owner_test + " AND NOT trashed AND (expires_at IS NULL OR expires_at > %s)" + live_owner
     )
     params: list[Any] = [engine_timestamp(datetime.now(UTC))] + ([owner] if owner_index else [])
-    if filters:
+    wanted = dict(filters or {})
+    excluded = wanted.pop(FILTER_EXCLUDED, None)
+    if wanted:
         clause = sql.SQL("{} AND payload @> %s::jsonb").format(clause)
         # The owner inside the containment too: the GIN index on the payload then finds
         # only this user's matching rows, not every user's (measured at 100k rows, 10 users).
-        params.append(json.dumps({**filters, "user_id": owner}))
+        params.append(json.dumps({**wanted, "user_id": owner}))
+    if excluded:
+        clause = sql.SQL("{} AND NOT payload @> %s::jsonb").format(clause)
+        params.append(json.dumps(excluded))
     return clause, params
 
 

@@ -31,6 +31,7 @@ from memories.call_record import call_succeeded
 from memories.engine import (
     ENRICHMENT_CLAIM_KEY,
     ENRICHMENT_KEY,
+    FILTER_EXCLUDED,
     TIER_KEY,
     EngineError,
     EngineMemory,
@@ -330,10 +331,6 @@ def _candidate_failed(
 
 
 # --- recall_memory / hybrid_search ----------------------------------------------------------
-# How deep a long-term-only search looks at most (see _search_tiers).
-LTM_SEARCH_MAX = 1000
-
-
 def _tier_of(item: EngineMemory) -> str:
     return str(item.metadata.get(TIER_KEY) or "ltm")  # other surfaces' memories are long-term
 
@@ -347,24 +344,16 @@ def _search_tiers(
     limit: int,
     **kwargs: Any,
 ) -> list[EngineMemory]:
-    """The best `limit` memories of the wanted tiers. Short-term ones carry their tier, so
-    `["stm"]` is a filter of the engine's; long-term ones are also every memory made
-    elsewhere (no tier at all), which the engine's containment filter cannot select, so
-    `["ltm"]` searches without it and drops the short-term rows, looking deeper (up to
-    LTM_SEARCH_MAX) while they crowd the long-term ones out."""
+    """The best `limit` memories of the wanted tiers. Short-term ones carry their tier;
+    long-term ones are also every memory made elsewhere (no tier at all), so `["ltm"]`
+    is "not short-term" rather than "tier is ltm"."""
     filters: dict[str, Any] = attrs_containment(memory_type=memory_type, tags=tags)
     tiers = set(tier or ("stm", "ltm"))
-    if tiers != {"ltm"}:
-        if tiers == {"stm"}:
-            filters[TIER_KEY] = "stm"
-        return _search(scope, limit=limit, filters=filters or None, **kwargs)
-    fetch = limit
-    while True:
-        found = _search(scope, limit=fetch, filters=filters or None, **kwargs)
-        kept = [item for item in found if _tier_of(item) == "ltm"]
-        if len(kept) >= limit or len(found) < fetch or fetch >= LTM_SEARCH_MAX:
-            return kept[:limit]
-        fetch = min(LTM_SEARCH_MAX, fetch * 4)
+    if tiers == {"stm"}:
+        filters[TIER_KEY] = "stm"
+    elif tiers == {"ltm"}:
+        filters[FILTER_EXCLUDED] = {TIER_KEY: "stm"}
+    return _search(scope, limit=limit, filters=filters or None, **kwargs)
 
 
 def _memory_dict(item: EngineMemory, *, user: str) -> dict[str, Any]:
