@@ -20,7 +20,7 @@ from django.db.models import Q
 
 from audit.models import AuditEvent, MemoryHistory
 from core.locks import advisory_xact_lock
-from core.scope import MemoryScope
+from core.scope import CallContext, MemoryScope
 from memories import engine
 from memories.auth import Principal
 from memories.models import ContentHash, EngineMessage, IngestIntent
@@ -72,6 +72,20 @@ def history_with(text: str):
     return MemoryHistory.objects.filter(Q(old_memory__icontains=text) | Q(new_memory__icontains=text))
 
 
+@contextmanager
+def ingest_in_flight(
+    llm, scope: MemoryScope, *, facts: tuple[str, ...] = FACTS, messages: list[dict] = TURN
+) -> Iterator[tuple[CallContext, InThread]]:
+    """An ingest call of `scope` running in a thread, held in its LLM call until the block
+    ends: (its call context, the thread)."""
+    llm.queue_facts(*facts)
+    call = internal_call()
+    with llm_held(llm) as gate:
+        ingest = InThread(lambda: memory_ingest(scope, messages=messages, call=call))
+        assert gate.entered.wait(30)
+        yield call, ingest
+
+
 def nothing_left_of(scope: MemoryScope, *, request_id: str, words: tuple[str, ...]) -> None:
     """No memory, hash, raw message or history text of the call (its history events stay,
     blank); no intent holding a text."""
@@ -94,11 +108,7 @@ def the_audit_row(request_id: str) -> AuditEvent:
 # --- (1) MCP/REST ingest held in its LLM call while the user erases their data ----------------
 def test_an_ingest_in_flight_during_a_wipe_leaves_nothing_and_says_so(alice, alice_scope, llm):
     memory_remember(alice_scope, memory="Alice lives in Tromsø", call=internal_call())
-    llm.queue_facts(*FACTS)
-    call = internal_call()
-    with llm_held(llm) as gate:
-        ingest = InThread(lambda: memory_ingest(alice_scope, messages=TURN, call=call))
-        assert gate.entered.wait(30)
+    with ingest_in_flight(llm, alice_scope) as (call, ingest):
         assert IngestIntent.objects.get(request_id=call.request_id).state == IngestIntent.State.OPEN
         wiped = run(alice, "wipe_user_data", {"confirm": True})
         assert wiped["memories_deleted"] == 1
@@ -213,12 +223,8 @@ def test_the_reconciler_discards_what_a_superseded_ingest_stored_before_it_crash
 # --- (4) tenancy: alice's wipe leaves bob's ingest in flight alone -----------------------------
 def test_alices_wipe_does_not_touch_bobs_ingest_in_flight(alice, alice_scope, bob_scope, llm):
     memory_remember(alice_scope, memory="Alice lives in Tromsø", call=internal_call())
-    llm.queue_facts("Bob repairs clocks in Bodø")
-    call = internal_call()
-    with llm_held(llm) as gate:
-        messages = [{"role": "user", "content": "I repair clocks in Bodø."}]
-        ingest = InThread(lambda: memory_ingest(bob_scope, messages=messages, call=call))
-        assert gate.entered.wait(30)
+    messages = [{"role": "user", "content": "I repair clocks in Bodø."}]
+    with ingest_in_flight(llm, bob_scope, facts=("Bob repairs clocks in Bodø",), messages=messages) as (call, ingest):
         run(alice, "wipe_user_data", {"confirm": True})
         assert "superseded_by" not in IngestIntent.objects.get(request_id=call.request_id).detail
 
@@ -238,11 +244,7 @@ def test_alices_wipe_does_not_touch_bobs_ingest_in_flight(alice, alice_scope, bo
 def test_a_clear_all_during_an_ingest_trashes_its_facts_and_undo_brings_them_back(alice, alice_scope, llm, settings):
     settings.TRASH_RETENTION_DAYS = 30
     memory_remember(alice_scope, memory="Alice lives in Tromsø", call=internal_call())
-    llm.queue_facts(*FACTS)
-    call = internal_call()
-    with llm_held(llm) as gate:
-        ingest = InThread(lambda: memory_ingest(alice_scope, messages=TURN, call=call))
-        assert gate.entered.wait(30)
+    with ingest_in_flight(llm, alice_scope) as (call, ingest):
         assert run(alice, "clear_all_memory", {"confirm": True}) == {"deleted": 1}
     assert ingest.result() == []
 
@@ -267,11 +269,7 @@ def test_a_clear_all_during_an_ingest_trashes_its_facts_and_undo_brings_them_bac
 
 def test_an_erasure_after_a_clear_all_in_the_same_window_deletes_the_facts_for_good(alice, alice_scope, llm, settings):
     settings.TRASH_RETENTION_DAYS = 30
-    llm.queue_facts(*FACTS)
-    call = internal_call()
-    with llm_held(llm) as gate:
-        ingest = InThread(lambda: memory_ingest(alice_scope, messages=TURN, call=call))
-        assert gate.entered.wait(30)
+    with ingest_in_flight(llm, alice_scope) as (call, ingest):
         run(alice, "clear_all_memory", {"confirm": True})
         run(alice, "wipe_user_data", {"confirm": True})
     assert ingest.result() == []
@@ -288,11 +286,7 @@ def test_a_clear_all_undone_while_an_ingest_is_in_flight_lets_the_ingest_keep_it
     facts are stored live (not trashed after the undo, where nothing would bring them back)."""
     settings.TRASH_RETENTION_DAYS = 30
     memory_remember(alice_scope, memory="Alice lives in Tromsø", call=internal_call())
-    llm.queue_facts(*FACTS)
-    call = internal_call()
-    with llm_held(llm) as gate:
-        ingest = InThread(lambda: memory_ingest(alice_scope, messages=TURN, call=call))
-        assert gate.entered.wait(30)
+    with ingest_in_flight(llm, alice_scope) as (call, ingest):
         run(alice, "clear_all_memory", {"confirm": True})
         clear_row = AuditEvent.objects.get(operation="clear_all_memory", outcome="ok")
         assert run(alice, "restore_memory", {"request_id": clear_row.request_id})["restored"]
