@@ -29,3 +29,4 @@ class MemsiteConfig(AppConfig):
         # Every erasure leaves a record next to the backups (the erasure ledger), added in
         # the erasure's own transaction, so that a restore to a point before it does it again.
         erasure_register(erasure_ledger_record)
+        from memsite import checks  # noqa: F401 - registers the settings checks

@@ -61,13 +61,15 @@ def pgvector_version(*, using: str = "default") -> str | None:
     return database_info(using=using).pgvector_version
 
 
-def vector_search_plan(info: DatabaseInfo | None = None) -> str:
-    """How the engine searches vectors. "exact": a scan of the user's rows (exact by
-    construction). "adaptive": exact for users below SEARCH_INDEX_MIN_ROWS rows, the HNSW
-    index with iterative scans (pgvector >= 0.8) above. "hnsw": mem0's own HNSW
-    (MEMORY_HNSW=true), which on pgvector < 0.8 can silently lose rows under a filter."""
-    if settings.MEMORY_HNSW:
-        return "hnsw"
-    if settings.SEARCH_INDEX_MIN_ROWS > 0 and info is not None and info.iterative_index_scans:
+def vector_search_plan(info: DatabaseInfo | None) -> str | None:
+    """How the engine searches vectors, by the rule of memories.engine.retrieval.vector_plan:
+    "exact" (a scan of the user's rows) when SEARCH_INDEX_MIN_ROWS is 0 or the server has no
+    iterative index scans (pgvector < 0.8); "adaptive" otherwise: exact below
+    SEARCH_INDEX_MIN_ROWS rows, the HNSW index with iterative scans from there on. None while
+    the database cannot say (unreachable). MEMORY_HNSW plays no part: it is passed to mem0,
+    whose own search the engine does not use."""
+    if info is None:
+        return None
+    if settings.SEARCH_INDEX_MIN_ROWS > 0 and info.iterative_index_scans:
         return "adaptive"
     return "exact"

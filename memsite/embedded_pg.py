@@ -318,12 +318,17 @@ class EmbeddedPostgres:
             self._staging.rename(pgdata)
             self._staged_marker.unlink()
             return
+        # The old cluster is moved aside only once the new one is complete and the marker is
+        # written, so without both it is not an upgrade's leftover: an operator moved postgres/
+        # away (e.g. before a restore). Upgrading the old cluster again would serve data from
+        # before the upgrade, including what was erased since: the operator decides.
         backups = sorted(self.paths.data_dir.glob("postgres-*.pre-upgrade"))
         if backups:
-            # Crashed between moving the old cluster aside and moving the new one in, with
-            # no finished new cluster: put the old one back; the upgrade runs again.
-            _announce("restoring %s after an interrupted upgrade", backups[-1])
-            backups[-1].rename(pgdata)
+            raise RuntimeError(
+                f"{pgdata} is missing; {backups[-1]} holds the data from before the PostgreSQL upgrade: "
+                f"move it back to {pgdata.name}/ to serve that data (it is upgraded again), or move it "
+                f"out of {self.paths.data_dir} to start with a new database"
+            )
 
     def _legacy_bin_dir(self, major: int) -> Path:
         legacy = _package_bin_dir(LEGACY_PACKAGE)
@@ -378,6 +383,7 @@ class EmbeddedPostgres:
                 f"the old data in {pgdata} is untouched and the next start tries again"
             )
         self._staged_marker.touch()
+        _fsync_dir(self.paths.data_dir)  # the marker is on disk before the old cluster moves
         backup = self._backup_dir(old_major)
         if backup.exists():
             shutil.rmtree(backup)
@@ -516,6 +522,14 @@ class EmbeddedPostgres:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)).fetchone()
             if not exists:
                 conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _is_postgres(pid: int) -> bool:

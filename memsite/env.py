@@ -27,7 +27,7 @@ def env_required(name: str) -> str:
     return value
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
     raw = env_str(name)
     if raw is None:
         return default
@@ -37,6 +37,8 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
         raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
     if minimum is not None and value < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be <= {maximum}, got {value}")
     return value
 
 
@@ -81,6 +83,18 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_map(name: str) -> dict[str, str]:
+    """`key:value,key:value` as a dict; an item without both sides is an error, not skipped
+    (a mapping that silently loses an entry sends its users elsewhere)."""
+    mapping = {}
+    for item in env_list(name, []):
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError(f"{name} must look like key:value,key:value; {item!r} has no key:value")
+        mapping[key.strip()] = value.strip()
+    return mapping
 
 
 def env_path(name: str, default: Path) -> Path:

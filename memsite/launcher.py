@@ -6,18 +6,25 @@ parent-death signal, so even `kill -9` of the launcher leaves no process behind;
 flock on the data dir (released by the kernel on any exit) keeps two launchers apart
 and leaves no stale lock. SIGINT/SIGTERM stop the children, then Postgres.
 
+Start-up fails fast, with one line saying why: a bad PORT or CELERY_WORKER_CONCURRENCY, a
+port in use, an unreachable DATABASE_URL, a failed system check (migrate runs them), or a
+child that exits with an error before it ever started (web: before /healthz answered).
+"memsite is up" is logged once /healthz answers.
+
 Self-healing: when the embedded Postgres dies it is restarted with backoff while the
 children keep running (the web process answers 503 backend_unavailable meanwhile, and
-every connection pool reconnects afterwards); a child that exits is restarted with
-backoff too. Nothing gives up while the launcher runs.
+every connection pool reconnects afterwards); a child that exits after it started is
+restarted with backoff too. Nothing gives up while the launcher runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +38,13 @@ logger = logging.getLogger("memsite.launcher")
 
 ROOT = Path(__file__).resolve().parent.parent
 STOP_TIMEOUT_S = 20.0
+# uvicorn's grace for requests in flight after SIGTERM; a call still running then gets a 500.
+# Below STOP_TIMEOUT_S, with room for its lifespan shutdown, so our SIGKILL never comes first.
+WEB_GRACEFUL_SHUTDOWN_S = STOP_TIMEOUT_S - 3
+# A worker or beat still running this long after its start has started (the web: once
+# /healthz answers); one that exits with an error before that stops the launcher.
+STARTED_AFTER_S = 10.0
+HEALTHZ_TIMEOUT_S = 2.0
 # Restarts within this window count towards the backoff; a process up longer starts afresh.
 RESTART_WINDOW_S = 60.0
 BACKOFF_FIRST_S = 0.5
@@ -62,6 +76,9 @@ class Child:
     log_path: Path | None = None
     process: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
+    started_at: float = 0.0
+    # Once started, a child is restarted whenever it exits; before, an error exit is fatal.
+    has_started: bool = False
 
     def start(self) -> None:
         out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
@@ -76,6 +93,7 @@ class Child:
         )
         if out:
             out.close()
+        self.started_at = time.monotonic()
         logger.info("started %s (pid %s)", self.name, self.process.pid)
 
     def exited(self) -> int | None:
@@ -88,10 +106,55 @@ class Child:
         return backoff_delay(len(self.restarts))
 
 
+def _worker_concurrency() -> int:
+    from memsite.env import env_int
+
+    return env_int("CELERY_WORKER_CONCURRENCY", 2, minimum=1)
+
+
+def _port_checked(settings) -> int:
+    """settings.PORT, which must be a TCP port (settings accept any integer >= 1)."""
+    from memsite.env import ConfigError
+
+    if not 1 <= settings.PORT <= 65535:
+        raise ConfigError(f"PORT must be between 1 and 65535, got {settings.PORT}")
+    return settings.PORT
+
+
+def _listen_check(host: str, port: int) -> None:
+    """Fail before anything starts when uvicorn could not listen (port in use, host not
+    local), rather than restarting a web process that exits at once. The same options as
+    uvicorn's bind (SO_REUSEADDR), so a port in TIME_WAIT passes as it would for uvicorn."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _healthz_answers(host: str, port: int) -> bool:
+    """Whether the web process answers HTTP on /healthz (any status: a 503 while the database
+    is away, or a 400 from ALLOWED_HOSTS, still means it is serving)."""
+    connect_to = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
+    conn = http.client.HTTPConnection(connect_to, port, timeout=HEALTHZ_TIMEOUT_S)
+    try:
+        conn.request("GET", "/healthz")
+        conn.getresponse().read()
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+    return True
+
+
 def _children(settings) -> list[Child]:
     python = sys.executable
     log_dir = settings.DATA_DIR / "logs" if os.environ.get("MEMSITE_LOG_TO_FILES") == "1" else None
-    concurrency = os.environ.get("CELERY_WORKER_CONCURRENCY", "2")
+    concurrency = str(_worker_concurrency())
 
     def log(name: str) -> Path | None:
         return log_dir / f"{name}.log" if log_dir else None
@@ -102,7 +165,8 @@ def _children(settings) -> list[Child]:
             [
                 python, "-m", "uvicorn", "memsite.asgi:application",
                 "--host", settings.HOST, "--port", str(settings.PORT),
-                "--lifespan", "on", "--timeout-graceful-shutdown", "10", "--no-server-header",
+                "--lifespan", "on", "--timeout-graceful-shutdown", str(int(WEB_GRACEFUL_SHUTDOWN_S)),
+                "--no-server-header",
             ],
             log("web"),
         ),
@@ -171,7 +235,42 @@ def _first_backup(settings) -> Child | None:
 
 
 def _migrate() -> None:
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, check=True)
+    # migrate runs the system checks first (memsite/checks.py, ...) and prints what fails.
+    result = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"manage.py migrate failed with exit {result.returncode} (see above)")
+
+
+def _database_reachable(settings) -> None:
+    """With DATABASE_URL: connect once before migrating, so an unreachable server is one
+    line naming host and port (never the password), not a migrate traceback."""
+    import psycopg
+
+    db = settings.DATABASES["default"]
+    host, port, password = db.get("HOST") or "", db.get("PORT") or "", db.get("PASSWORD") or ""
+    # What Django's backend passes to psycopg too (sslmode and other URL query options).
+    options = {
+        k: v
+        for k, v in (db.get("OPTIONS") or {}).items()
+        if k not in ("pool", "isolation_level", "server_side_binding", "assume_role", "cursor_factory")
+    }
+    try:
+        psycopg.connect(
+            dbname=db.get("NAME") or None,
+            user=db.get("USER") or None,
+            password=password or None,
+            host=host or None,
+            port=str(port) if port else None,
+            connect_timeout=10,
+            **options,
+        ).close()
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if password:
+            reason = reason.replace(password, "***")
+        raise RuntimeError(
+            f"cannot reach the database from DATABASE_URL ({host or 'local socket'}:{port or 5432}): {reason}"
+        ) from None
 
 
 def _erasures_reapply(settings) -> None:
@@ -188,10 +287,33 @@ def _erasures_reapply(settings) -> None:
     subprocess.run([sys.executable, "manage.py", "erasures", "--reapply"], cwd=ROOT, check=True)
 
 
+def _settings_loaded():
+    """The settings, loaded now: a ConfigError says what is wrong; any other failure is
+    named by its type and line in settings.py, without its message (it may quote a value,
+    e.g. a DATABASE_URL with its password)."""
+    import traceback
+
+    from memsite.env import ConfigError
+
+    settings = _settings()
+    try:
+        settings.DATA_DIR  # noqa: B018 - forces the lazy settings to load
+    except ConfigError:
+        raise
+    except Exception as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith("settings.py")]
+        where = f" at memsite/settings.py:{frames[-1].lineno}" if frames else ""
+        raise ConfigError(
+            f"the settings do not load ({type(exc).__name__}{where}); `python manage.py check` shows the traceback"
+        ) from None
+    return settings
+
+
 class Launcher:
     def __init__(self) -> None:
-        self.settings = _settings()
+        self.settings = _settings_loaded()
         self.postgres: Any = None
+        self.postgres_started = False
         self.children: list[Child] = []
         self.backup: Child | None = None  # one-shot, not restarted
         self.stopping = False
@@ -205,9 +327,15 @@ class Launcher:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         try:
+            port = _port_checked(self.settings)
+            _worker_concurrency()
+            self._lock_database()
+            _listen_check(self.settings.HOST, port)
             self._start_database()
             if self.stopping:
                 return 0
+            if not self.settings.EMBEDDED_DATABASE:
+                _database_reachable(self.settings)
             _migrate()
             _erasures_reapply(self.settings)
             _metrics_dir_prepare(self.settings)
@@ -215,23 +343,41 @@ class Launcher:
             for child in self.children:
                 child.start()
             self.backup = _first_backup(self.settings)
-            logger.info("memsite is up on http://%s:%s/", self.settings.HOST, self.settings.PORT)
             return self._supervise()
         finally:
             self._stop_children()
             self._stop_database()
 
-    def _start_database(self) -> None:
+    def _lock_database(self) -> None:
         if not self.settings.EMBEDDED_DATABASE:
             return
         from memsite.embedded_pg import EmbeddedPostgres
 
-        self.postgres = EmbeddedPostgres(self.settings.DATA_DIR)
-        if not self.postgres.try_lock():
+        postgres = EmbeddedPostgres(self.settings.DATA_DIR)
+        if not postgres.try_lock():
             raise SystemExit(f"another memsite process owns {self.settings.DATA_DIR} (launcher or manage.py)")
+        self.postgres = postgres
+
+    def _start_database(self) -> None:
+        if self.postgres is None:
+            return
         self.postgres.server_settings = _archive_settings(self.settings.DATA_DIR)
+        self.postgres_started = True  # from here on a postmaster may run: stop it on the way out
         self.postgres.start()
         logger.info("embedded postgres ready (socket dir %s)", self.postgres.paths.socket_dir)
+
+    def _mark_started(self, now: float) -> None:
+        """The web has started once /healthz answers; the others once the web is up and they
+        ran STARTED_AFTER_S (on a busy machine everything starts slowly, bad options included)."""
+        web = next((c for c in self.children if c.name == "web"), None)
+        if web is not None and not web.has_started:
+            if web.exited() is not None or not _healthz_answers(self.settings.HOST, self.settings.PORT):
+                return
+            web.has_started = True
+            logger.info("memsite is up on http://%s:%s/", self.settings.HOST, self.settings.PORT)
+        for child in self.children:
+            if not child.has_started and child.exited() is None and now - child.started_at >= STARTED_AFTER_S:
+                child.has_started = True
 
     def _supervise(self) -> int:
         due: dict[str, float] = {}  # child name -> when its pending restart may happen
@@ -246,6 +392,11 @@ class Launcher:
                 code = child.exited()
                 if code is None:
                     continue
+                if code != 0 and not child.has_started:
+                    # A configuration problem (bad option, port taken, settings): restarting
+                    # would only repeat it forever.
+                    logger.error("%s failed to start (exit %s; see above)", child.name, code)
+                    return 1
                 if child.name not in due:
                     _metrics_process_dead(child)
                     delay = child.restart_delay()
@@ -254,6 +405,8 @@ class Launcher:
                 if now >= due[child.name]:
                     del due[child.name]
                     child.start()
+            if not self.stopping:
+                self._mark_started(now)
         return 0
 
     def _restart_database(self) -> None:
@@ -301,9 +454,11 @@ class Launcher:
                 os.killpg(process.pid, signal.SIGKILL)
 
     def _stop_database(self) -> None:
-        if self.postgres:
-            self.postgres.stop()
-            self.postgres.release_lock()
+        if self.postgres is None:
+            return
+        self.postgres.stop()
+        self.postgres.release_lock()
+        if self.postgres_started:
             logger.info("embedded postgres stopped")
 
 

@@ -75,7 +75,8 @@ def test_database_capabilities():
     if not __import__("os").environ.get("DATABASE_URL"):  # the embedded server
         assert info.server_version.startswith("18.")
         assert info.iterative_index_scans and info.halfvec
-    assert vector_search_plan() == "exact"  # MEMORY_HNSW keeps its default (false)
+    # SEARCH_INDEX_MIN_ROWS keeps its default: exact below it, the index with iterative scans above
+    assert vector_search_plan(info) == ("adaptive" if info.iterative_index_scans else "exact")
 
 
 def test_asgi_wrapper_turns_a_lost_database_into_503():

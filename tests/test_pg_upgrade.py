@@ -167,7 +167,7 @@ def test_pgserver_16_data_dir_is_upgraded_with_everything_intact():
             again.release_lock()
 
 
-def test_interrupted_swap_is_finished_on_next_start(tmp_path):
+def test_interrupted_swap_is_finished_on_next_start():
     """A crash between moving the old cluster aside and moving the new one in."""
     short = Path(tempfile.mkdtemp(prefix="msi-"))
     try:
@@ -181,13 +181,38 @@ def test_interrupted_swap_is_finished_on_next_start(tmp_path):
         assert (short / "postgres" / "PG_VERSION").read_text() == "18\n"
         assert not staging.exists() and not (short / "postgres.upgrading.done").exists()
 
-        # Crash after the old cluster moved aside but before pg_upgrade finished: put it back.
-        other = tmp_path / "d2"
-        (other / "postgres-16.pre-upgrade").mkdir(parents=True)
-        (other / "postgres-16.pre-upgrade" / "PG_VERSION").write_text("16\n")
-        (other / "postgres.upgrading").mkdir()
-        EmbeddedPostgres(other)._recover_interrupted_upgrade()
-        assert (other / "postgres" / "PG_VERSION").read_text() == "16\n"
+        # Without the marker a pre-upgrade cluster is no upgrade's leftover (the old cluster moves
+        # aside only after the new one is complete): see the next test.
+    finally:
+        import shutil
+
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_a_moved_away_cluster_is_not_replaced_by_the_pre_upgrade_one():
+    """An operator moved postgres/ away after an upgrade (the restore docs say so): the next
+    start must not put postgres-16.pre-upgrade back, which would serve data from before the
+    upgrade, including data erased since. It refuses, and says what to do."""
+    short = Path(tempfile.mkdtemp(prefix="msm-"))
+    try:
+        backup = short / "postgres-16.pre-upgrade"
+        backup.mkdir()
+        (backup / "PG_VERSION").write_text("16\n")
+        (short / "postgres.moved-aside").mkdir()
+        (short / "postgres.moved-aside" / "PG_VERSION").write_text("18\n")
+        pg = EmbeddedPostgres(short)
+        assert pg.try_lock()
+        try:
+            with pytest.raises(RuntimeError) as refused:
+                pg.start()
+        finally:
+            pg.release_lock()
+        message = str(refused.value)
+        assert "postgres is missing" in message and "postgres-16.pre-upgrade" in message
+        assert "holds the data from before the PostgreSQL upgrade" in message
+        assert pg.process is None
+        assert not (short / "postgres").exists()
+        assert (backup / "PG_VERSION").read_text() == "16\n"
     finally:
         import shutil
 
