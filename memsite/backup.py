@@ -6,8 +6,9 @@ point-in-time restore. Postgres' own tools only (archive_command, pg_basebackup,
   there were writes, so at most that much acknowledged work is at risk (the RPO).
 - Base backups (`pg_basebackup`, tar + gzip, with the WAL they need) are taken by
   `manage.py backup`, by the launcher when none is recent, and by Celery beat.
-- `restore` unpacks the newest base backup finished before the target time into a fresh data
-  dir and lets Postgres replay archived WAL up to that time (or to the end: "latest").
+- `restore` unpacks the newest base backup finished before the target time into a staging dir
+  and lets Postgres replay archived WAL up to that time (or to the end: "latest"); the result
+  becomes the data dir's postgres/ only when all of it succeeded.
 
 Target: a directory (BACKUP_DIR, default $MEMSITE_DATA_DIR/backups) or an S3-compatible bucket
 with object lock (BACKUP_S3_*). Layout in both: `base/<label>/{base.tar.gz, pg_wal.tar.gz,
@@ -26,6 +27,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import pwd
 import re
@@ -44,6 +46,8 @@ from pathlib import Path
 from memsite import walarchive
 from memsite.embedded_pg import EmbeddedPostgres, pg_bin_dir, postgres_os_user
 
+logger = logging.getLogger(__name__)
+
 Progress = Callable[[str], None]
 BASE_FILES = ("base.tar.gz", "pg_wal.tar.gz", "backup_manifest")
 META = "backup.json"
@@ -58,6 +62,11 @@ _STAMP = "%Y%m%dT%H%M%S%fZ"  # fixed width: names sort by time
 # bounds which records are read.
 REAPPLY_MARGIN = timedelta(minutes=10)
 _SEGMENT = re.compile(r"^[0-9A-F]{24}$")
+# Backups from before backup.json recorded it: initdb's default, never changed by memsite.
+DEFAULT_WAL_SEGMENT_SIZE = 16 * 1024 * 1024
+# Where a restore unpacks and recovers, inside the data dir it restores into (same file
+# system): the result is renamed into place only once recovery succeeded.
+RESTORE_STAGING = ".restore-staging"
 
 
 class BackupError(RuntimeError):
@@ -66,6 +75,34 @@ class BackupError(RuntimeError):
 
 class BackupBusy(BackupError):
     pass
+
+
+class BackupUnreadable(BackupError):
+    """One base backup's backup.json is damaged: that backup is skipped, the others stay usable."""
+
+
+def _parse_meta(label: str, raw: bytes) -> dict:
+    """backup.json as restore needs it, or BackupUnreadable naming the backup."""
+    try:
+        meta = json.loads(raw)
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+        for key in ("label", "started_at", "finished_at", "start_wal", "end_lsn", "server_version"):
+            if not isinstance(meta.get(key), str):
+                raise ValueError(f"no {key}")
+        datetime.fromisoformat(meta["started_at"])
+        datetime.fromisoformat(meta["finished_at"])
+        _lsn(meta["end_lsn"])
+        if not _SEGMENT.match(meta["start_wal"]) or not re.match(r"\d+", meta["server_version"]):
+            raise ValueError("bad start_wal or server_version")
+        for name in BASE_FILES:
+            entry = meta["files"][name]
+            if not isinstance(entry["sha256"], str) or not isinstance(entry["size"], int):
+                raise ValueError(f"bad files.{name}")
+    except (ValueError, TypeError, KeyError) as exc:
+        reason = type(exc).__name__ if isinstance(exc, json.JSONDecodeError) else f"{type(exc).__name__}: {exc}"
+        raise BackupUnreadable(f"base backup {label}: {META} is unreadable ({reason})") from None
+    return meta
 
 
 def _quiet(_: str) -> None:
@@ -195,7 +232,11 @@ class _DirTarget:
         return sorted(p.name for p in base.iterdir() if not p.name.startswith(".") and (p / META).exists())
 
     def read_meta(self, label: str) -> dict:
-        return json.loads((self.root / "base" / label / META).read_text())
+        try:
+            raw = (self.root / "base" / label / META).read_bytes()
+        except OSError as exc:
+            raise BackupUnreadable(f"base backup {label}: {META} is unreadable ({type(exc).__name__})") from None
+        return _parse_meta(label, raw)
 
     def store_base(self, label: str, staging: Path, progress: Progress) -> None:
         final = self.root / "base" / label
@@ -283,8 +324,21 @@ class _S3Target:
         return sorted(o["Key"].split("/")[-2] for o in self._list("base/") if o["Key"].endswith(f"/{META}"))
 
     def read_meta(self, label: str) -> dict:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         key = walarchive.s3_key(self.config, f"base/{label}/{META}")
-        return json.loads(self.client.get_object(Bucket=self.config["bucket"], Key=key)["Body"].read())
+        try:
+            raw = self.client.get_object(Bucket=self.config["bucket"], Key=key)["Body"].read()
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("404", "NoSuchKey", "NotFound"):
+                raise BackupUnreadable(f"base backup {label}: {META} is gone from the bucket") from None
+            raise BackupError(f"cannot read {META} of base backup {label} from the bucket ({code})") from None
+        except BotoCoreError as exc:
+            # The bucket not answering is no reason to skip a backup: stop instead.
+            reason = type(exc).__name__
+            raise BackupError(f"cannot read {META} of base backup {label} from the bucket ({reason})") from None
+        return _parse_meta(label, raw)
 
     def store_base(self, label: str, staging: Path, progress: Progress) -> None:
         for name in (*BASE_FILES, META):  # backup.json last: its presence means complete
@@ -471,6 +525,7 @@ def backup_base(*, progress: Progress = _quiet) -> dict:
             "end_lsn": wal_range["End-LSN"],
             "start_wal": wal_file_name(timeline, start_lsn, facts["wal_segment_size"]),
             "server_version": facts["server_version"],
+            "wal_segment_size": facts["wal_segment_size"],
             "files": files,
         }
         (staging / META).write_text(json.dumps(meta, indent=2))
@@ -500,14 +555,18 @@ def backup_base_if_due(*, progress: Progress = _quiet) -> dict | None:
 
 
 def _apply_retention(target: _DirTarget, keep: int, progress: Progress) -> None:
-    """Keep the newest `keep` base backups and the WAL from the oldest of them on."""
+    """Keep the newest `keep` readable base backups and the WAL from the oldest of them on.
+
+    Only readable backups count: a damaged backup.json never makes a good backup go."""
     labels = target.base_labels()
-    if keep <= 0 or len(labels) <= keep:
+    readable, _ = _readable_metas(target, labels, progress)
+    if keep <= 0 or len(readable) <= keep:
         return
-    for label in labels[:-keep]:
-        target.delete_base(label)
-        progress(f"retention: removed base backup {label}")
-    oldest_meta = target.read_meta(labels[-keep])
+    oldest_meta = readable[-keep]
+    for label in labels:
+        if label < oldest_meta["label"]:
+            target.delete_base(label)
+            progress(f"retention: removed base backup {label}")
     oldest = oldest_meta["start_wal"]
     # A ledger record matters only to a restore from a backup started before it: none is
     # left for those a day older than the oldest kept one (the day: erasures in flight).
@@ -533,12 +592,27 @@ class ArchiveStatus:
     newest_wal: str | None
     newest_wal_at: datetime | None
     archiver: dict | None = None  # pg_stat_archiver of the running server, if it answers
+    unreadable: list[str] = field(default_factory=list)  # why each skipped backup was skipped
 
 
-def backups_list() -> list[dict]:
-    """backup.json of every complete base backup, oldest first."""
+def _readable_metas(target, labels: list[str], progress: Progress) -> tuple[list[dict], list[str]]:
+    """backup.json of each label that has a readable one; and a message for each that has not."""
+    metas, unreadable = [], []
+    for label in labels:
+        try:
+            metas.append(target.read_meta(label))
+        except BackupUnreadable as exc:
+            logger.warning("%s; skipped", exc)
+            progress(f"warning: {exc}; skipped")
+            unreadable.append(str(exc))
+    return metas, unreadable
+
+
+def backups_list(*, progress: Progress = _quiet) -> list[dict]:
+    """backup.json of every complete base backup, oldest first. One whose backup.json is
+    damaged is skipped with a warning: the others stay usable."""
     target = _target()
-    return [target.read_meta(label) for label in target.base_labels()]
+    return _readable_metas(target, target.base_labels(), progress)[0]
 
 
 def archive_status() -> ArchiveStatus:
@@ -546,9 +620,11 @@ def archive_status() -> ArchiveStatus:
     target = _target(config)
     wal = [(n, t) for n, t in target.wal_names() if _SEGMENT.match(n)]
     newest = max(wal, key=lambda item: item[1]) if wal else None
+    backups, unreadable = _readable_metas(target, target.base_labels(), _quiet)
     return ArchiveStatus(
         target=describe(config),
-        backups=[target.read_meta(label) for label in target.base_labels()],
+        backups=backups,
+        unreadable=unreadable,
         wal_files=len(wal),
         newest_wal=newest[0] if newest else None,
         newest_wal_at=datetime.fromtimestamp(newest[1], UTC) if newest else None,
@@ -643,9 +719,10 @@ class RestoreReport:
     notes: list[str] = field(default_factory=list)
 
 
-def _choose_backup(backups: list[dict], target_time: datetime | None) -> dict:
+def _choose_backup(backups: list[dict], target_time: datetime | None, unreadable: list[str]) -> dict:
     if not backups:
-        raise BackupError("there is no complete base backup in the target to restore from")
+        skipped = f" ({'; '.join(unreadable)})" if unreadable else ""
+        raise BackupError(f"there is no complete base backup in the target to restore from{skipped}")
     if target_time is None:
         return backups[-1]
     usable = [b for b in backups if datetime.fromisoformat(b["finished_at"]) <= target_time]
@@ -655,20 +732,197 @@ def _choose_backup(backups: list[dict], target_time: datetime | None) -> dict:
     return usable[-1]
 
 
+def _binaries_major() -> int:
+    out = subprocess.run([str(pg_bin_dir() / "postgres"), "--version"], capture_output=True, text=True, check=True)
+    found = re.search(r"(\d+)(?:\.\d+)*\s*$", out.stdout.strip())
+    if not found:
+        raise BackupError(f"cannot tell the version of {pg_bin_dir() / 'postgres'} ({out.stdout.strip()!r})")
+    return int(found.group(1))
+
+
+def _check_server_version(meta: dict) -> None:
+    """A physical backup restores only with binaries of its own major version: say so before
+    anything is unpacked, not as a server log the operator has to go and read."""
+    found = re.match(r"\d+", meta["server_version"])
+    major = int(found.group()) if found else None
+    ours = _binaries_major()
+    if major != ours:
+        raise BackupError(
+            f"base backup {meta['label']} was taken by PostgreSQL {meta['server_version']} and this memsite runs "
+            f"PostgreSQL {ours}: a physical backup restores only with the same major version. Restore it with the "
+            f"memsite release that ran PostgreSQL {major}, or restore from a backup taken since the upgrade"
+        )
+
+
+def _segno(name: str, segment_size: int) -> int:
+    return int(name[8:16], 16) * (0x100000000 // segment_size) + int(name[16:24], 16)
+
+
+def _segment_name(timeline: int, segno: int, segment_size: int) -> str:
+    return wal_file_name(timeline, segno * segment_size, segment_size)
+
+
+def _check_wal_complete(wal: list[tuple[str, float]], meta: dict, until: datetime | None, where: str) -> None:
+    """Before anything is unpacked: every segment recovery will need is in the archive.
+
+    Recovery takes a segment that is not there for the end of the WAL: a gap would end it
+    early and without a word. Needed: from the end of the backup's own WAL (pg_wal.tar.gz) to
+    the newest archived segment, or, with a target time, to the first one archived after it.
+    Timelines share segment numbers, so any timeline's copy counts as present."""
+    size = meta.get("wal_segment_size") or DEFAULT_WAL_SEGMENT_SIZE
+    start = _segno(meta["start_wal"], size)
+    present = {_segno(n, size): (n, t) for n, t in wal if _segno(n, size) >= start}
+    if not present:
+        return
+    end = max(present)
+    if until is not None:
+        end = min((s for s, (_, t) in present.items() if t > until.timestamp()), default=end)
+    covered = (_lsn(meta["end_lsn"]) - 1) // size
+    missing = [s for s in range(covered + 1, end + 1) if s not in present]
+    if not missing:
+        return
+    timeline = int((present.get(missing[0] - 1) or present[end])[0][:8], 16)
+    names = ", ".join(_segment_name(timeline, s, size) for s in missing[:3]) + (" ..." if len(missing) > 3 else "")
+    before = present.get(missing[0] - 1)
+    complete = (
+        f"up to {before[0]} (archived at {datetime.fromtimestamp(before[1], UTC).isoformat()})"
+        if before
+        else f"only to the end of base backup {meta['label']} ({meta['finished_at']})"
+    )
+    raise BackupError(
+        f"the WAL archive has a gap: {len(missing)} segment(s) missing from {where}/wal ({names}), needed to "
+        f"replay base backup {meta['label']} up to the target. Nothing was restored. Put the missing segments "
+        f"back into the archive (from another copy of the backups); the WAL is complete {complete}. To restore "
+        f"only up to the gap, move the archived segments after it aside and restore --to latest"
+    )
+
+
+@dataclass
+class _RecoveryEnd:
+    replayed_at: datetime | None  # the last transaction recovery applied
+    timeline: int  # the timeline recovery followed
+    end_lsn: int  # the end of the last WAL record it could read
+    new_timeline: int  # the one it ended on (its history file is in pg_wal)
+    segment_size: int
+
+
+def _recovery_end(server: EmbeddedPostgres) -> _RecoveryEnd:
+    import psycopg
+
+    with psycopg.connect(server.conninfo("postgres"), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_last_xact_replay_timestamp(), pg_walfile_name(pg_current_wal_lsn()),"
+            " (SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size')"
+        ).fetchone()
+        assert row is not None  # a SELECT without FROM
+        replayed_at, current, size = row
+        history = conn.execute("SELECT pg_read_file(%s)", [f"pg_wal/{current[:8]}.history"]).fetchone()
+    assert history is not None
+    # Its last line: "<timeline recovery followed> <end of the WAL it read> <why>".
+    entries = [line.split() for line in history[0].splitlines() if line.strip() and not line.startswith("#")]
+    return _RecoveryEnd(replayed_at, int(entries[-1][0]), _lsn(entries[-1][1]), int(current[:8], 16), size)
+
+
+def _check_replayed_all(wal: list[tuple[str, float]], end: _RecoveryEnd, where: str) -> None:
+    """After a restore to the end: recovery got to the newest archived segment of its timeline.
+    Short of it, a segment in between was not there or not valid WAL (Postgres ends recovery
+    at the first record it cannot read, as at the end of the WAL)."""
+    size = end.segment_size
+    prefix = f"{end.timeline:08X}"
+    newest = max((n for n, _ in wal if n.startswith(prefix)), default=None)
+    last = (end.end_lsn - 1) // size  # the segment holding the end of the last record read
+    if newest is None or _segno(newest, size) <= last:
+        return
+    following = _segment_name(end.timeline, last + 1, size)
+    suspect = (
+        following if end.end_lsn % size == 0 else f"{_segment_name(end.timeline, last, size)} (the WAL ends inside it)"
+    )
+    at = end.replayed_at.isoformat() if end.replayed_at else "none"
+    raise BackupError(
+        f"WAL replay ended at {end.end_lsn >> 32:X}/{end.end_lsn & 0xFFFFFFFF:X} (last transaction at {at}) but "
+        f"{where}/wal holds segments up to {newest}: {suspect} is damaged or missing. Nothing was restored. Put a "
+        f"good copy back into the archive; to restore only up to there, move the segments from {following} on "
+        f"aside and restore --to latest"
+    )
+
+
+_TARGET_NOT_REACHED = "recovery ended before configured recovery target was reached"
+
+
+def _fatal_from_log(log_file: Path, since: int) -> str | None:
+    try:
+        with open(log_file, "rb") as fh:
+            fh.seek(since)
+            lines = fh.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    fatal = [line for line in lines if "FATAL" in line or "PANIC" in line]
+    last = fatal or lines[-3:]
+    return last[-1] if last else None
+
+
+def _last_transaction(log_file: Path, since: int) -> str | None:
+    with contextlib.suppress(FileNotFoundError), open(log_file, "rb") as fh:
+        fh.seek(since)
+        found = re.findall(rb"last completed transaction was at log time (.+)", fh.read())
+        return found[-1].decode(errors="replace").strip() if found else None
+    return None
+
+
+def _restore_command_error(log_file: Path, since: int) -> str | None:
+    """What walarchive.py said (the exception, never the config) when it could not fetch a file."""
+    with contextlib.suppress(FileNotFoundError), open(log_file, "rb") as fh:
+        fh.seek(since)
+        found = re.findall(rb"walarchive \['fetch'\] failed: (.+)", fh.read())
+        return found[-1].decode(errors="replace").strip() if found else None
+    return None
+
+
+def _recovery_failed(
+    log_file: Path, since: int, fallback: str, target_time: datetime | None, kept_log: Path
+) -> BackupError:
+    line = _fatal_from_log(log_file, since) or fallback
+    if _TARGET_NOT_REACHED in line and target_time is not None:
+        last = _last_transaction(log_file, since)
+        holds = f" (the last one it holds is from {last})" if last else ""
+        return BackupError(
+            f"the WAL archive holds no transaction after {target_time.isoformat()}{holds}, so recovery cannot stop "
+            f"there. Nothing was restored: restore --to latest for everything archived"
+        )
+    if "could not restore file" in line:
+        why = _restore_command_error(log_file, since) or f"see {kept_log}"
+        return BackupError(
+            f"recovery failed: {line}. An archived WAL file could not be read ({why}). Nothing was restored: "
+            f"put a good copy of it back into the archive (readable by the server's OS user), or restore --to "
+            f"an earlier time"
+        )
+    return BackupError(f"recovery failed: {line} (see {kept_log}); nothing was restored")
+
+
 def _unpack(target, meta: dict, pgdata: Path, progress: Progress) -> None:
-    with tempfile.TemporaryDirectory(dir=pgdata.parent, prefix=".restore-") as tmp:
-        for name in ("base.tar.gz", "pg_wal.tar.gz"):
-            local = Path(tmp) / name
-            progress(f"fetching {name} ({meta['files'][name]['size'] / 1e6:.1f} MB)")
-            target.fetch_base_file(meta["label"], name, local)
-            digest = _sha256(local)
-            if digest != meta["files"][name]["sha256"]:
-                raise BackupError(f"{name} of backup {meta['label']} is corrupt (sha256 mismatch)")
-            destination = pgdata if name == "base.tar.gz" else pgdata / "pg_wal"
-            destination.mkdir(parents=True, exist_ok=True)
-            progress(f"unpacking {name}")
-            with tarfile.open(local) as archive:
+    """Every file of the backup fetched and its sha256 checked before any is unpacked."""
+    download = pgdata.parent / "download"
+    download.mkdir(exist_ok=True)
+    for name in BASE_FILES:
+        progress(f"fetching {name} ({meta['files'][name]['size'] / 1e6:.1f} MB)")
+        try:
+            target.fetch_base_file(meta["label"], name, download / name)
+        except Exception as exc:  # a file gone or a bucket not answering: name it, no traceback
+            raise BackupError(f"cannot fetch {name} of backup {meta['label']} ({type(exc).__name__})") from None
+        if _sha256(download / name) != meta["files"][name]["sha256"]:
+            raise BackupError(
+                f"{name} of backup {meta['label']} is corrupt (sha256 mismatch); nothing was restored. Restore "
+                f"--to a time before it finished ({meta['finished_at']}) to use the backup before it"
+            )
+    for name, destination in (("base.tar.gz", pgdata), ("pg_wal.tar.gz", pgdata / "pg_wal")):
+        destination.mkdir(parents=True, exist_ok=True)
+        progress(f"unpacking {name}")
+        try:
+            with tarfile.open(download / name) as archive:
                 archive.extractall(destination, filter="data")
+        except (OSError, tarfile.TarError) as exc:
+            raise BackupError(f"unpacking {name} of backup {meta['label']} failed: {exc}") from None
+    shutil.rmtree(download)
     (pgdata / "recovery.signal").touch()
     for leftover in ("postmaster.pid", "postmaster.opts"):
         (pgdata / leftover).unlink(missing_ok=True)
@@ -699,12 +953,20 @@ def _chown_tree(root: Path, user: str | None) -> None:
             os.chown(Path(dirpath) / name, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
 
 
-def _fatal_from_log(log_file: Path, since: int) -> str:
-    with open(log_file, "rb") as fh:
-        fh.seek(since)
-        lines = fh.read().decode(errors="replace").splitlines()
-    fatal = [line for line in lines if "FATAL" in line or "PANIC" in line]
-    return (fatal or lines[-3:] or ["(no log)"])[-1]
+def _keep_log(source: Path, dest: Path) -> None:
+    """The recovery's server log goes on in the data dir's own log, where an operator looks."""
+    if not source.exists():
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(source, "rb") as src, open(dest, "ab") as out:
+        shutil.copyfileobj(src, out)
+
+
+def _remove_staging(staging: EmbeddedPostgres) -> None:
+    shutil.rmtree(staging.paths.data_dir, ignore_errors=True)
+    socket_dir = staging.paths.socket_dir  # under /tmp when the data dir's path is long
+    if not socket_dir.is_relative_to(staging.paths.data_dir):
+        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 def restore(
@@ -712,105 +974,162 @@ def restore(
 ) -> RestoreReport:
     """Restore into a fresh `data_dir` (default: this instance's, whose postgres/ must be gone or
     empty) from the newest base backup finished before `target_time` (None = latest), replaying
-    archived WAL up to that time, then end recovery (a new timeline) and stop the server."""
-    import psycopg
+    archived WAL up to that time, then end recovery (a new timeline) and stop the server.
+
+    Unpacking and recovery happen in a staging dir beside postgres/, moved into place only
+    once everything succeeded: a restore that fails (or is killed) leaves no half-restored
+    data dir behind, nor anything in the archive, and can simply be run again."""
     from django.conf import settings
 
     _embedded_only()
-    started = time.monotonic()
     data_dir = Path(data_dir or settings.DATA_DIR).resolve()
+    final = EmbeddedPostgres(data_dir)
+    pgdata = final.paths.pgdata
+    if pgdata.exists() and any(pgdata.iterdir()):
+        raise BackupError(f"{pgdata} is not empty: restore only into a fresh data dir (move it away, or --target-dir)")
+    if not final.try_lock():
+        raise BackupError(f"{data_dir} is in use by a running memsite (stop it first)")
+    # upgrade=False: never pg_upgrade, nor update extensions in, the data being recovered.
+    staging = EmbeddedPostgres(data_dir / RESTORE_STAGING, upgrade=False)
+    try:
+        return _restore_locked(final, staging, target_time=target_time, progress=progress)
+    finally:
+        staging.stop()
+        _keep_log(staging.paths.log_file, final.paths.log_file)
+        _remove_staging(staging)
+        final.release_lock()
+
+
+def _restore_locked(
+    final: EmbeddedPostgres, staging: EmbeddedPostgres, *, target_time: datetime | None, progress: Progress
+) -> RestoreReport:
+    import psycopg
+    from django.conf import settings
+
+    started = time.monotonic()
+    data_dir = final.paths.data_dir
     in_place = data_dir == Path(settings.DATA_DIR).resolve()
     config = target_config()
     target = _target(config)
-    server = EmbeddedPostgres(data_dir)
-    pgdata = server.paths.pgdata
-    if pgdata.exists() and any(pgdata.iterdir()):
-        raise BackupError(f"{pgdata} is not empty: restore only into a fresh data dir (move it away, or --target-dir)")
-    if not server.try_lock():
-        raise BackupError(f"{data_dir} is in use by a running memsite (stop it first)")
-    try:
-        meta = _choose_backup(backups_list(), target_time)
-        progress(f"restoring base backup {meta['label']} (finished {meta['finished_at']}) into {pgdata}")
-        wal_total = sum(1 for n, _ in target.wal_names() if _SEGMENT.match(n) and n[8:] >= meta["start_wal"][8:])
-        pgdata.mkdir(parents=True, exist_ok=True)
-        # Before anything can serve this data dir: the erasures after its recovery point are
-        # re-applied at its first start. Written first without the point (a restore cut short
-        # still leaves it); the erasure ledger's rows in the database tell exactly which.
-        marker = {
-            "backup": meta["label"],
-            "backup_started_at": meta["started_at"],
-            "recovery_point": None,
-            "in_place": in_place,
-        }
-        _write_durably(data_dir / REAPPLY_MARKER, marker)
-        _unpack(target, meta, pgdata, progress)
-        user = postgres_os_user()
-        _chown_tree(pgdata, user)
+    backups, unreadable = _readable_metas(target, target.base_labels(), progress)
+    meta = _choose_backup(backups, target_time, unreadable)
+    _check_server_version(meta)
+    wal = [(n, t) for n, t in target.wal_names() if _SEGMENT.match(n)]
+    notes: list[str] = []
+    stop_at = target_time
+    if target_time is not None and all(t <= target_time.timestamp() for _, t in wal):
+        # No transaction after the target can be in the archive: recovery would look for one
+        # and fail. Everything archived is the state at that time.
+        stop_at = None
+        newest = max((t for _, t in wal), default=None)
+        stored = datetime.fromtimestamp(newest, UTC).isoformat() if newest is not None else "never"
+        notes.append(
+            f"nothing was archived after {target_time.isoformat()} (the newest WAL segment was stored at {stored}): "
+            f"restored everything archived, as --to latest does"
+        )
+        progress(notes[-1])
+    _check_wal_complete(wal, meta, stop_at, describe(config))
 
-        # Recovery settings only for this run (-c): nothing is left in postgresql.conf. The
-        # instance's own archiving stays on during an in-place restore, so the new timeline's
-        # history file is archived; a copy elsewhere must not write into this archive.
-        recovery = server_settings(data_dir, archive=in_place)
-        spool = data_dir / "restore-wal"
-        shutil.rmtree(spool, ignore_errors=True)
-        source = config
-        if config["kind"] == "s3":
-            source = _prefetch_wal(target, meta, spool, progress)
-            _chown_tree(spool, user)
-        # Its own file: wal-archive.json stays the archive_command's target.
-        restore_config = _write_config(data_dir, source, user, name="wal-restore.json")
-        _check_runs_as(user, restore_config)
-        recovery["restore_command"] = _command("fetch", restore_config)
-        recovery["recovery_target_action"] = "promote"
-        if target_time is not None:
-            recovery["recovery_target_time"] = target_time.isoformat()
-        if not in_place:
-            recovery["archive_mode"] = "off"
-        server.server_settings = recovery
-        server.paths.log_file.parent.mkdir(parents=True, exist_ok=True)
-        log_offset = server.paths.log_file.stat().st_size if server.paths.log_file.exists() else 0
-        progress(f"replaying WAL from {config['kind']} archive ({wal_total} segments after the backup)")
-        try:
-            server.start(timeout=600)
-        except RuntimeError:
-            raise BackupError(f"recovery failed: {_fatal_from_log(server.paths.log_file, log_offset)}") from None
-        try:
-            point = _wait_recovered(server, log_offset, wal_total, progress)
-        finally:
-            server.stop()
-            shutil.rmtree(spool, ignore_errors=True)
-        since = (point or datetime.fromisoformat(meta["started_at"])) - REAPPLY_MARGIN
-        # The records go into the marker now, from the target this restore read: a copy
-        # (--target-dir) serves with a backup target of its own, where they are not.
-        records = erasure_records(after=since, progress=progress)
-        _write_durably(
-            data_dir / REAPPLY_MARKER,
-            {**marker, "recovery_point": point.isoformat() if point else None, "records": records},
-        )
-        report = RestoreReport(
-            backup=meta["label"],
-            data_dir=data_dir,
-            target=target_time.isoformat() if target_time else "latest",
-            recovery_point=point,
-            segments_replayed=_restored_segments(server.paths.log_file, log_offset),
-            elapsed_s=time.monotonic() - started,
-        )
-        if not in_place:
-            report.notes.append(f"WAL archiving was off for this copy; set MEMSITE_DATA_DIR={data_dir} to serve it")
-        report.notes.append(
-            f"{len(records)} erasure(s) in the ledger around or after the recovery point: the first start of this data "
-            f"dir (bin/serve) re-applies those not in the restored data before serving (or now: "
-            f"manage.py erasures --reapply)"
-        )
-        progress(
-            f"restored to {point.isoformat() if point else meta['finished_at']} "
-            f"({report.segments_replayed} WAL segments) in {report.elapsed_s:.1f} s"
-        )
-        return report
+    pgdata = staging.paths.pgdata
+    progress(f"restoring base backup {meta['label']} (finished {meta['finished_at']}) into {final.paths.pgdata}")
+    wal_total = sum(1 for n, _ in wal if n[8:] >= meta["start_wal"][8:])
+    _remove_staging(staging)  # left by a restore that was killed
+    pgdata.mkdir(parents=True)
+    _unpack(target, meta, pgdata, progress)
+    user = postgres_os_user()
+    _chown_tree(pgdata, user)
+    source = config
+    if config["kind"] == "s3":
+        spool = staging.paths.data_dir / "restore-wal"
+        source = _prefetch_wal(target, meta, spool, progress)
+        _chown_tree(spool, user)
+    if user:  # restore_command runs as the server's OS user: let it reach the segments
+        _grant_traversal(Path(source["path"]) / "wal" / "-")
+    restore_config = _write_config(staging.paths.data_dir, source, user, name="wal-restore.json")
+    _check_runs_as(user, restore_config)
+
+    # Recovery settings only for this run (-c): nothing is left in postgresql.conf. Archiving
+    # is off: a restore that fails must leave nothing in the archive. An in-place restore
+    # stores the new timeline's history file itself once it succeeded (below), so that a later
+    # restore picks a timeline of its own.
+    staging.server_settings = {
+        "archive_mode": "off",
+        "restore_command": _command("fetch", restore_config),
+        "recovery_target_action": "promote",
+    }
+    if stop_at is not None:
+        staging.server_settings["recovery_target_time"] = stop_at.isoformat()
+    log_file = staging.paths.log_file
+
+    def failed(fallback: str) -> BackupError:
+        return _recovery_failed(log_file, 0, fallback, stop_at, final.paths.log_file)
+
+    progress(f"replaying WAL from {config['kind']} archive ({wal_total} segments after the backup)")
+    try:
+        staging.start(timeout=600)
+        _wait_recovered(staging, wal_total, progress, failed)
+        end = _recovery_end(staging)
+    except BackupError:
+        raise
+    except RuntimeError as exc:
+        raise failed(str(exc)) from None
     except psycopg.Error as exc:
-        raise BackupError(f"recovery failed: {type(exc).__name__}") from None
+        raise BackupError(f"recovery failed: {type(exc).__name__} (see {final.paths.log_file})") from None
     finally:
-        server.release_lock()
+        staging.stop()
+    if stop_at is None:
+        _check_replayed_all(wal, end, describe(config))
+    point = end.replayed_at
+    segments_replayed = _restored_segments(log_file, 0)
+
+    since = (point or datetime.fromisoformat(meta["started_at"])) - REAPPLY_MARGIN
+    # The records go into the marker now, from the target this restore read: a copy
+    # (--target-dir) serves with a backup target of its own, where they are not.
+    records = erasure_records(after=since, progress=progress)
+    if in_place and settings.BACKUP_ENABLED:  # as the server's own archiving would have
+        history = f"{end.new_timeline:08X}.history"
+        try:
+            walarchive.push(config, pgdata / "pg_wal" / history, history)
+        except Exception as exc:
+            raise BackupError(
+                f"cannot store the new timeline's {history} in the archive ({type(exc).__name__}); nothing was restored"
+            ) from None
+    # Before the data is in place: its first start re-applies the erasures after its recovery
+    # point (the ledger's rows in the database tell exactly which) before serving.
+    marker = {
+        "backup": meta["label"],
+        "backup_started_at": meta["started_at"],
+        "recovery_point": point.isoformat() if point else None,
+        "in_place": in_place,
+        "records": records,
+    }
+    _write_durably(data_dir / REAPPLY_MARKER, marker)
+    if final.paths.pgdata.exists():
+        final.paths.pgdata.rmdir()  # empty: checked before, and this process holds the lock
+    pgdata.rename(final.paths.pgdata)
+    _fsync_path(data_dir)
+
+    report = RestoreReport(
+        backup=meta["label"],
+        data_dir=data_dir,
+        target=target_time.isoformat() if target_time else "latest",
+        recovery_point=point,
+        segments_replayed=segments_replayed,
+        elapsed_s=time.monotonic() - started,
+        notes=notes,
+    )
+    if not in_place:
+        report.notes.append(f"WAL archiving was off for this copy; set MEMSITE_DATA_DIR={data_dir} to serve it")
+    report.notes.append(
+        f"{len(records)} erasure(s) in the ledger around or after the recovery point: the first start of this data "
+        f"dir (bin/serve) re-applies those not in the restored data before serving (or now: "
+        f"manage.py erasures --reapply)"
+    )
+    progress(
+        f"restored to {point.isoformat() if point else meta['finished_at']} "
+        f"({report.segments_replayed} WAL segments) in {report.elapsed_s:.1f} s"
+    )
+    return report
 
 
 def _restored_segments(log_file: Path, since: int) -> int:
@@ -819,21 +1138,33 @@ def _restored_segments(log_file: Path, since: int) -> int:
         return len(re.findall(rb'restored log file "[0-9A-F]{24}" from archive', fh.read()))
 
 
-def _wait_recovered(server: EmbeddedPostgres, log_offset: int, wal_total: int, progress: Progress) -> datetime | None:
+def _wait_recovered(
+    server: EmbeddedPostgres, wal_total: int, progress: Progress, failed: Callable[[str], BackupError]
+) -> None:
+    """Until recovery ended and the server promoted; `failed` explains a server that exited."""
     import psycopg
 
     last_said = ""
+    unreachable_since: float | None = None
     while True:
         if server.process is not None and server.process.poll() is not None:
-            raise BackupError(f"recovery failed: {_fatal_from_log(server.paths.log_file, log_offset)}")
-        with psycopg.connect(server.conninfo("postgres"), autocommit=True) as conn:
-            row = conn.execute("SELECT pg_is_in_recovery(), pg_last_xact_replay_timestamp()").fetchone()
-            assert row is not None
-            in_recovery, replayed_at = row
+            raise failed(f"the server exited with {server.process.returncode}")
+        try:
+            with psycopg.connect(server.conninfo("postgres"), autocommit=True, connect_timeout=5) as conn:
+                row = conn.execute("SELECT pg_is_in_recovery(), pg_last_xact_replay_timestamp()").fetchone()
+        except psycopg.OperationalError:
+            # A server going down after a FATAL refuses connections before it exits.
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since > 60:
+                raise
+            time.sleep(0.2)
+            continue
+        unreachable_since = None
+        assert row is not None
+        in_recovery, replayed_at = row
         if not in_recovery:
-            # After promotion this stays at the last transaction recovery applied.
-            return replayed_at
-        done = _restored_segments(server.paths.log_file, log_offset)
+            return
+        done = _restored_segments(server.paths.log_file, 0)
         at = replayed_at.isoformat() if replayed_at else "-"
         said = f"replayed {done} WAL segments (~{wal_total} archived), last transaction at {at}"
         if said != last_said:

@@ -15,6 +15,12 @@ only once the compressed segment is durable: fsynced file and directory, or an S
 returned with its Content-MD5 checked. Archiving a name again is answered 0 only when the
 stored bytes are the same segment; different content fails (Postgres then retries and says
 so in its log) rather than overwrite history.
+
+fetch says 1 only when the file is not in the archive: to recovery that means "the WAL ends
+here", and Postgres then ends recovery and promotes. Any other failure (a corrupt or truncated
+segment, an unreadable config, the bucket not answering) exits FETCH_FAILED, above 125, which
+Postgres treats like a signal: it aborts recovery instead of promoting with the rest of the
+archive silently left out.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ import sys
 from pathlib import Path
 
 WAL_PREFIX = "wal/"
+# restore_command: an exit status above 125 is fatal to recovery (PostgreSQL docs,
+# "Archive Recovery"); below it, any non-zero status reads as "no such file". Not 128 + a
+# signal number Postgres treats specially (SIGTERM: 143).
+FETCH_FAILED = 200
 
 
 def _key(name: str) -> str:
@@ -67,9 +77,11 @@ def _dir_push(config: dict, raw: bytes, name: str) -> None:
 
 def _dir_fetch(config: dict, name: str) -> bytes | None:
     source = Path(config["path"]) / _key(name)
-    if not source.exists():
+    try:
+        body = source.read_bytes()
+    except FileNotFoundError:
         return None
-    return gzip.decompress(source.read_bytes())
+    return gzip.decompress(body)
 
 
 # -- S3 target ----------------------------------------------------------------------------
@@ -159,15 +171,22 @@ def push(config: dict, path: Path, name: str) -> None:
 
 
 def fetch(config: dict, name: str, dest: Path) -> bool:
+    """False only when `name` is not in the archive; a stored file that cannot be read whole
+    raises (gzip checks the CRC and length of what it decompresses)."""
     raw = (_s3_fetch if config["kind"] == "s3" else _dir_fetch)(config, name)
     if raw is None:
         return False
+    if not raw:
+        raise ValueError(f"archived {name} is empty")
     with open(dest, "wb") as out:
         out.write(raw)
     return True
 
 
 def main(argv: list[str]) -> int:
+    # A failed push is retried by Postgres (exit 1); a failed fetch must stop recovery, which
+    # reads any status of 125 or less as "the WAL ends here".
+    failed = FETCH_FAILED if argv[:1] == ["fetch"] else 1
     try:
         command, config_path, *rest = argv
         config = json.loads(Path(config_path).read_text())
@@ -179,11 +198,11 @@ def main(argv: list[str]) -> int:
             # segment): exit 1 quietly.
             return 0 if fetch(config, rest[0], Path(rest[1])) else 1
         sys.stderr.write(__doc__ or "")
-        return 2
-    except Exception as exc:  # every failure is "not archived": Postgres keeps the segment and retries
+        return failed if command == "fetch" else 2
+    except Exception as exc:
         # Never print the config: it may hold keys.
         sys.stderr.write(f"walarchive {argv[:1]} failed: {type(exc).__name__}: {exc}\n")
-        return 1
+        return failed
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ class Command(BaseCommand):
                 f"{meta['label']}  finished {meta['finished_at']}  {size:.1f} MB  from WAL {meta['start_wal']}"
                 f"  (PostgreSQL {meta['server_version']})"
             )
+        for why in status.unreadable:  # damaged backup.json: restore and retention skip it
+            self.stdout.write(f"skipped: {why}")
         if not status.backups:
             self.stdout.write("no base backups")
         newest = (
