@@ -32,6 +32,8 @@ class Operation(models.TextChoices):
     # A list page that shows memory text (memories, memory history): the ids it showed.
     ADMIN_LIST_CONTENT = "admin_list_content"
     ADMIN_REVOKE_API_KEY = "admin_revoke_api_key"
+    # A bearer API key issued (the web UI, manage.py issue_api_key): who got which powers.
+    API_KEY_ISSUE = "api_key_issue"
     ADMIN_RETRY_USAGE_EVENTS = "admin_retry_usage_events"
     # A request without a valid credential (sampled: the first per ip per minute).
     AUTHENTICATE = "authenticate"

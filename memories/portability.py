@@ -3,7 +3,8 @@
 - memsite JSONL (lossless): a header line `{"format": "memsite.memories", "version": 1,
   "count": N, ...}`, then one memory per line with every field (text, pinned, metadata,
   source, client app, times, memory_type, tags, importance, agent_id, session_id,
-  expires_at, why_stored, recall counters) and its history versions. The header's count
+  expires_at, why_stored, recall counters) and its history versions (the newest
+  HISTORY_MAX_VERSIONS; `history_omitted` counts older ones left out). The header's count
   makes a file cut at a line boundary detectable as truncated. Live memories only: the
   trash is not exported (it is on its way out; restore first to take a memory along).
 - Markdown (export only): for people to read.
@@ -30,7 +31,7 @@ from typing import Any
 from core.errors import ErrorCode, ServiceError
 from core.inputs import MAX_JSON_DEPTH, InputError, json_depth_check, json_loads_safe, json_value_check, text_problem
 from memories import schemas
-from memories.engine import TIER_KEY, engine_timestamp
+from memories.engine import ENRICHMENT_CLAIM_KEY, TIER_KEY, engine_timestamp
 
 FORMAT_NAME = "memsite.memories"
 FORMAT_VERSION = 1
@@ -131,14 +132,22 @@ FIELD_KEYS = ("memory_type", "tags", "importance", "agent_id", "session_id", "wh
 
 
 def _checked(
-    text: Any, pinned: Any, metadata: Any, *, where: str, fields: dict[str, Any] | None = None
+    text: Any,
+    pinned: Any,
+    metadata: Any,
+    *,
+    where: str,
+    fields: dict[str, Any] | None = None,
+    model: type[schemas.RememberInput] = schemas.RememberInput,
 ) -> tuple[str, bool, dict[str, Any], dict[str, Any]]:
-    """The same limits as `remember` (text size, metadata keys and sizes, field values).
+    """The same limits as `remember` (text size, metadata keys and sizes, field values),
+    or for a memsite file `schemas.StoredMemoryInput`'s: what the product stores, which is
+    more than a client may set (the system's tags and metadata keys come on top).
     Returns text, pinned, metadata and the fields given (None values left out)."""
     given = {k: v for k, v in (fields or {}).items() if k in FIELD_KEYS and v is not None}
     arguments = {"memory": text, "pinned": pinned, "metadata": metadata or None, **given}
     try:
-        valid = schemas.validate_input(schemas.RememberInput, arguments)
+        valid = schemas.validate_input(model, arguments)
     except ServiceError as exc:
         raise ServiceError(exc.code, f"{where}: {exc.message}") from None
     checked = {k: getattr(valid, k) for k in given}
@@ -213,7 +222,12 @@ def _parse_memsite(data: bytes) -> list[ImportItem]:
             raise _invalid(f"{where}: expected a JSON object")
         pinned_raw = record.get("pinned", False)
         text, pinned, metadata, fields = _checked(
-            record.get("text"), pinned_raw, record.get("metadata"), where=where, fields=record
+            record.get("text"),
+            pinned_raw,
+            _metadata_of_export(record.get("metadata")),
+            where=where,
+            fields=record,
+            model=schemas.StoredMemoryInput,
         )
         expires_at = _timestamp(record.get("expires_at"), where=f"{where} expires_at")
         if expires_at:
@@ -234,6 +248,15 @@ def _parse_memsite(data: bytes) -> list[ImportItem]:
             )
         )
     return items
+
+
+def _metadata_of_export(metadata: Any) -> Any:
+    """A memsite record's metadata without an enrichment lease: files exported before the
+    lease became an engine key (not metadata) carry it while a candidate was being
+    enriched; it means nothing in another database (the candidate is enriched there anew)."""
+    if isinstance(metadata, dict) and ENRICHMENT_CLAIM_KEY in metadata:
+        return {k: v for k, v in metadata.items() if k != ENRICHMENT_CLAIM_KEY}
+    return metadata
 
 
 def _json_line(line: str, *, where: str) -> Any:
@@ -381,12 +404,20 @@ def _om_list(document: dict[str, Any], key: str) -> list[Any]:
     return value
 
 
+# An export has no size limit (a user's data always comes out); one import call takes at
+# most IMPORT_MAX_BYTES and IMPORT_MAX_MEMORIES (a web request must stay bounded). A larger
+# export is refused whole with this way in: an operator's import, limits raised for its run.
+LARGER_FILES = (
+    "an operator can import it: manage.py import_memories with IMPORT_MAX_BYTES and IMPORT_MAX_MEMORIES raised"
+)
+
+
 def import_items_parse(*, data: bytes, source: str, max_bytes: int, max_memories: int) -> list[ImportItem]:
     """Every memory of the file, validated; raises ServiceError on the first problem."""
     if source not in IMPORT_SOURCES:
         raise _invalid(f"source must be one of {', '.join(IMPORT_SOURCES)}")
     if len(data) > max_bytes:
-        raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"the file exceeds {max_bytes} bytes")
+        raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"the file exceeds {max_bytes} bytes ({LARGER_FILES})")
     if source == "memsite":
         items = _parse_memsite(data)
     elif source == "mem0":
@@ -394,7 +425,9 @@ def import_items_parse(*, data: bytes, source: str, max_bytes: int, max_memories
     else:
         items = _parse_openmemory(data, max_bytes=max_bytes)
     if len(items) > max_memories:
-        raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"the file holds more than {max_memories} memories")
+        raise ServiceError(
+            ErrorCode.PAYLOAD_TOO_LARGE, f"the file holds more than {max_memories} memories ({LARGER_FILES})"
+        )
     return items
 
 
@@ -419,12 +452,22 @@ class ExportRecord:
     last_recalled_at: str | None
     access_count: int
     history: list[dict[str, Any]]
+    # Older versions left out: a record holds the newest HISTORY_MAX_VERSIONS, as many as
+    # the import takes (a memory changed more often than that must still come back).
+    history_omitted: int = 0
+
+
+def _record_line(record: ExportRecord) -> str:
+    data = asdict(record)
+    if not data["history_omitted"]:  # said only where versions were left out
+        del data["history_omitted"]
+    return json.dumps(data, ensure_ascii=False, default=str)
 
 
 def export_jsonl(records: list[ExportRecord], *, exported_at: str) -> str:
     header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "count": len(records), "exported_at": exported_at}
     lines = [json.dumps(header, ensure_ascii=False)]
-    lines += [json.dumps(asdict(r), ensure_ascii=False, default=str) for r in records]
+    lines += [_record_line(r) for r in records]
     return "\n".join(lines) + "\n"
 
 
@@ -453,7 +496,9 @@ def export_markdown(records: list[ExportRecord], *, exported_at: str, username: 
                 facts.append("tags " + ", ".join(r.tags))
             if r.expires_at:
                 facts.append(f"expires {r.expires_at}")
-            if len(r.history) > 1:
+            if r.history_omitted:
+                facts.append(f"{len(r.history)} newest of {len(r.history) + r.history_omitted} versions")
+            elif len(r.history) > 1:
                 facts.append(f"{len(r.history)} versions")
             facts += [f"{k}: {v}" for k, v in sorted(r.metadata.items())]
             out.append(f"  ({'; '.join(facts)})")

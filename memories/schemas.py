@@ -31,7 +31,8 @@ from pydantic_core import PydanticCustomError
 from core.errors import ErrorCode, ServiceError
 from core.inputs import InputError, json_value_check
 from memories.cursors import CURSOR_MAX_CHARS, CursorError, cursor_decode
-from memories.engine import ENGINE_RESERVED_METADATA_KEYS
+from memories.engine import ENGINE_RESERVED_METADATA_KEYS, ENRICHMENT_KEY
+from memories.turns.extraction import FACT_TAG, PROJECT_TAG_PREFIX, TIERS, tier_tag
 
 MEMORY_MAX_CHARS = 8000
 QUERY_MAX_CHARS = 2000
@@ -283,6 +284,62 @@ class RememberInput(FieldsMixin, MetadataMixin):
     pinned: StrictBool = Field(default=False, description="Pinned memories never lose rank with age.")
 
     _blank = field_validator("memory")(_non_blank)
+
+
+# --- what the product stores beyond what a client may set ------------------------------------
+# Metadata keys the toolkit's enrichment writes onto a long-term memory after the fact (its
+# result, or its failed attempts): the owner may have used the whole key and byte budget
+# before it ran, so they are outside it.
+SUMMARY_KEY = "summary"
+ENRICHED_BY_KEY = "enriched_by"
+ENRICHMENT_ATTEMPTS_KEY = "enrichment_attempts"
+ENRICHMENT_ERROR_KEY = "enrichment_error"
+ENRICHMENT_METADATA_KEYS = frozenset(
+    {ENRICHMENT_KEY, SUMMARY_KEY, ENRICHED_BY_KEY, ENRICHMENT_ATTEMPTS_KEY, ENRICHMENT_ERROR_KEY}
+)
+_TIER_TAGS = frozenset(tier_tag(tier) for tier in TIERS)
+
+
+def system_tag(tag: str) -> bool:
+    """A tag the turn lifecycle sets (`turn-fact`, `tier:<tier>`, `project:<name>`), outside
+    the owner's TAGS_MAX: a fact said in several projects carries one tag per project."""
+    return tag == FACT_TAG or tag in _TIER_TAGS or tag.startswith(PROJECT_TAG_PREFIX)
+
+
+class StoredMemoryInput(RememberInput):
+    """A memory as the product may hold it, which a memsite export carries: `remember`'s
+    limits for what its owner set, not for what the system added after (turn lifecycle
+    tags, the enrichment's metadata keys). The import checks its own exports with this
+    (a user's backup must come back in whole); everything else stays refused: bad types,
+    keys or tags, reserved keys, over-long values, too many of the owner's own."""
+
+    tags: list[Tag] | None = None
+
+    @field_validator("tags")
+    @classmethod
+    def _tags_unique(cls, value: list[str] | None) -> list[str] | None:  # replaces FieldsMixin's
+        if value is None:
+            return None
+        tags = list(dict.fromkeys(t.strip() for t in value if t.strip()))
+        if sum(1 for tag in tags if not system_tag(tag)) > TAGS_MAX:
+            raise _too_large(f"at most {TAGS_MAX} tags besides turn-fact, tier: and project: ones")
+        return tags
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_ok(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:  # replaces MetadataMixin's
+        if value is None:
+            return None
+        _check_keys(value, what="metadata", max_keys=len(value))  # names and reserved keys, each by position
+        own = {key: item for key, item in value.items() if key not in ENRICHMENT_METADATA_KEYS}
+        if len(own) > METADATA_MAX_KEYS:
+            raise _too_large(f"metadata may have at most {METADATA_MAX_KEYS} keys besides the enrichment's")
+        for n, item in enumerate(value.values(), start=1):
+            if isinstance(item, str) and len(item) > METADATA_VALUE_MAX_CHARS:
+                raise _too_large(f"the value of metadata key #{n} exceeds {METADATA_VALUE_MAX_CHARS} characters")
+        if len(json.dumps(own)) > METADATA_MAX_BYTES:
+            raise _too_large(f"metadata exceeds {METADATA_MAX_BYTES} bytes besides the enrichment's keys")
+        return value
 
 
 class Message(StrictInput):

@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count
-from django.db.models.functions import TruncDate
+from django.db.models import Count, F, Window
+from django.db.models.functions import RowNumber, TruncDate
 
 from audit.models import AuditEvent, MemoryHistory
 from billing.models import UsageEvent
@@ -141,19 +141,37 @@ def memory_versions(scope: MemoryScope, *, memory_id: str) -> list[dict[str, Any
     )
 
 
-def memory_histories(scope: MemoryScope, *, memory_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """The versions of the scope's memories (ids from the scope's own rows), oldest first."""
+@dataclass(frozen=True)
+class MemoryHistoryView:
+    versions: list[dict[str, Any]]  # oldest first
+    omitted: int = 0  # older versions left out (memory_histories' `newest`)
+
+
+def memory_histories(
+    scope: MemoryScope, *, memory_ids: list[str], newest: int | None = None
+) -> dict[str, MemoryHistoryView]:
+    """The versions of the scope's memories (ids from the scope's own rows), oldest first;
+    with `newest`, only that many of each memory's latest, and how many older ones there are."""
     owned = set(memory_ids) & set(engine_memory_ids(scope))
     versions: dict[str, list[dict[str, Any]]] = {memory_id: [] for memory_id in owned}
-    rows = (
-        MemoryHistory.objects.filter(memory_id__in=list(owned))
-        .order_by("recorded_at", "id")
-        .values("memory_id", "event", "old_memory", "new_memory", "created_at", "updated_at", "changed_by")
-    )
-    for row in rows:
+    totals: dict[str, int] = {}
+    rows = MemoryHistory.objects.filter(memory_id__in=list(owned))
+    fields = ["memory_id", "event", "old_memory", "new_memory", "created_at", "updated_at", "changed_by"]
+    if newest is not None:
+        memory = [F("memory_id")]
+        latest_first = Window(RowNumber(), partition_by=memory, order_by=[F("recorded_at").desc(), F("id").desc()])
+        rows = rows.annotate(place=latest_first, total=Window(Count("id"), partition_by=memory))
+        rows = rows.filter(place__lte=newest)
+        fields.append("total")
+    for row in rows.order_by("recorded_at", "id").values(*fields):
         version: dict[str, Any] = dict(row)
-        versions[version.pop("memory_id")].append(version)
-    return versions
+        memory_id = version.pop("memory_id")
+        totals[memory_id] = version.pop("total", 0)
+        versions[memory_id].append(version)
+    return {
+        memory_id: MemoryHistoryView(versions=kept, omitted=max(0, totals.get(memory_id, 0) - len(kept)))
+        for memory_id, kept in versions.items()
+    }
 
 
 def memory_client_apps(scope: MemoryScope) -> list[str]:

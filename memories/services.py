@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import secrets
 import unicodedata
 from collections.abc import Callable, Iterator
@@ -65,6 +66,7 @@ from memories.engine import (
 from memories.models import ApiKey, ContentHash, IngestIntent, JobWatermark, TenantMembership
 from memories.portability import (
     EXPORT_FORMATS,
+    HISTORY_MAX_VERSIONS,
     ExportRecord,
     ImportItem,
     export_jsonl,
@@ -72,8 +74,9 @@ from memories.portability import (
     import_items_parse,
 )
 from memories.rate_limits import rate_limit_consume
-from memories.schemas import METADATA_MAX_BYTES, METADATA_MAX_KEYS, parse_instant
+from memories.schemas import MEMORY_MAX_CHARS, METADATA_MAX_BYTES, METADATA_MAX_KEYS, parse_instant
 from memories.selectors import (
+    MemoryHistoryView,
     MemoryView,
     TrashedView,
     decayed_score,
@@ -84,6 +87,7 @@ from memories.selectors import (
 )
 from memories.turns.extraction import FACT_TAG, tags_made_durable
 
+logger = logging.getLogger(__name__)
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 # The IngestIntent.detail key an erasure or clear-all sets on the user's ingest calls in
 # flight (`ingest_intents_supersede`); their completion then discards what mem0 stored.
@@ -104,9 +108,15 @@ def api_key_issue(
     role: str = Role.USER,
     permissions: frozenset[str] = ALL_PERMISSIONS,
     expires_at: datetime | None = None,
+    call: CallContext | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key for `user`. Returns the row and the plain key, which is not stored.
-    Defaults keep the old behaviour: the user's own memories, read/write/delete, no expiry."""
+    Defaults keep the old behaviour: the user's own memories, read/write/delete, no expiry.
+
+    Audited in the key's transaction (a delegated key, tenant_admin or platform, reaches
+    other users' memories: who was given which powers must be on record): its id, name,
+    role, permissions and expiry, never the secret. `call` says who issued it and how;
+    without one it is recorded as an internal call of the key's own user."""
     if role not in Role.values:
         raise ServiceError(ErrorCode.INVALID_ARGUMENT, "role must be user, tenant_admin or platform.")
     if not permissions or not set(permissions) <= ALL_PERMISSIONS:
@@ -115,15 +125,28 @@ def api_key_issue(
         raise ServiceError(ErrorCode.INVALID_ARGUMENT, "expires_at must be in the future.")
     key_id = secrets.token_hex(KEY_ID_BYTES)
     secret = secrets.token_urlsafe(SECRET_BYTES)
-    api_key = ApiKey.objects.create(
-        user=user,
-        name=name[:100],
-        key_id=key_id,
-        secret_hash=_secret_hash(secret),
-        role=role,
-        permissions=",".join(p for p in Permission.values if p in permissions),
-        expires_at=expires_at,
-    )
+    with transaction.atomic():
+        api_key = ApiKey.objects.create(
+            user=user,
+            name=name[:100],
+            key_id=key_id,
+            secret_hash=_secret_hash(secret),
+            role=role,
+            permissions=",".join(p for p in Permission.values if p in permissions),
+            expires_at=expires_at,
+        )
+        audit_record(
+            MemoryScope.for_user(user),
+            call=call or CallContext(channel=Channel.INTERNAL),
+            operation=Operation.API_KEY_ISSUE,
+            detail={
+                "key_id": api_key.key_id,
+                "name": api_key.name,
+                "role": api_key.role,
+                "permissions": api_key.permissions.split(","),
+                "expires_at": api_key.expires_at.isoformat() if api_key.expires_at else None,
+            },
+        )
     return api_key, f"{ApiKey.PREFIX}{key_id}_{secret}"
 
 
@@ -496,6 +519,9 @@ def _ingest_complete(
     """One transaction: the dedupe rule over what mem0 added (a fact whose text another
     memory already has is removed again, and answered with that memory's id and event
     NONE), hashes for the new ones, the audit row, the usage event, the intent closed.
+    A fact longer than MEMORY_MAX_CHARS (the LLM wrote it; no client could) is removed
+    again and counted in the audit row's `too_long`: every memory must fit what `remember`
+    and the import take, or the user's export would not import.
     An intent an erasure or clear-all superseded is discarded instead (`_ingest_discard`)."""
     results: list[dict[str, Any]] = []
     with _engine_errors(), transaction.atomic():
@@ -508,6 +534,11 @@ def _ingest_complete(
         if SUPERSEDED_KEY in current.detail:
             return _ingest_discard(scope, intent=current, call=call, added_ids=added_ids)
         added = [m for m in (engine_lock_owned(scope, memory_id=i) for i in added_ids) if m is not None]
+        too_long = [m for m in added if len(m.text) > MEMORY_MAX_CHARS]
+        for item in too_long:
+            with _attributed(call):
+                engine_delete_row(item.id)
+        added = [m for m in added if len(m.text) <= MEMORY_MAX_CHARS]
         advisory_xact_lock(*(_text_lock_key(scope, content_sha256(m.text)) for m in added))
         for item in added:
             digest = content_sha256(item.text)
@@ -522,14 +553,13 @@ def _ingest_complete(
             results.append({"id": item.id, "memory": item.text, "event": "ADD"})
         after = [{**r, "memory": audit_text(r["memory"])} for r in results]
         ids = [r["id"] for r in results]
+        detail = {**current.detail, **({"too_long": len(too_long)} if too_long else {})}
+        if too_long:
+            logger.warning("ingest: removed %d extracted facts over %d characters", len(too_long), MEMORY_MAX_CHARS)
         if current.detail.get("billed", True):
-            call_succeeded(
-                scope, call=call, operation=Operation.INGEST, memory_ids=ids, after=after, detail=dict(current.detail)
-            )
+            call_succeeded(scope, call=call, operation=Operation.INGEST, memory_ids=ids, after=after, detail=detail)
         else:  # memory_ingest's `billed=False`: the audit row only
-            audit_record(
-                scope, call=call, operation=Operation.INGEST, memory_ids=ids, after=after, detail=dict(current.detail)
-            )
+            audit_record(scope, call=call, operation=Operation.INGEST, memory_ids=ids, after=after, detail=detail)
         current.state = IngestIntent.State.DONE
         # Ids and events only: a closed intent outlives the call, and the texts are the
         # user's content (the memories and the sealed audit row hold them).
@@ -1341,7 +1371,10 @@ def memory_export(
             after = (page[-1].created_at or "", page[-1].id)
     except EngineError as exc:
         raise backend_unavailable() from exc
-    histories = memory_histories(scope, memory_ids=[v.id for v in views])
+    # The newest versions the import takes, so a memory changed more often still comes
+    # back; each record says how many older ones it leaves out.
+    histories = memory_histories(scope, memory_ids=[v.id for v in views], newest=HISTORY_MAX_VERSIONS)
+    no_history = MemoryHistoryView(versions=[])
     records = [
         ExportRecord(
             id=v.id,
@@ -1361,7 +1394,8 @@ def memory_export(
             why_stored=v.why_stored,
             last_recalled_at=v.last_recalled_at,
             access_count=v.access_count,
-            history=histories.get(v.id, []),
+            history=histories.get(v.id, no_history).versions,
+            history_omitted=histories.get(v.id, no_history).omitted,
         )
         for v in views
     ]

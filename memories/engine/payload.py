@@ -30,7 +30,12 @@ KEY_ATTRS = "attrs"
 KEY_TRASH = "trash"
 # Recall counters, folded in from audit rows by a job ({count, at}); never on search's path.
 KEY_RECALL = "recall"
-OWN_PAYLOAD_KEYS = frozenset({KEY_ATTRS, KEY_TRASH, KEY_RECALL})
+# A toolkit enrichment worker's lease on a candidate ({until, token}; toolkit_rows'
+# ENRICHMENT_CLAIM_KEY is this key). The engine's, not the memory's metadata: a lease of
+# this database means nothing in an export, is no label of the user's, and must not take
+# a place of the user's metadata budget while it lasts.
+KEY_ENRICHMENT_CLAIM = "enrichment_claim"
+OWN_PAYLOAD_KEYS = frozenset({KEY_ATTRS, KEY_TRASH, KEY_RECALL, KEY_ENRICHMENT_CLAIM})
 # The request that made a row through mem0's own writes (ingest): how the reconciler
 # finds the rows of a call that crashed before it recorded them.
 KEY_REQUEST_ID = "memsite_request_id"
@@ -147,6 +152,7 @@ class EngineMemory:
     last_recalled_at: str | None = None
     access_count: int = 0
     trash: TrashState | None = None
+    enrichment_claim: dict[str, Any] | None = None
 
     def expired(self, now: datetime) -> bool:
         return self.attrs.expires_at is not None and self.attrs.expires_at <= engine_timestamp(now)
@@ -156,6 +162,7 @@ def _own_fields(payload: dict[str, Any]) -> dict[str, Any]:
     raw_recall = payload.get(KEY_RECALL)
     recall: dict[str, Any] = raw_recall if isinstance(raw_recall, dict) else {}
     trash = payload.get(KEY_TRASH)
+    claim = payload.get(KEY_ENRICHMENT_CLAIM)
     return {
         "attrs": attrs_from_payload(payload.get(KEY_ATTRS)),
         "last_recalled_at": recall.get("at"),
@@ -167,6 +174,7 @@ def _own_fields(payload: dict[str, Any]) -> dict[str, Any]:
         )
         if isinstance(trash, dict)
         else None,
+        "enrichment_claim": claim if isinstance(claim, dict) else None,
     }
 
 

@@ -17,6 +17,7 @@ from psycopg import sql
 from core.scope import MemoryScope
 from memories.engine.payload import (
     KEY_ATTRS,
+    KEY_ENRICHMENT_CLAIM,
     KEY_TRASH,
     KEY_USER_ID,
     EngineMemory,
@@ -31,7 +32,7 @@ ENRICHMENT_KEY = "enrichment_status"
 # A worker's lease on a pending candidate while its LLM call runs outside any transaction:
 # {"until": engine_timestamp, "token": str}. Another worker skips the row until `until`
 # (so a crashed worker's claim lapses); only the holder of `token` applies its result.
-ENRICHMENT_CLAIM_KEY = "enrichment_claim"
+ENRICHMENT_CLAIM_KEY = KEY_ENRICHMENT_CLAIM  # the engine payload key the claim lives under
 
 
 def _table() -> sql.Identifier:

@@ -31,13 +31,10 @@ def _recall(scope: MemoryScope, args: schemas.RecallMemoryInput, call: CallConte
 
 
 def _delete(scope: MemoryScope, args: DeleteInput, call: CallContext) -> dict[str, Any]:
-    from memories.services import memory_delete, memory_forget_bulk
+    from memories.services import memory_forget_bulk
 
     if args.memory_id is not None:
-        if args.dry_run:
-            return toolkit.toolkit_delete_preview(scope, memory_id=args.memory_id, call=call)
-        memory_delete(scope, memory_id=args.memory_id, call=call)
-        return {"deleted_count": 1, "dry_run": False}
+        return toolkit.toolkit_memory_delete(scope, memory_id=args.memory_id, dry_run=args.dry_run, call=call)
     time_range = (args.time_range.start, args.time_range.end) if args.time_range else None
     return memory_forget_bulk(
         scope,
@@ -109,7 +106,8 @@ def toolkit_operation_defs(definition: Any) -> list[Any]:
             "Store conversation messages",
             "Store conversation messages as short-term memories (expire after STM_TTL_HOURS). Human messages over "
             "30 characters also become long-term candidates, enriched in the background (summary, importance, "
-            "tags, type). Returns {stm_ids, count}.",
+            "tags, type). Returns {stm_ids, count}; delete_memory with an stm id deletes the long-term "
+            "memory made from that message too.",
             schemas.StoreMemoryInput,
             schemas.StoreMemoryOutput,
             _store,
@@ -130,8 +128,10 @@ def toolkit_operation_defs(definition: Any) -> list[Any]:
             Operation.DELETE_MEMORY,
             "Delete memories",
             "Soft-delete one memory by memory_id, or in bulk by tags and/or time_range {start, end} with "
-            "confirm: true; dry_run: true only counts. Deleted memories are purged after SOFT_DELETE_PURGE_DAYS "
-            "(our trash retention). Returns {deleted_count, dry_run}.",
+            "confirm: true; dry_run: true only counts. By memory_id the whole stored message goes: a short-term "
+            "id (from store_memory) also deletes the long-term memory made from it, and a long-term id (from "
+            "recall) its short-term copy, so deleted_count is 2 for such a pair. Deleted memories are purged "
+            "after SOFT_DELETE_PURGE_DAYS (our trash retention). Returns {deleted_count, dry_run}.",
             DeleteInput,
             schemas.ToolkitDeleteOutput,
             _delete,

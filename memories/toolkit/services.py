@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -24,9 +24,10 @@ from pgvector.django import CosineDistance
 
 from audit.services import audit_failure, audit_record, audit_text, subject_content_erase
 from core.choices import Channel, Operation
-from core.errors import ErrorCode, ServiceError, backend_unavailable
+from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
 from core.locks import advisory_xact_lock
 from core.scope import CallContext, MemoryScope
+from memories import schemas
 from memories.call_record import call_succeeded
 from memories.engine import (
     ENRICHMENT_CLAIM_KEY,
@@ -45,6 +46,8 @@ from memories.engine import (
     engine_health_counts,
     engine_insert_text,
     engine_lock_owned,
+    engine_lock_owned_many,
+    engine_memory_ids,
     engine_metadata_merge,
     engine_purge_messages,
     engine_rows_with_metadata,
@@ -57,10 +60,14 @@ from memories.selectors import memory_get_owned
 from memories.services import (
     _attributed,
     _engine_errors,
+    _hash_hand_over,
     _hash_owner,
     _live,
+    _snapshot,
     _system_metadata,
     _text_lock_key,
+    _trash_enabled,
+    _trash_or_delete,
     content_sha256,
     erasure_lock_key,
     ingest_intents_supersede,
@@ -77,7 +84,7 @@ LTM_MIN_CHARS = 30  # seed 003: human messages longer than this become long-term
 SOURCE = "store_memory"
 # A candidate whose enrichment failed this often is marked `failed` (not pending forever).
 ENRICHMENT_MAX_ATTEMPTS = 3
-ENRICHMENT_ATTEMPTS_KEY = "enrichment_attempts"
+ENRICHMENT_ATTEMPTS_KEY = schemas.ENRICHMENT_ATTEMPTS_KEY
 # How long a claimed candidate is kept from other workers while its LLM call runs: past
 # the LLM client's worst case (its timeout, with retries), so a slow call is not made
 # twice; a crashed worker's candidates are taken again once it lapses.
@@ -187,12 +194,13 @@ def toolkit_candidates_enrich(*, memory_ids: list[str] | None = None, limit: int
     No transaction or row lock is held during the LLM call (up to its timeout: the user's
     own edit, delete or wipe of that memory must not wait for it, nor a connection stay
     taken). Each candidate goes in three steps: a short transaction claims it
-    (`_candidate_claim`: SKIP LOCKED, plus a lease in its metadata that keeps other
-    workers off while the LLM runs and lapses if this one crashes); the LLM is called
-    with no transaction open; a second short transaction applies the result only if the
-    row is still this claim's pending candidate with the same owner and text
-    (`_candidate_enrich`). A candidate that fails is counted on its row and skipped for
-    the rest of the run (`_candidate_failed`). Returns how many were enriched."""
+    (`_candidate_claim`: SKIP LOCKED, plus a lease on its row, an engine key and not
+    metadata, that keeps other workers off while the LLM runs and lapses if this one
+    crashes); the LLM is called with no transaction open; a second short transaction
+    applies the result only if the row is still this claim's pending candidate with the
+    same owner and text (`_candidate_enrich`). A candidate that fails is counted on its
+    row and skipped for the rest of the run (`_candidate_failed`). Returns how many were
+    enriched."""
     done = 0
     tried: list[str] = []  # this run's rows, enriched or not: each is taken at most once
     call = CallContext(channel=Channel.INTERNAL, actor_username="system:enrich")
@@ -254,7 +262,7 @@ def _candidate_enrich(item: EngineMemory, *, claim: dict[str, str], call: CallCo
             current is None
             or not _live(current, scope)
             or current.metadata.get(ENRICHMENT_KEY) != "pending"
-            or current.metadata.get(ENRICHMENT_CLAIM_KEY) != claim
+            or current.enrichment_claim != claim
         ):
             return False
         if current.text != item.text:
@@ -293,7 +301,13 @@ def _candidate_apply(
         tags=tuple(result.tags) if now.tags == then.tags else now.tags,
         importance=result.importance if now.importance == then.importance else now.importance,
     )
-    metadata = {ENRICHMENT_KEY: "completed", "summary": result.summary, "enriched_by": result.method}
+    # Outside the user's metadata budget (schemas.ENRICHMENT_METADATA_KEYS): the enrichment
+    # adds them to a memory whose owner may already use every key, and its export must import.
+    metadata = {
+        ENRICHMENT_KEY: "completed",
+        schemas.SUMMARY_KEY: result.summary,
+        schemas.ENRICHED_BY_KEY: result.method,
+    }
     engine_enrichment_apply(scope, memory_id=item.id, metadata=metadata, attrs=attrs)
     audit_record(
         scope,
@@ -314,7 +328,7 @@ def _candidate_failed(
     previous = item.metadata.get(ENRICHMENT_ATTEMPTS_KEY)
     attempts = (previous if isinstance(previous, int) else 0) + 1
     final = final or attempts >= ENRICHMENT_MAX_ATTEMPTS
-    metadata: dict[str, Any] = {ENRICHMENT_ATTEMPTS_KEY: attempts, "enrichment_error": reason[:100]}
+    metadata: dict[str, Any] = {ENRICHMENT_ATTEMPTS_KEY: attempts, schemas.ENRICHMENT_ERROR_KEY: reason[:100]}
     if final:
         metadata[ENRICHMENT_KEY] = "failed"
     # The lease goes with the attempt: the next sweep may try it again at once.
@@ -362,7 +376,7 @@ def _memory_dict(item: EngineMemory, *, user: str) -> dict[str, Any]:
         "user_id": user,
         "tier": _tier_of(item),
         "content": item.text,
-        "summary": item.metadata.get("summary"),
+        "summary": item.metadata.get(schemas.SUMMARY_KEY),
         "importance": item.attrs.importance,
         "created_at": item.created_at,
         "memory_type": item.attrs.memory_type,
@@ -721,15 +735,120 @@ def toolkit_web_search(scope: MemoryScope, *, query: str, call: CallContext) -> 
 
 
 # --- delete_memory (seed 003) ----------------------------------------------------------------
-def toolkit_delete_preview(scope: MemoryScope, *, memory_id: str, call: CallContext) -> dict[str, Any]:
-    """delete_memory by id with dry_run: what would be deleted (1, or not_found), nothing changed."""
+# A long-term candidate's link to the short-term row of the message it was made from.
+STM_LINK_KEY = "stm_id"
+
+
+def _twin_ids(scope: MemoryScope, item: EngineMemory) -> list[str]:
+    """Ids that may hold the other row of the message `item` was stored from: a short-term
+    row's long-term candidate (linked to it by `stm_id`), or a candidate's short-term row.
+    store_memory returns only the short-term id and recall shows either row of a pair as
+    the one memory, so deleting either must delete both. `_pairs` decides."""
+    if item.metadata.get("source") != SOURCE:
+        return []
+    tier = item.metadata.get(TIER_KEY)
+    if tier == "stm":
+        return engine_memory_ids(scope, containment={"source": SOURCE, TIER_KEY: "ltm", STM_LINK_KEY: item.id})
+    linked = item.metadata.get(STM_LINK_KEY)
+    return [linked] if tier == "ltm" and _is_uuid(linked) and linked != item.id else []
+
+
+def _pairs(scope: MemoryScope, item: EngineMemory, other: EngineMemory | None) -> bool:
+    """`other` is the live other row of `item`'s message. Only rows store_memory made pair:
+    `source` is set by us alone, while `tier` and `stm_id` are metadata any surface may set."""
+    if other is None or not _live(other, scope) or other.metadata.get("source") != SOURCE:
+        return False
+    tiers = (item.metadata.get(TIER_KEY), other.metadata.get(TIER_KEY))
+    if tiers == ("stm", "ltm"):
+        return other.metadata.get(STM_LINK_KEY) == item.id
+    return tiers == ("ltm", "stm") and item.metadata.get(STM_LINK_KEY) == other.id
+
+
+def _message_twins(scope: MemoryScope, item: EngineMemory) -> list[EngineMemory]:
+    """The live other rows of `item`'s message, read without locks (before the transaction)."""
+    twins = []
+    for twin_id in _twin_ids(scope, item):
+        try:
+            twin = memory_get_owned(scope, memory_id=twin_id)
+        except ServiceError as error:
+            if error.code == ErrorCode.NOT_FOUND:  # expired or deleted on its own: the one row alone
+                continue
+            raise
+        if _pairs(scope, item, twin):
+            twins.append(twin)
+    return twins
+
+
+def _is_uuid(value: Any) -> TypeGuard[str]:
+    if not isinstance(value, str):
+        return False
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def toolkit_memory_delete(scope: MemoryScope, *, memory_id: str, dry_run: bool, call: CallContext) -> dict[str, Any]:
+    """delete_memory by id: the memory and its twin of the same stored message
+    (`_message_twins`) go to the trash together, as `memory_delete` moves one: in one
+    transaction under the same locks, with one usage event and one audit row naming both
+    ids, trashed under this call's request id (restoring by it brings both back). Another
+    user's id answers `not_found` like a missing one. `dry_run` counts them and changes
+    nothing."""
     rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
-    memory_get_owned(scope, memory_id=memory_id)
-    with transaction.atomic():
-        call_succeeded(
-            scope, call=call, operation=Operation.DELETE_MEMORY, memory_ids=[memory_id], detail={"dry_run": True}
+    item = memory_get_owned(scope, memory_id=memory_id)
+    with _engine_errors():
+        twins = _message_twins(scope, item)
+    if dry_run:
+        with transaction.atomic():
+            call_succeeded(
+                scope,
+                call=call,
+                operation=Operation.DELETE_MEMORY,
+                memory_ids=[memory_id, *(twin.id for twin in twins)],
+                detail={"dry_run": True, "linked": [twin.id for twin in twins]},
+            )
+        return {"deleted_count": 1 + len(twins), "dry_run": True}
+    # The text locks for the hashes a trashed candidate may hand over (read before the locks,
+    # checked again after them, as memory_delete does).
+    digests = {content_sha256(row.text) for row in (item, *twins)}
+    with _engine_errors(), transaction.atomic():
+        user_write_locks(
+            scope,
+            *(f"memory:{row.id}" for row in (item, *twins)),
+            *(_text_lock_key(scope, digest) for digest in digests),
         )
-    return {"deleted_count": 1, "dry_run": True}
+        locked = engine_lock_owned_many(scope, memory_ids=[memory_id, *(twin.id for twin in twins)])
+        current = locked.get(memory_id)
+        if current is None or not _live(current, scope):
+            raise not_found()
+        # Again under the locks: a restore (which holds the erasure lock we now share) may
+        # have brought a twin back after the read above.
+        twin_ids = _twin_ids(scope, current)
+        locked |= engine_lock_owned_many(scope, memory_ids=[i for i in twin_ids if i not in locked])
+        twins = [locked[i] for i in twin_ids if _pairs(scope, current, locked.get(i))]
+        wanted = [memory_id, *(twin.id for twin in twins)]
+        trashed = set(_trash_or_delete(scope, memory_ids=wanted, call=call, operation=Operation.DELETE_MEMORY))
+        if memory_id not in trashed:
+            raise not_found()
+        ids = [i for i in wanted if i in trashed]
+        # In the trash a memory is not counted for dedupe: its hash goes to a live copy, if any.
+        for row in (current, *twins):
+            if row.id not in trashed:
+                continue
+            dropped, _ = ContentHash.objects.filter(memory_id=row.id).delete()
+            if dropped and content_sha256(row.text) in digests:  # else its text changed before the lock
+                _hash_hand_over(scope, digest=content_sha256(row.text), text=row.text)
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.DELETE_MEMORY,
+            memory_ids=ids,
+            before=_snapshot(current),
+            detail={"trashed": _trash_enabled(), "linked": ids[1:]},
+        )
+    return {"deleted_count": len(ids), "dry_run": False}
 
 
 # --- memory_health / wipe_user_data ---------------------------------------------------------

@@ -54,6 +54,7 @@ from memories.engine import (
 )
 from memories.models import ContentHash, SessionArchive, SessionEvent, SessionState, TurnGuard
 from memories.rate_limits import rate_limit_consume
+from memories.schemas import TAGS_MAX
 from memories.selectors import decayed_score, memory_view
 from memories.services import (  # the one dedupe rule and history attribution of memories/services.py
     _attributed,
@@ -405,14 +406,20 @@ def _facts_store(
 def _project_tag_add(existing: EngineMemory, *, project: str, call: CallContext) -> bool:
     """The same fact said in another project is that project's too: the one memory (the
     dedupe rule) gains the project's tag, or that project's recall would never see it.
-    A memory with no project tag is user-wide already. The row is locked (the hash owner)."""
+    A memory with no project tag is user-wide already. The row is locked (the hash owner).
+
+    A memory holds at most TAGS_MAX tags, whoever set them (what `remember` and the import
+    take): a fact whose tags are full becomes user-wide instead, its project tags removed,
+    so it is recalled in every project, this one too (said in that many, it is the user's)."""
     tags = existing.attrs.tags
     if not project or not project_tags(tags) or project_tag(project) in tags:
         return False
+    if len(tags) < TAGS_MAX:
+        changed = (*tags, project_tag(project))
+    else:
+        changed = tuple(tag for tag in tags if tag not in project_tags(tags))
     with _attributed(call):  # its history shows the change, attributed to this call
-        engine_update_row(
-            existing.id, embedded=None, metadata=None, attrs=replace(existing.attrs, tags=(*tags, project_tag(project)))
-        )
+        engine_update_row(existing.id, embedded=None, metadata=None, attrs=replace(existing.attrs, tags=changed))
     return True
 
 

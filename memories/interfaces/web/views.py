@@ -373,7 +373,10 @@ def api_keys(request):
             messages.error(request, "Expiry: a number of days from 1 to 3650, or never.")
         else:
             expires_at = timezone.now() + timedelta(days=days) if days is not None else None
-            _, new_key = api_key_issue(user=request.user, name=name, permissions=chosen, expires_at=expires_at)
+            call = call_context_from_request(request, channel=Channel.UI)
+            _, new_key = api_key_issue(
+                user=request.user, name=name, permissions=chosen, expires_at=expires_at, call=call
+            )
             messages.success(request, "Key created. Copy it now: it will not be shown again.")
     keys = ApiKey.objects.filter(user=request.user).order_by("-created_at")
     base = settings.PUBLIC_BASE_URL or request.build_absolute_uri("/").rstrip("/")
