@@ -9,6 +9,8 @@ import gzip
 import hashlib
 import json
 import logging
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -22,13 +24,15 @@ from django.db.models import Max
 from django.utils import timezone
 
 from audit.models import AuditEvent, AuditExportBatch
+from core.errors import ServiceError
 from core.locks import advisory_lock
 
 logger = logging.getLogger(__name__)
 
 
 class ExportError(RuntimeError):
-    pass
+    """The export cannot go on (storage refused or holds other bytes); nothing was lost:
+    the watermark stays at the last batch recorded, and a rerun resumes there."""
 
 
 @dataclass
@@ -37,6 +41,9 @@ class ExportReport:
     rows: int = 0
     reused_objects: int = 0
     keys: list[str] = field(default_factory=list)
+
+
+Progress = Callable[[ExportReport], None]
 
 
 def _encode(rows: list[dict]) -> bytes:
@@ -61,21 +68,27 @@ def _export_batch(storage, rows: list[dict[str, Any]], report: ExportReport) -> 
     first_id, last_id = rows[0]["id"], rows[-1]["id"]
     key = f"{first_id:015d}-{last_id:015d}.jsonl.gz"
     manifest_key = f"{first_id:015d}-{last_id:015d}.manifest.json"
-    if _already_written(storage, key, digest):
-        report.reused_objects += 1
-    else:
-        storage.save(key, ContentFile(body))
-    if not storage.exists(manifest_key):
-        manifest = {
-            "object": key,
-            "format": "jsonl+gzip",
-            "first_id": first_id,
-            "last_id": last_id,
-            "count": len(rows),
-            "sha256": digest,
-            "exported_at": timezone.now().isoformat(),
-        }
-        storage.save(manifest_key, ContentFile(json.dumps(manifest, indent=2).encode()))
+    try:
+        if _already_written(storage, key, digest):
+            report.reused_objects += 1
+        else:
+            storage.save(key, ContentFile(body))
+        if not storage.exists(manifest_key):
+            manifest = {
+                "object": key,
+                "format": "jsonl+gzip",
+                "first_id": first_id,
+                "last_id": last_id,
+                "count": len(rows),
+                "sha256": digest,
+                "exported_at": timezone.now().isoformat(),
+            }
+            storage.save(manifest_key, ContentFile(json.dumps(manifest, indent=2).encode()))
+    except ExportError:
+        raise
+    except Exception as exc:  # any backend's failure (OSError, botocore's errors, ...)
+        # The type and the backend's own text (a status, a bucket name): no rows, no credentials.
+        raise ExportError(f"storage failed on {key}: {type(exc).__name__}: {str(exc)[:300]}") from exc
     with transaction.atomic():
         AuditExportBatch.objects.create(
             first_id=first_id,
@@ -90,13 +103,22 @@ def _export_batch(storage, rows: list[dict[str, Any]], report: ExportReport) -> 
     report.keys.append(key)
 
 
-def audit_export(*, batch_size: int | None = None, storage=None) -> ExportReport:
+def audit_export(*, batch_size: int | None = None, storage=None, progress: Progress | None = None) -> ExportReport:
     """Export every audit row not exported yet, except the last AUDIT_EXPORT_LAG_S of
-    them (so that a transaction still in flight cannot commit a lower id behind us)."""
+    them (so that a transaction still in flight cannot commit a lower id behind us).
+    `progress` gets the report after each batch. ExportError if storage fails,
+    also if another export is running (it holds the export's lock)."""
+    if batch_size is None:
+        batch_size = settings.AUDIT_EXPORT_BATCH_SIZE
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
     storage = storage or storages["audit"]
-    batch_size = batch_size or settings.AUDIT_EXPORT_BATCH_SIZE
     report = ExportReport()
-    with advisory_lock("audit-export", timeout_s=1):
+    with ExitStack() as held:
+        try:
+            held.enter_context(advisory_lock("audit-export", timeout_s=1))
+        except ServiceError:  # `conflict`, worded for a memory: say what is busy here
+            raise ExportError("another audit export is running; run this again when it has finished") from None
         cutoff = timezone.now() - timedelta(seconds=settings.AUDIT_EXPORT_LAG_S)
         while True:
             watermark = AuditExportBatch.objects.aggregate(last=Max("last_id"))["last"] or 0
@@ -106,6 +128,8 @@ def audit_export(*, batch_size: int | None = None, storage=None) -> ExportReport
             if not rows:
                 break
             _export_batch(storage, rows, report)
+            if progress is not None:
+                progress(report)
     logger.info("audit export: %s rows in %s batches", report.rows, report.batches)
     return report
 

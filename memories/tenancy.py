@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from core.choices import Role
@@ -49,14 +50,42 @@ def tenant_ensure(*, name: str) -> Tenant:
     return tenant
 
 
+def username_check(username: str) -> str:
+    """A username a new account may have, as the user model stores it (NFKC-normalised);
+    `invalid_argument` otherwise. Checked before anything is written: the database would
+    take an empty or oddly spelled name, and refuse an overlong one only at the INSERT."""
+    User = get_user_model()
+    max_length: int | None = getattr(User._meta.get_field(User.USERNAME_FIELD), "max_length", None)
+    if not isinstance(username, str):
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "A username is a string.")
+    normalized = User.normalize_username(username)
+    if not normalized:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, "A username cannot be empty.")
+    if max_length is not None and len(normalized) > max_length:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"A username is at most {max_length} characters.")
+    try:
+        User.username_validator(normalized)
+    except ValidationError as exc:
+        message = f"Username {normalized[:40]!r}: {' '.join(exc.messages)}"
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, message) from None
+    return normalized
+
+
 @transaction.atomic
 def tenant_user_create(*, tenant: str, username: str, email: str = "") -> Any:
-    """A new user in `tenant` (which must exist, except the default one)."""
+    """A new user in `tenant` (which must exist, except the default one); `invalid_argument`
+    for a username the user model does not allow, `conflict` if it is taken."""
+    username = username_check(username)
     if tenant == DEFAULT_TENANT:
         tenant_ensure(name=tenant)
     elif not Tenant.objects.filter(name=tenant).exists():
         raise ServiceError(ErrorCode.NOT_FOUND, f"No tenant {tenant[:63]!r}.")
-    user = get_user_model().objects.create_user(username=username, email=email)
+    try:
+        # A savepoint: a name taken meanwhile (or equal once normalised) is a conflict, not a 500.
+        with transaction.atomic():
+            user = get_user_model().objects.create_user(username=username, email=email)
+    except IntegrityError:
+        raise ServiceError(ErrorCode.CONFLICT, f"User {username!r} already exists.") from None
     TenantMembership.objects.create(user=user, tenant_id=tenant)
     return user
 

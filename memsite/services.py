@@ -28,10 +28,10 @@ from __future__ import annotations
 import logging
 import socket
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -190,37 +190,74 @@ class ErasureEntryInvalid(ValueError):
     """A ledger record (or a line of an operator's list) that cannot be re-applied as it is."""
 
 
+# Bounds of the ledger's columns: an entry past them would fail at its INSERT, after the
+# entries before it had been applied.
+_USER_PK_LIMIT = 2**63  # user_pk is a bigint
+_ENGINE_USER_ID_MAX: int = ErasureLedger._meta.get_field("engine_user_id").max_length or 255  # a CharField's
+
+
+def _text_problem(value: str) -> str:
+    """What Postgres would refuse in a text value (checked before anything is applied)."""
+    if "\x00" in value:
+        return "contains a NUL character"
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return "is not valid Unicode"
+    return ""
+
+
 def _entry_problem(entry: Any) -> str:
     if not isinstance(entry, dict):
         return "not a JSON object"
     try:
-        uuid.UUID(str(entry.get("id")))
+        if not isinstance(entry.get("id"), str):
+            raise ValueError
+        uuid.UUID(entry["id"])
     except ValueError:
         return "bad or missing id (a UUID)"
     user_pk = entry.get("user_pk")
     if isinstance(user_pk, bool) or not isinstance(user_pk, int):
         return "bad or missing user_pk (an integer)"
+    if not 1 <= user_pk < _USER_PK_LIMIT:
+        return "user_pk out of range (1 to 2**63-1)"
     try:
-        erased_at = datetime.fromisoformat(str(entry.get("erased_at")))
+        if not isinstance(entry.get("erased_at"), str):
+            raise ValueError
+        erased_at = datetime.fromisoformat(entry["erased_at"])
     except ValueError:
         return "bad or missing erased_at (an ISO 8601 time)"
     if erased_at.tzinfo is None:
         return "erased_at has no UTC offset"
-    if not isinstance(entry.get("engine_user_id"), str) or not entry["engine_user_id"]:
+    try:
+        erased_at.astimezone(UTC)
+    except OverflowError:
+        return "erased_at out of range"
+    engine_user_id = entry.get("engine_user_id")
+    if not isinstance(engine_user_id, str) or not engine_user_id:
         return "bad or missing engine_user_id"
-    if not isinstance(entry.get("request_id") or "", str):
+    if len(engine_user_id) > _ENGINE_USER_ID_MAX:
+        return f"engine_user_id longer than {_ENGINE_USER_ID_MAX} characters"
+    if problem := _text_problem(engine_user_id):
+        return f"engine_user_id {problem}"
+    request_id = entry.get("request_id") or ""
+    if not isinstance(request_id, str):
         return "bad request_id"
+    if problem := _text_problem(request_id):
+        return f"request_id {problem}"
     return ""
 
 
-def erasure_entries_check(entries: Iterable[Any]) -> list[dict]:
-    """Every entry well formed, or ErasureEntryInvalid naming the first bad one (1-based),
-    before anything is applied: a list that failed half-way would leave a restore half
-    erased. Returns the entries with `erased_at` parsed (timezone-aware)."""
+def erasure_entries_check(entries: Iterable[Any], *, line_numbers: Sequence[int] | None = None) -> list[dict]:
+    """Every entry well formed, or ErasureEntryInvalid naming the first bad one (1-based,
+    and its line when `line_numbers` says where each entry came from in a file), before
+    anything is applied: a list that failed half-way would leave a restore half erased.
+    Returns the entries with `erased_at` parsed (timezone-aware)."""
     checked: list[dict] = []
     for number, entry in enumerate(entries, 1):
         if problem := _entry_problem(entry):
-            raise ErasureEntryInvalid(f"erasure entry {number}: {problem}")
+            where = f"line {line_numbers[number - 1]}: " if line_numbers else ""
+            raise ErasureEntryInvalid(f"{where}erasure entry {number}: {problem}")
         checked.append({**entry, "erased_at": datetime.fromisoformat(entry["erased_at"])})
     return checked
 

@@ -9,6 +9,7 @@ from memsite.management.times import option_time
 from memsite.services import (
     ErasureEntryInvalid,
     ErasureReapplyReport,
+    erasure_entries_check,
     erasures_from_audit,
     erasures_reapply,
     erasures_reapply_after_restore,
@@ -64,12 +65,27 @@ class Command(BaseCommand):
         )
 
     def _read(self, path: Path | None) -> list[dict]:
+        """The file's entries, every one checked before any is applied; an error names the line."""
         assert path is not None
         try:
             lines = path.read_text().splitlines()
-            return [json.loads(line) for line in lines if line.strip()]
         except (OSError, ValueError) as exc:
             raise CommandError(f"cannot read {path}: {type(exc).__name__}") from None
+        entries: list[dict] = []
+        numbers: list[int] = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                entries.append(json.loads(line))
+            except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+                raise CommandError(f"{path} line {number}: not a JSON value ({type(exc).__name__})") from None
+            numbers.append(number)
+        try:
+            erasure_entries_check(entries, line_numbers=numbers)
+        except ErasureEntryInvalid as exc:
+            raise CommandError(f"{path} {exc}") from None
+        return entries
 
     def _list(self, since: datetime, *, as_json: bool) -> None:
         entries = erasures_from_audit(since=since)
