@@ -1,8 +1,9 @@
 """Start-up check: a worker's lease on the usage events it sends must outlast the POST
 that sends them (billing/services.py starts a POST only with 2 x USAGE_DELIVERY_TIMEOUT_S
-of lease left). A shorter lease sends nothing from a refused batch, and lets a second
-worker claim events whose POST is still in flight. `manage.py migrate`, which the
-launcher runs before serving, stops on this error."""
+of lease left: the POST's total deadline, and as long again to record its result). A
+shorter lease sends nothing from a refused batch, and lets a second worker claim events
+whose POST is still in flight. `manage.py migrate`, which the launcher runs before
+serving, stops on this error."""
 
 from __future__ import annotations
 

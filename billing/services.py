@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from billing.models import UsageEvent
 from billing.tasks import deliver_usage_events as deliver_usage_events_task
+from core.http_deadline import deadline_client, response_head
 from core.logs import scrub_secrets
 from core.scope import CallContext, MemoryScope
 
@@ -83,6 +84,9 @@ def _publish_delivery(window: float) -> None:
 BAD_GATEWAY_URL = "the payment gateway URL is not usable (PAYMENT_GATEWAY_URL)"
 NEEDS_OPERATOR = (NO_GATEWAY, BAD_GATEWAY_URL, "HTTP 3")
 _QUOTED_BODY_CHARS = 200
+# Enough of an error answer for _quoted, which looks at 10 x the characters it keeps (up to
+# 4 bytes each in UTF-8); the rest is not read.
+_QUOTED_BODY_BYTES = 4 * 10 * _QUOTED_BODY_CHARS
 _LAST_ERROR_CHARS = UsageEvent._meta.get_field("last_error").max_length or 500
 
 
@@ -110,8 +114,9 @@ def _due(now: datetime) -> Q:
 
 
 def _post_budget_s() -> float:
-    """The longest one POST may take. httpx's timeout bounds each phase, not the whole:
-    connecting and awaiting the answer can each take it (the body is a few KB)."""
+    """The lease one POST needs: its total deadline (USAGE_DELIVERY_TIMEOUT_S, enforced in
+    `_post` however slowly the gateway answers) and as long again to settle the answer
+    before the lease ends; billing.E001 keeps the lease above it."""
     return 2 * settings.USAGE_DELIVERY_TIMEOUT_S
 
 
@@ -193,13 +198,23 @@ def _post(events: list[UsageEvent]) -> _Outcome:
     if settings.USAGE_INGEST_API_KEY:
         headers["Authorization"] = f"Bearer {settings.USAGE_INGEST_API_KEY}"
     try:
-        response = httpx.post(
-            settings.PAYMENT_GATEWAY_URL or "",
-            json={"events": [e.payload() for e in events]},
-            headers=headers,
-            timeout=settings.USAGE_DELIVERY_TIMEOUT_S,
-            follow_redirects=False,  # the default, stated: see _redirect_reason
-        )
+        # A total deadline, not httpx's per-read timeout: a gateway that drips its answer
+        # kept the POST going past the lease, and another worker sent the events again.
+        with (
+            deadline_client(total_s=settings.USAGE_DELIVERY_TIMEOUT_S, max_bytes=None) as client,
+            client.stream(
+                "POST",
+                settings.PAYMENT_GATEWAY_URL or "",
+                json={"events": [e.payload() for e in events]},
+                headers=headers,
+                follow_redirects=False,  # the default, stated: see _redirect_reason
+            ) as response,
+        ):
+            # A 2xx is the gateway's receipt whatever its body says: the body is not
+            # read, so a slow one can neither fail a delivered batch nor send it again.
+            if response.is_success:
+                return _Outcome("ok")
+            body = response_head(response, max_bytes=_QUOTED_BODY_BYTES)
     except httpx.TimeoutException:
         return _Outcome("retry", "timeout")
     except httpx.HTTPError as exc:
@@ -208,11 +223,10 @@ def _post(events: list[UsageEvent]) -> _Outcome:
         # A gateway URL httpx cannot use (an operator's typo) raised out of the task and
         # left the batch claimed until its lease ran out, on every run; staff see this.
         return _Outcome("retry", BAD_GATEWAY_URL)
-    if response.is_success:
-        return _Outcome("ok")
     if 300 <= response.status_code < 400:
         return _Outcome("retry", _redirect_reason(response))
-    reason = f"HTTP {response.status_code}: {_quoted(response.text, limit=_QUOTED_BODY_CHARS)}".rstrip()
+    text = body.decode(response.encoding or "utf-8", errors="replace")
+    reason = f"HTTP {response.status_code}: {_quoted(text, limit=_QUOTED_BODY_CHARS)}".rstrip()
     return _Outcome("refused" if 400 <= response.status_code < 500 and response.status_code != 429 else "retry", reason)
 
 

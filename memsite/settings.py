@@ -21,6 +21,7 @@ from memsite.env import (
     env_float,
     env_int,
     env_list,
+    env_map,
     env_path,
     env_rate,
     env_str,
@@ -41,7 +42,7 @@ if SECRET_KEY is None:
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 HOST = env_str("HOST", "127.0.0.1")
-PORT = env_int("PORT", 8000, minimum=1)
+PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -105,9 +106,15 @@ TEMPLATES = [
 # or on demand by manage.py). Any Postgres with the `vector` extension otherwise.
 DATABASE_URL = env_str("DATABASE_URL")
 EMBEDDED_DATABASE = DATABASE_URL is None
-_default_db: dict[str, Any] = (
-    django_database_settings(DATA_DIR) if DATABASE_URL is None else dict(dj_database_url.parse(DATABASE_URL))
-)
+if DATABASE_URL is None:
+    _default_db: dict[str, Any] = django_database_settings(DATA_DIR)
+else:
+    try:
+        _default_db = dict(dj_database_url.parse(DATABASE_URL))
+    except ValueError:  # ParseError, UnknownSchemeError: their text may quote the password
+        raise ConfigError("DATABASE_URL is not a valid postgresql:// URL") from None
+    if _default_db.get("ENGINE") != "django.db.backends.postgresql":
+        raise ConfigError("DATABASE_URL is not a valid postgresql:// URL")
 if _database_name := env_str("DATABASE_NAME"):
     # Lets a helper process (e.g. a test worker) share a server but use another database.
     _default_db["NAME"] = _database_name
@@ -143,6 +150,9 @@ DATABASES = {"default": _default_db}
 # (memsite/threaded_django.py); more requests than that wait their turn in the process.
 # Each can hold two pooled connections (a search's BM25 side runs on a second one).
 REST_THREADS = env_int("REST_THREADS", 8, minimum=1)
+# MCP tool calls and bearer checks run on their own threads: work hung on OAuth or the
+# chat proxy (the event loop's default executor) cannot stall them.
+MCP_THREADS = env_int("MCP_THREADS", 8, minimum=1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
@@ -171,6 +181,9 @@ EMBEDDER = env_choice("EMBEDDER", "local", ("local", "gemini"))
 GOOGLE_API_KEY = env_str("GOOGLE_API_KEY")
 GEMINI_EMBEDDING_MODEL = env_str("GEMINI_EMBEDDING_MODEL", "models/gemini-embedding-001")
 GEMINI_EMBEDDING_DIMS = env_int("GEMINI_EMBEDDING_DIMS", 1536, minimum=1)
+# The TOTAL time of one Gemini embedding request (connect to last byte), on the request
+# path of every remember and search with EMBEDDER=gemini.
+EMBEDDER_TIMEOUT_S = env_float("EMBEDDER_TIMEOUT_S", 10.0, minimum=0.1)
 GEMINI_LLM_MODEL = env_str("GEMINI_LLM_MODEL", "gemini-2.5-flash")
 if EMBEDDER == "gemini" and not GOOGLE_API_KEY:
     raise ConfigError("EMBEDDER=gemini needs GOOGLE_API_KEY")
@@ -182,6 +195,12 @@ LLM_MODEL = env_str("LLM_MODEL")
 if LLM_BASE_URL and not LLM_MODEL:
     raise ConfigError("LLM_BASE_URL needs LLM_MODEL")
 LLM_MAX_TOKENS = env_int("LLM_MAX_TOKENS", 8000, minimum=1)
+# The engine's LLM (ingest, enrichment, the proxy's extraction): the TOTAL time of one
+# request, connect to last byte, however slowly the server answers; a request may be
+# retried LLM_MAX_RETRIES times (on a timeout, a connection error, 408/409/429/5xx), so a
+# call waits at most (1 + LLM_MAX_RETRIES) x LLM_TIMEOUT_S plus the SDK's short backoff.
+LLM_TIMEOUT_S = env_float("LLM_TIMEOUT_S", 30.0, minimum=0.1)
+LLM_MAX_RETRIES = env_int("LLM_MAX_RETRIES", 1, minimum=0)
 
 MEMORY_COLLECTION = env_str("MEMORY_COLLECTION", "memories")
 MEMORY_HNSW = env_bool("MEMORY_HNSW", False)
@@ -329,6 +348,7 @@ USAGE_INGEST_API_KEY = env_str("USAGE_INGEST_API_KEY")
 if PAYMENT_GATEWAY_URL and not USAGE_INGEST_API_KEY and not LOCAL_DEV:
     raise ConfigError("PAYMENT_GATEWAY_URL needs USAGE_INGEST_API_KEY")
 USAGE_BATCH_SIZE = env_int("USAGE_BATCH_SIZE", 100, minimum=1)
+# The TOTAL time of one POST to the gateway (connect to answer), however slowly it answers.
 USAGE_DELIVERY_TIMEOUT_S = env_float("USAGE_DELIVERY_TIMEOUT_S", 10.0, minimum=0.1)
 USAGE_RETRY_BASE_S = env_float("USAGE_RETRY_BASE_S", 5.0, minimum=0.0)
 USAGE_RETRY_MAX_S = env_float("USAGE_RETRY_MAX_S", 600.0, minimum=0.0)
@@ -468,6 +488,7 @@ MCP_MEMORY_HEURISTIC_MODEL = env_str("MCP_MEMORY_HEURISTIC_MODEL", "openai/gpt-o
 # An absolute OpenAI-compatible base URL (…/v1); empty: LLM_BASE_URL. Chat completions are used.
 MCP_MEMORY_HEURISTIC_BASE_URL = env_str("MCP_MEMORY_HEURISTIC_BASE_URL", "")
 MCP_MEMORY_HEURISTIC_API_KEY = env_str("MCP_MEMORY_HEURISTIC_API_KEY", "")
+# The TOTAL time of one extraction request (connect to last byte), not a per-read timeout.
 MCP_MEMORY_HEURISTIC_TIMEOUT_MS = env_int("MCP_MEMORY_HEURISTIC_TIMEOUT_MS", 12000, minimum=100)
 MCP_MEMORY_HEURISTIC_MAX_OUTPUT_TOKENS = env_int("MCP_MEMORY_HEURISTIC_MAX_OUTPUT_TOKENS", 800, minimum=1)
 if MCP_MEMORY_HEURISTIC_BASE_URL and "://" not in MCP_MEMORY_HEURISTIC_BASE_URL:
@@ -508,7 +529,13 @@ PROXY_ENCRYPTION_KEY = env_str("PROXY_ENCRYPTION_KEY", "")
 PROXY_MEMORY_TEMPLATE_PATH = env_path("PROXY_MEMORY_TEMPLATE_PATH", BASE_DIR / "proxy" / "memory_template.md")
 PROXY_MEMORY_SEARCH_TIMEOUT_S = env_float("PROXY_MEMORY_SEARCH_TIMEOUT_S", 30.0, minimum=0.01)
 PROXY_MEMORY_STORE_TIMEOUT_S = env_float("PROXY_MEMORY_STORE_TIMEOUT_S", 120.0, minimum=0.1)
+# The TOTAL deadline for the upstream's headers and, read whole, its answer; streamed, the
+# longest silence between two whole events.
 PROXY_UPSTREAM_TIMEOUT_S = env_float("PROXY_UPSTREAM_TIMEOUT_S", 120.0, minimum=0.1)
+# A streamed answer is cut after this long in all (error event `upstream_timeout`, not billed).
+PROXY_STREAM_MAX_S = env_float("PROXY_STREAM_MAX_S", 600.0, minimum=1.0)
+# The chat proxy's own threads for its blocking steps (auth, memory search, recording).
+PROXY_THREADS = env_int("PROXY_THREADS", 8, minimum=1)
 PROXY_UPSTREAM_CONNECT_TIMEOUT_S = env_float("PROXY_UPSTREAM_CONNECT_TIMEOUT_S", 10.0, minimum=0.1)
 # A key's own upstream (set by its owner) connects to public addresses only; this also
 # admits loopback (tests, a local model server in development). The deployment default
@@ -539,6 +566,7 @@ CACHE_TTL_SECONDS = env_int("CACHE_TTL_SECONDS", 3600, minimum=1)
 WEB_SEARCH_PROVIDER = env_choice("WEB_SEARCH_PROVIDER", "tavily", ("tavily",))
 TAVILY_API_KEY = env_str("TAVILY_API_KEY", "")
 TAVILY_ENDPOINT = env_str("TAVILY_ENDPOINT", "https://api.tavily.com/search")
+# The TOTAL time of one provider request (connect to last byte), not a per-read timeout.
 WEB_SEARCH_TIMEOUT_S = env_float("WEB_SEARCH_TIMEOUT_S", 10.0, minimum=0.1)
 WEB_SEARCH_MAX_RESULTS = env_int("WEB_SEARCH_MAX_RESULTS", 5, minimum=1)
 RATE_LIMITS.update(
@@ -569,7 +597,7 @@ RATE_LIMIT_CREDENTIAL_FACTOR = env_int("RATE_LIMIT_CREDENTIAL_FACTOR", 20, minim
 # `tenant.name`), optionally mapped (`OIDC_TENANT_MAP=acme-corp:acme,globex:globex`);
 # without a claim, every OIDC user is in OIDC_TENANT. A claimed tenant must exist.
 OIDC_TENANT_CLAIM = env_str("OIDC_TENANT_CLAIM")
-OIDC_TENANT_MAP = dict(item.split(":", 1) for item in env_list("OIDC_TENANT_MAP", []) if ":" in item)
+OIDC_TENANT_MAP = env_map("OIDC_TENANT_MAP")
 OIDC_TENANT = env_str("OIDC_TENANT", "default")
 # Roles from a claim (dotted path; Keycloak's `realm_access.roles` by default; a list or a
 # space-separated string); the role names that mean tenant_admin and platform.
@@ -586,6 +614,7 @@ OAUTH_CONSENT_TTL_S = env_int("OAUTH_CONSENT_TTL_S", 600)
 # Client ID metadata documents: fetched over https only, no redirects, size and time
 # limits, public addresses only, cached.
 OAUTH_CIMD_MAX_BYTES = env_int("OAUTH_CIMD_MAX_BYTES", 5120)
+# The TOTAL time of one document fetch (connect, TLS, headers, body), not per read.
 OAUTH_CIMD_TIMEOUT_S = env_float("OAUTH_CIMD_TIMEOUT_S", 3.0)
 OAUTH_CIMD_CACHE_S = env_int("OAUTH_CIMD_CACHE_S", 3600)
 # Tests only: let a metadata document be served on 127.0.0.1 (still https), trusting this CA file.

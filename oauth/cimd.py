@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from core.http_deadline import DeadlineSSLSocket, deadline_remaining, outbound_deadline
 from core.inputs import InputError, json_loads_safe, text_problem
 from core.netaddr import address_is_public
 
@@ -80,12 +81,16 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
         self._address = address
 
     def connect(self) -> None:
-        sock = socket.create_connection((self._address, self.port), self.timeout)
+        sock = socket.create_connection((self._address, self.port), deadline_remaining(self.timeout))
         self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
 
 
 def _tls_context() -> ssl.SSLContext:
     context = ssl.create_default_context()
+    # http.client gives every read its own timeout, and a header line or a body takes many
+    # reads: a server sending a byte at a time held the fetch for about limit x timeout.
+    # These sockets wait only until the fetch's deadline (outbound_deadline below).
+    context.sslsocket_class = DeadlineSSLSocket
     if settings.OAUTH_CIMD_CA_FILE:  # tests: a throwaway CA for the loopback document server
         context.load_verify_locations(cafile=settings.OAUTH_CIMD_CA_FILE)
     return context
@@ -100,11 +105,12 @@ def metadata_document_fetch(url: str) -> dict[str, Any]:
         host, port, address=address, timeout=settings.OAUTH_CIMD_TIMEOUT_S, context=_tls_context()
     )
     try:
-        connection.request("GET", path, headers={"Accept": "application/json", "User-Agent": "memsite-oauth"})
-        response = connection.getresponse()
-        if response.status != 200:  # a redirect (3xx) is refused like any other status
-            raise MetadataDocumentError(f"client_id metadata document answered HTTP {response.status}")
-        body = response.read(limit + 1)
+        with outbound_deadline(settings.OAUTH_CIMD_TIMEOUT_S):  # the whole fetch, not each read
+            connection.request("GET", path, headers={"Accept": "application/json", "User-Agent": "memsite-oauth"})
+            response = connection.getresponse()
+            if response.status != 200:  # a redirect (3xx) is refused like any other status
+                raise MetadataDocumentError(f"client_id metadata document answered HTTP {response.status}")
+            body = response.read(limit + 1)
     except (OSError, http.client.HTTPException, ssl.SSLError) as error:
         raise MetadataDocumentError("client_id metadata document could not be fetched") from error
     finally:

@@ -8,6 +8,8 @@ import concurrent.futures
 import hashlib
 import json
 import logging
+import threading
+import uuid
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -25,11 +27,10 @@ from core.choices import Channel, Operation, Permission
 from core.errors import ErrorCode, ServiceError
 from core.inputs import InputError, json_value_check, text_problem
 from core.netaddr import address_is_public
-from core.request_ids import request_id_new
 from core.scope import CallContext, MemoryScope
 from memories.auth import Principal, authenticate_bearer, bearer_token, principal_of_api_key
 from memories.call_record import failures_audited
-from memories.models import ApiKey
+from memories.models import ApiKey, IngestIntent
 from memories.operations import principal_effective
 from memories.rate_limits import rate_limit_consume
 from memories.services import api_key_authenticate, memory_ingest, user_write_locks
@@ -271,6 +272,27 @@ def chat_call_failed(
 
 
 # --- extraction (after the answer, in the worker) ---------------------------------------
+# Names each attempt's ingest (its request id), so a later attempt finds the intent of one
+# that outlived its deadline: uuid5 of the turn and the attempt number.
+_ATTEMPT_NAMESPACE = uuid.UUID("6f7c2b1e-52c4-4f0e-9a43-0d9d3d1b7a10")
+
+
+def _attempt_request_id(turn: ProxyTurn, attempt: int) -> str:
+    return str(uuid.uuid5(_ATTEMPT_NAMESPACE, f"{turn.pk}:{turn.request_id}:{attempt}"))
+
+
+def _attempt_states(turn: ProxyTurn, *, attempts: range) -> set[str]:
+    ids = [_attempt_request_id(turn, n) for n in attempts]
+    return set(IngestIntent.objects.filter(request_id__in=ids).values_list("state", flat=True))
+
+
+def _turn_close(turn_pk: int, *, state: str, reason: str | None = None) -> int:
+    fields: dict[str, Any] = {"state": state, "closed_at": timezone.now(), "messages": []}
+    if reason is not None:
+        fields["last_error"] = reason[:100]
+    return ProxyTurn.objects.filter(pk=turn_pk).update(**fields)
+
+
 def proxy_turn_extract(*, turn_pk: int) -> str:
     """Extract memories from one answered turn (mem0 infer through `memory_ingest`,
     which keeps the dedupe rule and its own audit row, unbilled: `_ingest_in_thread`) under
@@ -279,47 +301,102 @@ def proxy_turn_extract(*, turn_pk: int) -> str:
     touches the chat call, which was answered long ago. A turn the user's erasure deleted
     is not extracted (checked as the ingest is recorded, under the erasure's lock) nor
     retried (no row is left to sweep); one erased during the ingest keeps nothing
-    (`memory_ingest` discards it)."""
+    (`memory_ingest` discards it).
+    An attempt that outlives the deadline cannot be stopped (a thread), so it is never
+    raced: a late start (no intent recorded yet) stores nothing once another attempt began
+    or the turn closed (`turn_pending` below); a late finish (intent recorded) is the
+    turn's extraction: no new attempt starts while it runs, and the turn closes as done
+    when it completed (or failed, if it stored nothing and no attempts are left). So a
+    turn is extracted at most once and never stores memories after it was marked failed."""
     with transaction.atomic():
         turn = ProxyTurn.objects.select_for_update(skip_locked=True).filter(pk=turn_pk).first()
         if turn is None or turn.state != ProxyTurn.State.PENDING:
             return "skipped"
+        earlier = _attempt_states(turn, attempts=range(1, turn.attempts + 1))
+        if IngestIntent.State.DONE in earlier:
+            _turn_close(turn.pk, state=ProxyTurn.State.DONE)
+            return "done"
+        if IngestIntent.State.OPEN in earlier:
+            return "in_flight"  # the sweep comes back; the reconciler closes an orphan
+        if turn.attempts >= EXTRACTION_MAX_ATTEMPTS:
+            _turn_close(turn.pk, state=ProxyTurn.State.FAILED)
+            return "failed"
         turn.attempts += 1
         turn.save(update_fields=["attempts"])
+    attempt = turn.attempts
     scope = MemoryScope(tenant=turn.tenant, user_pk=turn.user_id, client_app=turn.client_app or None)
-    call = CallContext(channel=Channel.PROXY, request_id=request_id_new(), turn_id=turn.request_id)
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    call = CallContext(channel=Channel.PROXY, request_id=_attempt_request_id(turn, attempt), turn_id=turn.request_id)
     try:
-        future = pool.submit(_ingest_in_thread, scope, turn.messages, call, turn.session_id, turn.pk)
-        future.result(timeout=settings.PROXY_MEMORY_STORE_TIMEOUT_S)
+        _run_with_deadline(
+            _ingest_in_thread,
+            scope,
+            turn.messages,
+            call,
+            turn.session_id,
+            turn.pk,
+            attempt,
+            timeout=settings.PROXY_MEMORY_STORE_TIMEOUT_S,
+        )
     except Exception as exc:
         reason = "timeout" if isinstance(exc, concurrent.futures.TimeoutError) else type(exc).__name__
         if isinstance(exc, ServiceError):
             reason = exc.code.value
         logger.warning("memory extraction for turn %s failed (%s)", turn.pk, reason)
-        final = turn.attempts >= EXTRACTION_MAX_ATTEMPTS or reason == ErrorCode.LLM_UNAVAILABLE.value
-        ProxyTurn.objects.filter(pk=turn.pk).update(
-            last_error=reason[:100],
-            **({"state": ProxyTurn.State.FAILED, "closed_at": timezone.now(), "messages": []} if final else {}),
-        )
-        return "failed"
-    finally:
-        pool.shutdown(wait=False)
-    closed = ProxyTurn.objects.filter(pk=turn.pk).update(
-        state=ProxyTurn.State.DONE, closed_at=timezone.now(), messages=[]
-    )
+        return _attempt_failed(turn, attempt=attempt, reason=reason)
+    closed = _turn_close(turn.pk, state=ProxyTurn.State.DONE)
     return "done" if closed else "erased"
 
 
+def _attempt_failed(turn: ProxyTurn, *, attempt: int, reason: str) -> str:
+    """Under the turn's lock, which the attempt's own intent check also takes: its ingest
+    either recorded its intent already (seen here) or will find the turn changed."""
+    with transaction.atomic():
+        pending = ProxyTurn.objects.select_for_update().filter(pk=turn.pk, state=ProxyTurn.State.PENDING)
+        if not list(pending.values_list("pk", flat=True)):
+            return "failed"
+        state = _attempt_states(turn, attempts=range(attempt, attempt + 1))
+        if IngestIntent.State.DONE in state:  # it completed just after the deadline
+            _turn_close(turn.pk, state=ProxyTurn.State.DONE, reason=reason)
+            return "done"
+        final = attempt >= EXTRACTION_MAX_ATTEMPTS or reason == ErrorCode.LLM_UNAVAILABLE.value
+        if final and IngestIntent.State.OPEN not in state:
+            _turn_close(turn.pk, state=ProxyTurn.State.FAILED, reason=reason)
+        else:  # still running, its outcome decides (the next sweep looks), or retried
+            ProxyTurn.objects.filter(pk=turn.pk).update(last_error=reason[:100])
+    return "failed"
+
+
+def _run_with_deadline(fn: Any, *args: Any, timeout: float) -> Any:
+    """`fn` on a daemon thread, waited for `timeout` seconds. One that overruns goes on
+    alone (no thread can be stopped) without holding up the worker's shutdown: an ingest
+    cut short by the process exit leaves its intent open, which the reconciler closes."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # handed to the waiting caller
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="proxy-extract", daemon=True).start()
+    return future.result(timeout=timeout)
+
+
 def _ingest_in_thread(
-    scope: MemoryScope, messages: list[dict[str, Any]], call: CallContext, session_id: str, turn_pk: int
+    scope: MemoryScope, messages: list[dict[str, Any]], call: CallContext, session_id: str, turn_pk: int, attempt: int
 ) -> None:
     """One audited ingest per attempt, never billed nor counted against the user's INGEST
     limit: the chat completion it comes from was the one billed call (core/choices.py)."""
     from django.db import connection
 
-    def turn_pending() -> bool:  # an erasure deletes the turn: its messages are not to be stored
-        return ProxyTurn.objects.filter(pk=turn_pk, state=ProxyTurn.State.PENDING).exists()
+    def turn_pending() -> bool:
+        # The turn still waits for this very attempt: not erased (its messages are not to
+        # be stored), closed, or taken over by a later attempt after this one overran.
+        # Locked: `_attempt_failed` and the next attempt decide after this intent exists.
+        rows = ProxyTurn.objects.select_for_update().filter(pk=turn_pk, state=ProxyTurn.State.PENDING, attempts=attempt)
+        return bool(list(rows.values_list("pk", flat=True)))
 
     try:
         with failures_audited(scope, call=call, operation=Operation.INGEST):

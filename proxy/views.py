@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import weakref
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -86,7 +89,8 @@ _background: set[asyncio.Task] = set()
 def _upstream_client(*, public_only: bool) -> httpx.AsyncClient:
     """Pooled clients per event loop (no TLS context or connection set-up per call): one
     for the deployment's own upstream, one that connects to public addresses only, for
-    an upstream a key's owner chose (proxy/upstream_network.py)."""
+    an upstream a key's owner chose (proxy/upstream_network.py).
+    Their timeout bounds each read only; `_forward` puts a deadline on the whole answer."""
     loop = asyncio.get_running_loop()
     clients = _clients.setdefault(loop, {})
     client = clients.get(public_only)
@@ -108,8 +112,25 @@ def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
         close_old_connections()
 
 
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _proxy_executor() -> ThreadPoolExecutor:
+    """The proxy's own threads for its blocking steps (auth, memory search, recording).
+    The event loop's default executor is shared with the MCP toolsets and OAuth: a slow
+    memory search or database under chat load would queue their calls behind ours."""
+    global _executor
+    if _executor is None:
+        with _executor_lock:
+            if _executor is None:
+                size = settings.PROXY_THREADS
+                _executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="proxy")
+    return _executor
+
+
 async def _thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    return await sync_to_async(_in_thread, thread_sensitive=False)(fn, *args, **kwargs)
+    return await sync_to_async(_in_thread, thread_sensitive=False, executor=_proxy_executor())(fn, *args, **kwargs)
 
 
 def _error_response(error: ProxyError) -> JsonResponse:
@@ -236,17 +257,30 @@ async def _forward(
     that is not a usable answer is not relayed as a success: whole, it becomes a 502
     `upstream_error` (504 `upstream_timeout`); streamed, the 200 is already out, so the
     stream ends with an error event instead of [DONE]. Either way the call is audited as
-    failed, not billed, and no turn is stored (`_finish`)."""
+    failed, not billed, and no turn is stored (`_finish`). An answer that misses its
+    deadline (PROXY_UPSTREAM_TIMEOUT_S read whole; streamed, that long without an event
+    or PROXY_STREAM_MAX_S in all) is one of those: `upstream_timeout`."""
     stream = bool(body.get("stream"))
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
     if caller.config.api_key:
         headers["Authorization"] = f"Bearer {caller.config.api_key}"
     client = _upstream_client(public_only=caller.config.source == "key")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    # PROXY_UPSTREAM_TIMEOUT_S is the deadline for the upstream's headers and, read whole,
+    # its entire answer: httpx's timeout bounds each read only, so an upstream (a key's
+    # owner picks their own) trickling a byte at a time would hold the call and a pooled
+    # connection for as long as it liked.
+    deadline = started + settings.PROXY_UPSTREAM_TIMEOUT_S
     try:
         request = client.build_request(
             "POST", caller.config.completions_url, content=json.dumps(payload).encode(), headers=headers
         )
-        upstream = await client.send(request, stream=True)
+        async with asyncio.timeout_at(deadline):
+            upstream = await client.send(request, stream=True)
+    except TimeoutError:
+        logger.warning("chat upstream sent no answer in time")
+        raise upstream_timeout() from None
     except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # ValueError: a header httpx cannot encode
         if upstream_address_is_refused(exc):
             logger.warning("chat upstream refused: not a public address")
@@ -272,10 +306,11 @@ async def _forward(
         failure: ProxyError | None = None
         raw = b""
         try:
-            raw = b"".join([chunk async for chunk in upstream.aiter_bytes()])
+            async with asyncio.timeout_at(deadline):
+                raw = b"".join([chunk async for chunk in upstream.aiter_bytes()])
             if ok:
                 answer.take_message(completion_message(raw))
-        except httpx.TimeoutException:
+        except (TimeoutError, httpx.TimeoutException):
             failure = upstream_timeout()
         except httpx.HTTPError:
             failure = upstream_error("The upstream LLM's answer broke off before it was complete.")
@@ -295,15 +330,32 @@ async def _forward(
             response[name] = value
         return response
 
-    async def relay():
+    # A stream may take long, but not for ever: PROXY_UPSTREAM_TIMEOUT_S without a whole
+    # event (bytes that never complete one count as silence) or PROXY_STREAM_MAX_S in all
+    # ends it as timed out (`upstream_timeout`, recorded like any cut-off stream).
+    idle_s = settings.PROXY_UPSTREAM_TIMEOUT_S
+    stream_max_s = settings.PROXY_STREAM_MAX_S
+    stream_end = started + stream_max_s
+
+    async def relay() -> AsyncIterator[bytes]:
         failure: ProxyError | None = None
         client_left = True
+        chunks = upstream.aiter_bytes()
+        last_event = loop.time()
         try:
             try:
-                async for chunk in upstream.aiter_bytes():
+                while True:
+                    # Only the read is timed: a timeout around the `yield` would fire in
+                    # the response's sending code, while the client reads slowly.
+                    try:
+                        async with asyncio.timeout_at(min(last_event + idle_s, stream_end)):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
                     events = answer.feed(chunk)
                     if events:
                         yield events
+                        last_event = loop.time()
                 rest = answer.close()
                 if answer.errored:
                     failure = upstream_error("The upstream LLM reported an error in its stream.")
@@ -313,9 +365,15 @@ async def _forward(
                 # relayed too. A cut-off fragment is not.
                 if rest.strip() and (failure is None or answer.errored):
                     yield rest.rstrip(b"\r\n") + b"\n\n"
-            except httpx.TimeoutException:
+            except (TimeoutError, httpx.TimeoutException):
                 if not answer.done:
                     failure = upstream_timeout()
+                    if loop.time() >= stream_end:
+                        failure = ProxyError(
+                            failure.status,
+                            failure.code,
+                            f"The upstream LLM's stream took longer than {stream_max_s:g} s; it was cut off.",
+                        )
             except httpx.HTTPError:
                 if not answer.done:
                     failure = upstream_error("The upstream LLM's stream broke off before the answer was complete.")

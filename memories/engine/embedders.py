@@ -92,11 +92,14 @@ def embedder_for(spec: EmbedderSpec) -> Any:
         from mem0.configs.embeddings.base import BaseEmbedderConfig
         from mem0.embeddings.gemini import GoogleGenAIEmbedding
 
+        from memories.engine.mem0_adapter import gemini_client_bounded
+
         embedder = GoogleGenAIEmbedding(
             BaseEmbedderConfig(
                 model=settings.GEMINI_EMBEDDING_MODEL, api_key=settings.GOOGLE_API_KEY, embedding_dims=spec.dims
             )
         )
+        embedder.client = gemini_client_bounded(total_s=settings.EMBEDDER_TIMEOUT_S, retries=0)
     _embedder_instrument(embedder, name=spec.name)
     with _lock:
         _cache["embedders"][spec] = embedder

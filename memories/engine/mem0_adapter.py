@@ -164,8 +164,56 @@ def _build_memory() -> Any:
         from memories.engine.embedder import MiniLMEmbedder
 
         memory.embedding_model = MiniLMEmbedder()
+    else:
+        memory.embedding_model.client = gemini_client_bounded(total_s=settings.EMBEDDER_TIMEOUT_S, retries=0)
     _embedder_instrument(memory.embedding_model)
+    if llm_configured():
+        _llm_client_bounded(memory.llm)
     return memory
+
+
+# An answer is at most LLM_MAX_TOKENS tokens in a JSON envelope: a few hundred KB at worst.
+# A body past this is not an answer, and reading it would hold the call and the memory.
+_LLM_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+
+
+def _llm_client_bounded(llm: Any) -> None:
+    """Give mem0's LLM client a total deadline and few retries. mem0 builds it with the
+    SDK defaults (OpenAI: 600 s per read, 2 retries; Gemini: no timeout), and a per-read
+    timeout never ends a call whose server drips its answer a byte at a time."""
+    from core.http_deadline import Httpx2DeadlineTransport
+
+    if settings.GOOGLE_API_KEY:
+        llm.client = gemini_client_bounded(total_s=settings.LLM_TIMEOUT_S, retries=settings.LLM_MAX_RETRIES)
+        return
+    import httpx2
+
+    transport = Httpx2DeadlineTransport(total_s=settings.LLM_TIMEOUT_S, max_bytes=_LLM_MAX_RESPONSE_BYTES)
+
+    llm.client = llm.client.with_options(
+        http_client=httpx2.Client(transport=transport),
+        timeout=settings.LLM_TIMEOUT_S,
+        max_retries=settings.LLM_MAX_RETRIES,
+    )
+
+
+def gemini_client_bounded(*, total_s: float, retries: int) -> Any:
+    """A Gemini client whose every request ends within `total_s` in all (and is tried
+    1 + `retries` times): mem0 builds it with no timeout, for the LLM and the embedder."""
+    from google import genai
+    from google.genai import types
+
+    from core.http_deadline import Httpx2DeadlineTransport
+
+    transport = Httpx2DeadlineTransport(total_s=total_s, max_bytes=_LLM_MAX_RESPONSE_BYTES)
+    return genai.Client(
+        api_key=settings.GOOGLE_API_KEY,
+        http_options=types.HttpOptions(
+            timeout=int(total_s * 1000),
+            client_args={"transport": transport},
+            retry_options=types.HttpRetryOptions(attempts=1 + retries),
+        ),
+    )
 
 
 def _live_payload(payload: Any) -> bool:

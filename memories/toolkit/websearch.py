@@ -10,7 +10,12 @@ from typing import Any, Protocol
 import httpx
 from django.conf import settings
 
+from core.http_deadline import ResponseTooLarge, deadline_client
+
 logger = logging.getLogger(__name__)
+
+# A few results of a few KB each; a body past this is not an answer worth waiting for.
+MAX_RESPONSE_BYTES = 2 * 1024 * 1024
 
 
 class WebSearchUnavailable(Exception):
@@ -33,12 +38,17 @@ class TavilyProvider:
 
     def search(self, query: str, *, max_results: int) -> list[dict[str, str]]:
         try:
-            response = httpx.post(
-                self._endpoint,
-                json={"query": query, "max_results": max_results, "search_depth": "basic"},
-                headers={"Authorization": f"Bearer {self._api_key}"},
-                timeout=self._timeout_s,
-            )
+            # WEB_SEARCH_TIMEOUT_S bounds the whole request: a provider that drips its
+            # answer would otherwise hold this tool call (and its worker thread) for ever.
+            with deadline_client(total_s=self._timeout_s, max_bytes=MAX_RESPONSE_BYTES) as client:
+                response = client.post(
+                    self._endpoint,
+                    json={"query": query, "max_results": max_results, "search_depth": "basic"},
+                    headers={"Authorization": f"Bearer {self._api_key}"},
+                )
+        except ResponseTooLarge:
+            logger.warning("web search provider answered more than %d bytes", MAX_RESPONSE_BYTES)
+            raise WebSearchUnavailable("the provider's answer could not be read") from None
         except httpx.HTTPError as exc:
             logger.warning("web search request failed: %s", type(exc).__name__)
             raise WebSearchUnavailable("the provider could not be reached") from None

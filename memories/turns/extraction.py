@@ -16,6 +16,7 @@ import httpx
 from django.conf import settings
 
 from core.errors import ErrorCode, ServiceError
+from core.http_deadline import deadline_client
 from core.inputs import text_problem
 from memories.turns.items import item_role, item_text
 
@@ -129,22 +130,30 @@ def _endpoint() -> str:
     return f"{base}/chat/completions" if base.endswith("/v1") else f"{base}/v1/chat/completions"
 
 
+# MCP_MEMORY_HEURISTIC_MAX_OUTPUT_TOKENS tokens in a JSON envelope; far more is not an answer.
+_LLM_MAX_RESPONSE_BYTES = 1024 * 1024
+
+
 def llm_complete(*, system: str, user: str) -> str:
     """One chat completion from the configured model; `llm_unavailable` on any failure.
     A slow call: never inside a database transaction."""
     key = settings.MCP_MEMORY_HEURISTIC_API_KEY or settings.LLM_API_KEY or ""
     model = settings.MCP_MEMORY_HEURISTIC_MODEL if settings.MCP_MEMORY_HEURISTIC_BASE_URL else settings.LLM_MODEL
     try:
-        response = httpx.post(
-            _endpoint(),
-            headers={"Authorization": f"Bearer {key}"} if key else {},
-            json={
-                "model": model or settings.MCP_MEMORY_HEURISTIC_MODEL,
-                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-                "max_tokens": settings.MCP_MEMORY_HEURISTIC_MAX_OUTPUT_TOKENS,
-            },
-            timeout=settings.MCP_MEMORY_HEURISTIC_TIMEOUT_MS / 1000,
-        )
+        # The timeout bounds the whole request: a model server that drips its answer
+        # would otherwise hold memory_after_turn (and its worker thread) for ever.
+        with deadline_client(
+            total_s=settings.MCP_MEMORY_HEURISTIC_TIMEOUT_MS / 1000, max_bytes=_LLM_MAX_RESPONSE_BYTES
+        ) as client:
+            response = client.post(
+                _endpoint(),
+                headers={"Authorization": f"Bearer {key}"} if key else {},
+                json={
+                    "model": model or settings.MCP_MEMORY_HEURISTIC_MODEL,
+                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                    "max_tokens": settings.MCP_MEMORY_HEURISTIC_MAX_OUTPUT_TOKENS,
+                },
+            )
         response.raise_for_status()
         return str(response.json()["choices"][0]["message"]["content"] or "")
     except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
