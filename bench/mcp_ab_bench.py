@@ -114,7 +114,8 @@ async def _run(servers: dict[str, dict], fill: int, calls: int) -> dict:
                     result = await clients[side].call_tool(tool, arguments)
                     latencies[op][side].append((time.perf_counter() - started) * 1000)
                     if result.is_error:
-                        raise SystemExit(f"{tool} failed on {side}: {result.structured_content}")
+                        error = result.content[0].text if result.content else None
+                        raise SystemExit(f"{tool} failed on {side}: {error}")
     results = {}
     for op, sides in latencies.items():
         ratios = [this / base for base, this in zip(sides["base"], sides["this"], strict=True)]

@@ -75,7 +75,7 @@ class Clients:
                     result = await client.call_tool(name, arguments)
                     latencies.append((time.perf_counter() - started) * 1000)
                     if result.is_error:
-                        raise SystemExit(f"{name} failed: {result.structured_content}")
+                        raise SystemExit(f"{name} failed: {result.content[0].text if result.content else None}")
 
         started = time.perf_counter()
         await asyncio.gather(*(one_client(n) for n in per_client if n))

@@ -54,7 +54,7 @@ async def _client_turns(url: str, token: str, client_no: int, turns: int, before
             result = await client.call_tool("memory_before_turn", arguments)
             before.append((time.perf_counter() - started) * 1000)
             if result.is_error:
-                raise SystemExit(f"before_turn failed: {result.structured_content}")
+                raise SystemExit(f"before_turn failed: {result.content[0].text if result.content else None}")
             arguments = {
                 "session_id": session,
                 "turn_id": f"t{n}",
@@ -65,7 +65,7 @@ async def _client_turns(url: str, token: str, client_no: int, turns: int, before
             result = await client.call_tool("memory_after_turn", arguments)
             after.append((time.perf_counter() - started) * 1000)
             if result.is_error:
-                raise SystemExit(f"after_turn failed: {result.structured_content}")
+                raise SystemExit(f"after_turn failed: {result.content[0].text if result.content else None}")
 
 
 def run(url: str, token: str, turns: int, concurrency: int) -> dict:

@@ -1,8 +1,9 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from memories.interfaces.mcp.registry import TOOLSETS
 from memories.interfaces.web.oidc_login import oidc_urlpatterns
-from memories.interfaces.wellknown import MEMORY_MCP_PATH, PROTECTED_RESOURCE_PATH, protected_resource_metadata
+from memories.interfaces.wellknown import PROTECTED_RESOURCE_PATH, protected_resource_metadata
 from memsite.observability import metrics_view
 from memsite.views import healthz
 from oauth import views as oauth_views
@@ -14,8 +15,15 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
     path(PROTECTED_RESOURCE_PATH.lstrip("/"), protected_resource_metadata, name="oauth-protected-resource"),
-    # RFC 9728 path-suffixed form for the MCP resource.
-    path(PROTECTED_RESOURCE_PATH.lstrip("/") + MEMORY_MCP_PATH, protected_resource_metadata),
+    # RFC 9728 path-suffixed form: each MCP toolset is its own resource (its 401 points here).
+    *(
+        path(
+            PROTECTED_RESOURCE_PATH.lstrip("/") + toolset.path,
+            protected_resource_metadata,
+            {"resource_path": toolset.path, "resource_name": f"memsite {toolset.id}"},
+        )
+        for toolset in TOOLSETS
+    ),
     path("v1/", include("memories.interfaces.rest.urls")),
     path("admin/", admin.site.urls),
     path("oidc/", include(oidc_urlpatterns())),

@@ -366,11 +366,12 @@ class McpCaller:
         return result.structured_content
 
     def error(self, name: str, arguments: dict) -> dict:
+        """The error of a tool error result: in the text only (no structuredContent, which
+        clients check against the tool's outputSchema)."""
         result = self.call(name, arguments)
         assert result.is_error, result.structured_content
-        error = result.structured_content["error"]
-        assert json.loads(result.content[0].text) == result.structured_content
-        return error
+        assert result.structured_content is None
+        return json.loads(result.content[0].text)["error"]
 
 
 @pytest.fixture

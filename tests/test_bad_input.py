@@ -137,8 +137,8 @@ def test_lifecycle_and_toolkit_bad_arguments_change_nothing_but_one_audit_row(mc
         mcp.url = mcp.url.replace("/engines/memory/mcp", f"/engines/{server}/mcp")
         before = state()
         result = mcp.call(tool, arguments)
-        assert result.is_error, (tool, result.structured_content)
-        content = result.structured_content
+        assert result.is_error, (tool, result.content)
+        content = json.loads(result.content[0].text)
         # The toolkit answers in seed 003's flat shape: {"error": message, "code": ...}.
         error = content["error"] if isinstance(content["error"], dict) else {**content, "message": content["error"]}
         assert error["code"] == "invalid_argument", (tool, arguments, error)
@@ -188,7 +188,9 @@ def test_mcp_non_finite_numbers_and_lone_surrogates(memsite_server, alice_key, e
         payload = json.loads(body)
         if status == 200 and "result" in payload:  # a tool error result
             assert payload["result"]["isError"] is True, arguments
-            assert payload["result"]["structuredContent"]["error"]["code"] == "invalid_argument", arguments
+            assert "structuredContent" not in payload["result"], arguments
+            error = json.loads(payload["result"]["content"][0]["text"])["error"]
+            assert error["code"] == "invalid_argument", arguments
             assert_only_audited(before, state())
         else:  # refused by the protocol layer before any tool ran
             assert 400 <= status < 500 and "error" in payload, arguments
@@ -226,7 +228,8 @@ def test_mcp_endpoint_holds_no_stream_open(memsite_server, alice_key):
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == 405
         assert refused.value.headers["Allow"] == "POST"
-        assert json.loads(refused.value.read())["error"]["code"] == "invalid_argument"
+        error = json.loads(refused.value.read())["error"]  # a JSON-RPC error, our code in its data
+        assert (error["code"], error["data"]["code"]) == (-32600, "invalid_argument")
 
 
 # --- D4: metadata filter keys are data, never ORM lookups -------------------------------

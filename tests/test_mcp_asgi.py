@@ -3,6 +3,7 @@ httpx's ASGI transport, with the app's lifespan run in the same event loop. Fast
 next to the live-server tests in test_mcp.py (same app, no uvicorn)."""
 
 import asyncio
+import json
 
 import jsonschema
 import pytest
@@ -70,7 +71,8 @@ def test_tools_and_a_round_trip_in_process(alice):
     jsonschema.validate(remembered.structured_content, tools["remember"].output_schema)
     assert found.structured_content["results"][0]["id"] == remembered.structured_content["id"]
     jsonschema.validate(found.structured_content, tools["search_memory"].output_schema)
-    assert missing.is_error and missing.structured_content["error"]["code"] == "not_found"
+    assert missing.is_error and missing.structured_content is None
+    assert json.loads(missing.content[0].text)["error"]["code"] == "not_found"
 
 
 def test_no_token_is_401_in_process():

@@ -6,6 +6,7 @@ RFC error codes, and tenancy."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -91,7 +92,16 @@ class MemoryStorage:
         self.client_info = client_info
 
 
-def sdk_session(base: str, user: ScriptedUser, *, mode: str, metadata_url: str | None, grant=None, storage=None):
+def sdk_session(
+    base: str,
+    user: ScriptedUser,
+    *,
+    mode: str,
+    metadata_url: str | None,
+    grant=None,
+    storage=None,
+    path: str = "/engines/memory/mcp",
+):
     """Run `work(client)` in an MCP session authorized by OAuthClientProvider."""
     import httpx2
     from mcp import Client
@@ -110,7 +120,7 @@ def sdk_session(base: str, user: ScriptedUser, *, mode: str, metadata_url: str |
         return AuthorizationCodeResult(code=params["code"], state=params.get("state"), iss=params.get("iss"))
 
     provider = OAuthClientProvider(
-        server_url=f"{base}/engines/memory/mcp",
+        server_url=f"{base}{path}",
         client_metadata=OAuthClientMetadata(
             client_name="SDK test client",
             redirect_uris=[CALLBACK],
@@ -127,7 +137,7 @@ def sdk_session(base: str, user: ScriptedUser, *, mode: str, metadata_url: str |
     def run(work):
         async def session():
             async with httpx2.AsyncClient(auth=provider, timeout=60) as http:
-                transport = streamable_http_client(f"{base}/engines/memory/mcp", http_client=http)
+                transport = streamable_http_client(f"{base}{path}", http_client=http)
                 async with Client(transport, mode=mode) as client:
                     return await work(client)
 
@@ -217,6 +227,22 @@ def test_dcr_client_signs_in_and_registration_is_deduplicated(live, alice):
         assert answer.status_code == 302 and "/oauth/consent/" in answer.headers["location"], answer.text
 
 
+@pytest.mark.parametrize("path", ["/engines/memory-toolkit/mcp", "/engines/memory-lifecycle/mcp"])
+def test_sdk_client_signs_in_to_the_other_toolsets_from_their_own_401(live, alice, path):
+    """Each toolset is its own protected resource (RFC 9728): its 401 names its own
+    metadata, so the client asks for (and gets) a token for the endpoint it called."""
+    base = live["url"]
+    bare = httpx.post(f"{base}{path}", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert f'resource_metadata="{base}/.well-known/oauth-protected-resource{path}"' in bare.headers["WWW-Authenticate"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    run, _, _ = sdk_session(base, user, mode="legacy", metadata_url=None, path=path)
+    from memories.interfaces.mcp.registry import TOOLSETS
+
+    tools = run(lambda client: client.list_tools()).tools
+    assert {tool.name for tool in tools} == {tool.name for t in TOOLSETS if t.path == path for tool in t.tools}
+    assert OAuthGrant.objects.get(user=alice).resource == f"{base}{path}"
+
+
 # --- raw flows ---------------------------------------------------------------------------
 def dcr_client(base: str, redirect: str = CALLBACK) -> str:
     answer = httpx.post(
@@ -244,6 +270,13 @@ def tokens_for(base: str, user: ScriptedUser, client_id: str, *, grant=None, res
     )  # fmt: skip
     assert answer.status_code == 200, answer.text
     return {**answer.json(), "code": code, "verifier": verifier}
+
+
+def tool_error_code(response: httpx.Response) -> str:
+    """The code of a tool error result: in its text (error results carry no structuredContent)."""
+    result = response.json()["result"]
+    assert result["isError"] is True and "structuredContent" not in result, result
+    return json.loads(result["content"][0]["text"])["error"]["code"]
 
 
 def mcp_call(base: str, token: str, name: str, arguments: dict) -> httpx.Response:
@@ -306,7 +339,7 @@ def test_read_only_grant_can_search_but_not_remember(live, alice):  # noqa: ARG0
     searched = mcp_call(base, tokens["access_token"], "search_memory", {"query": "anything"})
     assert searched.status_code == 200 and '"isError":true' not in searched.text.replace(" ", "")
     refused = mcp_call(base, tokens["access_token"], "remember", {"memory": "should not be stored"})
-    assert '"forbidden"' in refused.text
+    assert tool_error_code(refused) == "forbidden"
     assert AuditEvent.objects.filter(operation=Operation.REMEMBER, error_code="forbidden").exists()
 
 
@@ -455,7 +488,7 @@ def test_alices_token_never_touches_bobs_memories(live, alice, bob, bob_key):  #
         ("delete_memory", {"memory_id": bobs}),
     ):
         answer = mcp_call(base, token, name, arguments)
-        assert '"not_found"' in answer.text, answer.text
+        assert tool_error_code(answer) == "not_found", answer.text
     from memories.selectors import memory_get_owned
 
     assert memory_get_owned(MemoryScope.for_user(bob), memory_id=bobs) is not None

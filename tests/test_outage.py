@@ -84,7 +84,7 @@ def _unavailable(kind: str, status: int, headers: dict, body: dict) -> bool:
         retry_after = {k.lower(): v for k, v in headers.items()}.get("retry-after")
         return bool(retry_after) and body.get("error", {}).get("code") == "backend_unavailable"
     if kind == "mcp" and status == 200 and body.get("result", {}).get("isError"):
-        return body["result"]["structuredContent"]["error"]["code"] == "backend_unavailable"
+        return json.loads(body["result"]["content"][0]["text"])["error"]["code"] == "backend_unavailable"
     return False
 
 

@@ -4,6 +4,7 @@ least-privilege credentials (permissions, expiry), through MCP, REST and /v1/mem
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 from io import StringIO
 
@@ -83,10 +84,10 @@ def mcp_headers(token: str, subject: str | None = None) -> dict[str, str]:
 
 def outcome_of(result) -> tuple[str, dict]:
     """('ok', data) or (error code, error) of a tool result."""
-    data = result.structured_content or {}
-    if result.is_error:
-        return data["error"]["code"], data["error"]
-    return "ok", data
+    if result.is_error:  # a tool error is in the text content only
+        error = json.loads(result.content[0].text)["error"]
+        return error["code"], error
+    return "ok", result.structured_content or {}
 
 
 # --- fixtures -----------------------------------------------------------------------------

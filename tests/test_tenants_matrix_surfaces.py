@@ -39,9 +39,9 @@ OWNER = re.compile(r"marker of ([a-z]+/[a-z-]+)| for ([a-z]+/[a-z-]+) via")
 def _outcome(result) -> tuple[str, dict, str]:
     """(code, data, message) of a tool result: the seven tools' nested error, seed 003's
     flat one (`error` a string, plus our `code`)."""
-    data = result.structured_content or {}
     if not result.is_error:
-        return "ok", data, ""
+        return "ok", result.structured_content or {}, ""
+    data = json.loads(result.content[0].text)  # a tool error is in the text content only
     error = data.get("error")
     if isinstance(error, dict):
         return error["code"], data, error.get("message", "")

@@ -4,8 +4,9 @@
 We use the SDK's low-level server so that argument validation is ours: every bad
 argument becomes a tool result with `isError: true` and a stable `code`, exactly like
 the REST API's errors. Unknown tools and malformed requests are JSON-RPC errors.
-Authentication happens before the SDK sees the request (`BearerAuthMiddleware`), and
-every tool call goes through `memories.operations.operation_execute`.
+Authentication and the HTTP checks happen before the SDK sees the request (`McpHttpGate`),
+and every tool call goes through `memories.operations.operation_execute`, on the MCP
+toolsets' own thread pool.
 
 A new toolset is a `Toolset(...)` naming its operations, added to `registry.TOOLSETS`;
 memsite/asgi.py routes its path and runs its lifespan.
@@ -13,16 +14,24 @@ memsite/asgi.py routes its path and runs its lifespan.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import mcp_types as types
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
+from django.http.request import split_domain_port, validate_host
+from django.utils.http import is_same_domain
 from mcp.server.lowlevel import Server
+from mcp.server.streamable_http import check_accept_headers
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.datastructures import Headers
@@ -86,12 +95,37 @@ def tool_of(operation: OperationDef) -> types.Tool:
     )
 
 
-def _result(data: dict[str, Any], *, is_error: bool = False) -> types.CallToolResult:
+def _result(data: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult(
         content=[types.TextContent(text=json.dumps(data, ensure_ascii=False))],
         structured_content=data,
-        is_error=is_error,
+        is_error=False,
     )
+
+
+def _error_result(error: dict[str, Any]) -> types.CallToolResult:
+    """A tool error: the error JSON in the text only. The TypeScript SDK (Claude Code,
+    Cursor, Inspector) validates `structuredContent` against the tool's outputSchema even
+    when `isError` is true, so an error there would reach the agent as -32602 instead of
+    our code and message."""
+    return types.CallToolResult(
+        content=[types.TextContent(text=json.dumps(error, ensure_ascii=False))],
+        is_error=True,
+    )
+
+
+@functools.cache
+def _threads() -> ThreadPoolExecutor:
+    """The MCP toolsets' own threads (tool calls and bearer checks): a few hung calls can
+    stall MCP, but never the event loop's default executor that OAuth and the chat proxy
+    share, and hung calls elsewhere cannot stall MCP."""
+    return ThreadPoolExecutor(max_workers=settings.MCP_THREADS, thread_name_prefix="mcp")
+
+
+def _in_mcp_thread[**P, R](function: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+    # sync_to_async (not run_in_executor) for what it carries over: the caller's context
+    # (request id, database connection Local) in, its changes back out.
+    return sync_to_async(function, thread_sensitive=False, executor=_threads())
 
 
 def _run_in_thread(principal: Principal, name: str, arguments: Any, call: CallContext) -> dict[str, Any]:
@@ -148,9 +182,7 @@ class Toolset:
             raise MCPError(types.INVALID_REQUEST, "unauthenticated")
         call = call_context_from_request(ctx.request, channel=Channel.MCP)
         try:
-            data = await sync_to_async(_run_in_thread, thread_sensitive=False)(
-                principal, operation, params.arguments, call
-            )
+            data = await _in_mcp_thread(_run_in_thread)(principal, operation, params.arguments, call)
         except ServiceError as exc:
             return self._error(exc)
         except Exception:
@@ -170,8 +202,8 @@ class Toolset:
     def _error(self, error: ServiceError) -> types.CallToolResult:
         if self.flat_errors:
             detail = error.as_dict()
-            return _result({"error": detail.pop("message"), **detail}, is_error=True)
-        return _result({"error": error.as_dict()}, is_error=True)
+            return _error_result({"error": detail.pop("message"), **detail})
+        return _error_result({"error": error.as_dict()})
 
     def server(self) -> Server[Any]:
         return Server(
@@ -189,65 +221,186 @@ class Toolset:
             streamable_http_path=self.path,
             stateless_http=True,
             json_response=True,
-            transport_security=_transport_security(),
+            # McpHttpGate checks Host and Origin first, before authentication.
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
             max_request_body_size=MAX_REQUEST_BODY_BYTES,
         )
-        return app, BearerAuthMiddleware(app)
+        return app, McpHttpGate(app, resource_path=self.path)
 
 
-def _transport_security() -> TransportSecuritySettings:
-    hosts: list[str] = []
-    origins: list[str] = list(settings.CSRF_TRUSTED_ORIGINS)
-    for host in settings.ALLOWED_HOSTS:
-        if host == "*":
-            return TransportSecuritySettings(enable_dns_rebinding_protection=False)
-        hosts += [host, f"{host}:*"]
-        origins += [f"{scheme}://{host}{port}" for scheme in ("http", "https") for port in ("", ":*")]
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
+def _allowed_hosts() -> list[str]:
+    # What Django's HttpRequest.get_host() accepts.
+    if settings.DEBUG and not settings.ALLOWED_HOSTS:
+        return [".localhost", "127.0.0.1", "[::1]"]
+    return list(settings.ALLOWED_HOSTS)
 
 
-class BearerAuthMiddleware:
-    """405 for anything but POST (the endpoint is stateless: no SSE stream to GET, no
-    session to DELETE, so nothing is held open); 401 (with RFC 9728 resource metadata)
-    unless the bearer token is valid; otherwise put the Principal into the ASGI scope for
-    the tool handlers."""
+def host_allowed(host: str) -> bool:
+    """The Host header as Django checks it (ALLOWED_HOSTS, wildcards included)."""
+    domain, _ = split_domain_port(host)
+    return bool(domain) and validate_host(domain, _allowed_hosts())
 
-    def __init__(self, app: Any):
+
+def origin_allowed(origin: str) -> bool:
+    """A browser's Origin (DNS rebinding): a CSRF_TRUSTED_ORIGINS entry (Django's
+    `https://*.example.com` form too), or http(s) on a host ALLOWED_HOSTS names. A bare
+    `*` there allows any Host, not any Origin: list browser origins in CSRF_TRUSTED_ORIGINS."""
+    trusted = settings.CSRF_TRUSTED_ORIGINS
+    if origin in trusted:
+        return True
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return False  # "null" (sandboxed frames, file://) among them
+    for pattern in trusted:
+        if "*" in pattern:
+            allowed = urlsplit(pattern)
+            if allowed.scheme == parts.scheme and is_same_domain(parts.netloc, allowed.netloc.lstrip("*")):
+                return True
+    domain, _ = split_domain_port(parts.netloc)
+    return bool(domain) and validate_host(domain, [host for host in _allowed_hosts() if host != "*"])
+
+
+def _refusal(status: int, code: ErrorCode, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """Every refusal before a JSON-RPC request is dispatched (but the 401), in one shape: a
+    JSON-RPC error with id null, its `data` our usual {code, message}."""
+    error = {"code": types.INVALID_REQUEST, "message": message, "data": ServiceError(code, message).as_dict()}
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=status, headers=headers)
+
+
+def _message_refusal(body: bytes) -> str | None:
+    """Why the body is not one JSON-RPC message the SDK reads as we do, or None. The
+    2025-era SDK path answers a batch or a wrong envelope with -32602 and a pydantic dump,
+    and takes a request whose id is null, a float or an object for a notification: 202
+    Accepted, and the call (a `remember`, say) silently never runs."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # the SDK's own -32700 parse error
+    if not isinstance(message, dict):
+        return "The body must be one JSON-RPC message object (batches are not supported)."
+    if message.get("jsonrpc") != "2.0":
+        return 'The JSON-RPC version must be "2.0".'
+    if "id" in message:
+        request_id = message["id"]
+        if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+            return "A JSON-RPC id must be a string or an integer."
+    if "method" in message:
+        if not isinstance(message["method"], str):
+            return "The JSON-RPC method must be a string."
+        if "params" in message and not isinstance(message["params"], dict):
+            return "JSON-RPC params must be an object."
+    elif "result" not in message and "error" not in message:
+        return "A JSON-RPC message needs a method."
+    return None
+
+
+async def _read_body(receive: Any, declared: str | None) -> tuple[list[dict[str, Any]], bytes] | None:
+    """(the messages received, the body), or None past MAX_REQUEST_BODY_BYTES."""
+    if declared is not None and declared.isdigit() and int(declared) > MAX_REQUEST_BODY_BYTES:
+        return None
+    messages: list[dict[str, Any]] = []
+    body = bytearray()
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        body += message.get("body", b"")
+        if len(body) > MAX_REQUEST_BODY_BYTES:
+            return None
+        if not message.get("more_body", False):
+            break
+    return messages, bytes(body)
+
+
+class McpHttpGate:
+    """The HTTP front door of one toolset, in the order a refusal must win: Host (421) and
+    Origin (403) first, so a foreign page learns nothing even without a token (MCP
+    transport: an invalid Origin MUST be 403); POST only (405: the endpoint is stateless,
+    no SSE stream to GET, no session to DELETE); a valid bearer token (401, with RFC 9728
+    resource metadata); Content-Type (415), Accept (406), body size (413) and a body that
+    is one JSON-RPC message (400). Then the SDK, with the Principal in the ASGI scope."""
+
+    def __init__(self, app: Any, *, resource_path: str):
         self.app = app
+        self.resource_path = resource_path
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope.get("method") != "POST":
-            # The streamable HTTP transport lets a server without a stream answer GET with 405.
-            error = ServiceError(
-                ErrorCode.INVALID_ARGUMENT, "This MCP endpoint is stateless: use POST (no event stream, no session)."
-            )
-            await JSONResponse({"error": error.as_dict()}, status_code=405, headers={"Allow": "POST"})(
+        headers = Headers(scope=scope)
+        host = headers.get("host", "")
+        if not host_allowed(host):
+            await _refusal(421, ErrorCode.FORBIDDEN, "This host name is not served here (ALLOWED_HOSTS).")(
                 scope, receive, send
             )
             return
-        headers = Headers(scope=scope)
-        resource = public_base_url(scope.get("scheme", "http"), headers.get("host", "localhost")) + scope["path"]
-        principal = await sync_to_async(_authenticate, thread_sensitive=False)(headers.get("authorization"), resource)
-        if principal is None:
-            call = call_context_from_request(Request(scope), channel=Channel.MCP)
-            await sync_to_async(_record_auth_failure, thread_sensitive=False)(call, bool(headers.get("authorization")))
-            base = public_base_url(scope.get("scheme", "http"), headers.get("host", "localhost"))
-            error = ServiceError(ErrorCode.UNAUTHENTICATED, "A valid bearer token is required.")
-            response = JSONResponse(
-                {"error": error.as_dict()},
-                status_code=401,
-                headers={
-                    "WWW-Authenticate": www_authenticate(
-                        base, error="invalid_token" if headers.get("authorization") else None
-                    )
-                },
-            )
-            await response(scope, receive, send)
+        origin = headers.get("origin")
+        if origin is not None and not origin_allowed(origin):
+            await _refusal(403, ErrorCode.FORBIDDEN, "Requests from this Origin are not allowed.")(scope, receive, send)
             return
-        await self.app({**scope, PRINCIPAL_KEY: principal}, receive, send)
+        if scope.get("method") != "POST":
+            await _refusal(
+                405,
+                ErrorCode.INVALID_ARGUMENT,
+                "This MCP endpoint is stateless: use POST (no event stream, no session).",
+                headers={"Allow": "POST"},
+            )(scope, receive, send)
+            return
+        base = public_base_url(scope.get("scheme", "http"), host or "localhost")
+        authorization = headers.get("authorization")
+        principal = await _in_mcp_thread(_authenticate)(authorization, base + self.resource_path)
+        if principal is None:
+            await self._unauthenticated(scope, receive, send, base=base, presented=bool(authorization))
+            return
+        refused = _headers_refusal(scope, headers)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        received = await _read_body(receive, headers.get("content-length"))
+        if received is None:
+            limit = MAX_REQUEST_BODY_BYTES // 1024
+            await _refusal(413, ErrorCode.PAYLOAD_TOO_LARGE, f"The request body is over {limit} KiB.")(
+                scope, receive, send
+            )
+            return
+        messages, body = received
+        reason = _message_refusal(body)
+        if reason is not None:
+            await _refusal(400, ErrorCode.INVALID_ARGUMENT, reason)(scope, receive, send)
+            return
+        pending = deque(messages)
+
+        async def replay() -> Any:
+            return pending.popleft() if pending else await receive()
+
+        await self.app({**scope, PRINCIPAL_KEY: principal}, replay, send)
+
+    async def _unauthenticated(
+        self, scope: dict[str, Any], receive: Any, send: Any, *, base: str, presented: bool
+    ) -> None:
+        call = call_context_from_request(Request(scope), channel=Channel.MCP)
+        await _in_mcp_thread(_record_auth_failure)(call, presented)
+        error = ServiceError(ErrorCode.UNAUTHENTICATED, "A valid bearer token is required.")
+        challenge = www_authenticate(
+            base, error="invalid_token" if presented else None, resource_path=self.resource_path
+        )
+        response = JSONResponse({"error": error.as_dict()}, status_code=401, headers={"WWW-Authenticate": challenge})
+        await response(scope, receive, send)
+
+
+def _headers_refusal(scope: dict[str, Any], headers: Headers) -> JSONResponse | None:
+    media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        return _refusal(415, ErrorCode.INVALID_ARGUMENT, "Send the JSON-RPC message as Content-Type: application/json.")
+    has_json, _ = check_accept_headers(Request(scope))
+    if not has_json:
+        return _refusal(406, ErrorCode.INVALID_ARGUMENT, "Accept application/json: this endpoint answers in JSON.")
+    return None
 
 
 def _record_auth_failure(call: CallContext, presented: bool) -> None:
