@@ -12,7 +12,6 @@ import base64
 import binascii
 import contextvars
 import re
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -43,6 +42,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route, request_response
 
+from core.asgi_body import asgi_body_buffered
 from core.inputs import InputError, json_loads_safe, text_problem
 from oauth import services
 from oauth.cimd import MetadataDocumentError
@@ -329,27 +329,6 @@ def _oauth_error(status: int, error: str, description: str) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers={"Cache-Control": "no-store", "Pragma": "no-cache"})
 
 
-async def _buffered(receive: Any) -> tuple[bytes, Any]:
-    """The whole body (RequestBodyLimitMiddleware has bounded and buffered it already) and
-    a receive that hands the same messages to the handler again."""
-    messages: list[dict[str, Any]] = []
-    body = bytearray()
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            break
-        body.extend(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    pending = deque(messages)
-
-    async def replay() -> dict[str, Any]:
-        return pending.popleft() if pending else await receive()
-
-    return bytes(body), replay
-
-
 def _input_checked(app: Any, path: str) -> Any:
     """Refuse invalid text in the query, the form and (registration) the JSON body with the
     endpoint's OAuth error before the SDK handler runs: it passed client ids, states and
@@ -357,7 +336,10 @@ def _input_checked(app: Any, path: str) -> Any:
     registration body is parsed with json_loads_safe: bounded depth, every string checked."""
 
     async def checked(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body, replay = await _buffered(receive)
+        # RequestBodyLimitMiddleware has bounded and buffered the body already.
+        buffered = await asgi_body_buffered(receive)
+        assert buffered is not None  # no byte limit given
+        body, replay = buffered
         refusal = _parameter_refusal(path, Request(scope).query_params.multi_items())
         if refusal is None and path == REGISTER_PATH:
             try:

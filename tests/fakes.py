@@ -448,3 +448,77 @@ class FakeTavily(FakeServer):
                 {"title": "Second", "url": "https://example.com/b", "content": "Snippet B", "score": 0.5},
             ],
         }
+
+
+class DripServer:
+    """A server on 127.0.0.1 that never finishes an answer: it reads a request, then sends
+    what `pieces()` yields, each (bytes, pause after), until the pieces end, the client
+    hangs up, it is stopped, or `stop_after_s` passed (so that a test of a missing
+    deadline fails on its time instead of hanging). `wrap` wraps each accepted socket (TLS).
+    Counts connections made (`connections`) and still open (`open`)."""
+
+    def __init__(
+        self,
+        pieces: Any,
+        *,
+        wrap: Any = None,
+        stop_after_s: float = 60.0,
+    ) -> None:
+        import socket
+
+        self.pieces, self.wrap, self.stop_after_s = pieces, wrap, stop_after_s
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.stopped = threading.Event()
+        self.connections = 0
+        self.open = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+        self._watchdog = threading.Timer(stop_after_s, self.stop)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+                self.open += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: Any) -> None:
+        try:
+            conn.settimeout(5)
+            if self.wrap is not None:
+                conn = self.wrap(conn)
+            conn.recv(65536)
+            for piece, pause in self.pieces():
+                if self.stopped.is_set():
+                    break
+                conn.sendall(piece)
+                time.sleep(pause)
+        except OSError:
+            pass  # the client hung up: what the tests want
+        finally:
+            conn.close()
+            with self._lock:
+                self.open -= 1
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self._watchdog.cancel()
+        self.sock.close()
+
+
+def dripped(data: bytes, pause: float) -> list[tuple[bytes, float]]:
+    """`data` one byte at a time, `pause` after each (DripServer pieces)."""
+    return [(bytes([byte]), pause) for byte in data]

@@ -7,9 +7,7 @@ after STOP_AFTER_S, so that without the fix a test fails on the time instead of 
 
 from __future__ import annotations
 
-import socket
 import ssl
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +21,7 @@ from core.scope import CallContext
 from memories.auth import Principal
 from memories.operations import operation_execute
 from tests.conftest import internal_call
+from tests.fakes import DripServer, dripped
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -32,63 +31,15 @@ SLACK_S = 1.5  # the coarse bound: the timeout plus this, never a claim about sp
 OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
 
 
-class Drip:
-    """Reads a request, sends `head` (at once, or a byte every DRIP_S with drip_head),
-    then a body byte every DRIP_S until stopped. Loopback only."""
+def Drip(*, head: bytes = OK_HEAD, drip_head: bool = False, wrap: Callable[[Any], Any] | None = None) -> DripServer:
+    """Sends `head` (at once, or a byte every DRIP_S with drip_head), then a body byte
+    every DRIP_S until stopped (after STOP_AFTER_S at the latest)."""
 
-    def __init__(self, *, head: bytes = OK_HEAD, drip_head: bool = False, wrap: Callable[[Any], Any] | None = None):
-        self.head, self.drip_head, self.wrap = head, drip_head, wrap
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.stopped = threading.Event()
-        self.connections = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-        self._watchdog = threading.Timer(STOP_AFTER_S, self.stop)
-        self._watchdog.daemon = True
-        self._watchdog.start()
+    def pieces() -> list[tuple[bytes, float]]:
+        first = dripped(head, DRIP_S) if drip_head else [(head, 0.0)]
+        return first + dripped(b" " * 10_000, DRIP_S)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _accept(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _drip(self, conn: Any, data: bytes) -> None:
-        for byte in data:
-            if self.stopped.is_set():
-                return
-            conn.sendall(bytes([byte]))
-            time.sleep(DRIP_S)
-
-    def _serve(self, conn: Any) -> None:
-        try:
-            conn.settimeout(5)
-            if self.wrap is not None:
-                conn = self.wrap(conn)
-            conn.recv(65536)
-            if self.drip_head:
-                self._drip(conn, self.head)
-            else:
-                conn.sendall(self.head)
-            self._drip(conn, b" " * 10_000)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self._watchdog.cancel()
-        self.sock.close()
+    return DripServer(pieces, wrap=wrap, stop_after_s=STOP_AFTER_S)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ proxy's own thread pool."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
@@ -22,6 +21,7 @@ from proxy import selectors
 from proxy.models import ProxyTurn
 from proxy.services import EXTRACTION_MAX_ATTEMPTS, proxy_turn_extract
 from tests.conftest import free_port, wait_for
+from tests.fakes import DripServer, dripped
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -33,73 +33,30 @@ CHUNK = json.dumps({
 }).encode()  # fmt: skip
 
 
-class Drip:
+def Drip(mode: str) -> DripServer:
     """An upstream on 127.0.0.1 that never finishes an answer (bounded at 60 s):
     - "json": JSON headers at once, then one body byte every DRIP_S;
     - "headers": the status line and headers one byte every DRIP_S;
     - "sse_bytes": SSE headers, then one byte every DRIP_S that never makes an event;
     - "sse_events": SSE headers, then a whole content chunk every 0.3 s, never [DONE]."""
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.stopped = threading.Event()
-        self.open = 0
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _accept(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with self.lock:
-                self.open += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _pieces(self):
-        if self.mode == "headers":
-            for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}":
-                yield bytes([byte]), DRIP_S
+    def pieces():
+        if mode == "headers":
+            yield from dripped(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", DRIP_S
+            )
             return
-        if self.mode == "json":
+        if mode == "json":
             yield b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n", 0
         else:
             yield b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", 0
         while True:
-            if self.mode == "sse_events":
+            if mode == "sse_events":
                 yield b"data: " + CHUNK + b"\n\n", 0.3
             else:
                 yield b" ", DRIP_S
 
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            conn.settimeout(5)
-            conn.recv(65536)
-            deadline = time.monotonic() + 60
-            for piece, pause in self._pieces():
-                if self.stopped.is_set() or time.monotonic() > deadline:
-                    break
-                conn.sendall(piece)
-                time.sleep(pause)
-        except OSError:
-            pass  # the proxy hung up: what the tests want
-        finally:
-            conn.close()
-            with self.lock:
-                self.open -= 1
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.sock.close()
+    return DripServer(pieces)
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from audit.services import auth_failure_record
+from core.asgi_body import asgi_body_buffered
 from core.calls import call_context_from_request
 from core.choices import Channel
 from core.errors import ErrorCode, ServiceError
@@ -297,25 +297,6 @@ def _message_refusal(body: bytes) -> str | None:
     return None
 
 
-async def _read_body(receive: Any, declared: str | None) -> tuple[list[dict[str, Any]], bytes] | None:
-    """(the messages received, the body), or None past MAX_REQUEST_BODY_BYTES."""
-    if declared is not None and declared.isdigit() and int(declared) > MAX_REQUEST_BODY_BYTES:
-        return None
-    messages: list[dict[str, Any]] = []
-    body = bytearray()
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            break
-        body += message.get("body", b"")
-        if len(body) > MAX_REQUEST_BODY_BYTES:
-            return None
-        if not message.get("more_body", False):
-            break
-    return messages, bytes(body)
-
-
 class McpHttpGate:
     """The HTTP front door of one toolset, in the order a refusal must win: Host (421) and
     Origin (403) first, so a foreign page learns nothing even without a token (MCP
@@ -361,23 +342,20 @@ class McpHttpGate:
         if refused is not None:
             await refused(scope, receive, send)
             return
-        received = await _read_body(receive, headers.get("content-length"))
+        declared = headers.get("content-length", "")
+        too_large = declared.isdigit() and int(declared) > MAX_REQUEST_BODY_BYTES
+        received = None if too_large else await asgi_body_buffered(receive, max_bytes=MAX_REQUEST_BODY_BYTES)
         if received is None:
             limit = MAX_REQUEST_BODY_BYTES // 1024
             await _refusal(413, ErrorCode.PAYLOAD_TOO_LARGE, f"The request body is over {limit} KiB.")(
                 scope, receive, send
             )
             return
-        messages, body = received
+        body, replay = received
         reason = _message_refusal(body)
         if reason is not None:
             await _refusal(400, ErrorCode.INVALID_ARGUMENT, reason)(scope, receive, send)
             return
-        pending = deque(messages)
-
-        async def replay() -> Any:
-            return pending.popleft() if pending else await receive()
-
         await self.app({**scope, PRINCIPAL_KEY: principal}, replay, send)
 
     async def _unauthenticated(
