@@ -87,6 +87,22 @@ def _check_keys(values: dict[str, Any], *, what: str, max_keys: int, allow: froz
             raise ValueError(f"{what} key #{n} ({key!r}) is reserved")  # one of our names: safe to show
 
 
+def _metadata_checked(value: dict[str, Any], *, exempt: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Key names, reserved keys and value sizes of every key; the key count and the size
+    budget of the owner's own keys (those not in `exempt`: the system's, added after)."""
+    besides = " besides the enrichment's keys" if exempt else ""
+    own = {key: item for key, item in value.items() if key not in exempt}
+    if len(own) > METADATA_MAX_KEYS:
+        raise _too_large(f"metadata may have at most {METADATA_MAX_KEYS} keys{besides}")
+    _check_keys(value, what="metadata", max_keys=len(value))  # names and reserved keys, each by position
+    for n, item in enumerate(value.values(), start=1):
+        if isinstance(item, str) and len(item) > METADATA_VALUE_MAX_CHARS:
+            raise _too_large(f"the value of metadata key #{n} exceeds {METADATA_VALUE_MAX_CHARS} characters")
+    if len(json.dumps(own)) > METADATA_MAX_BYTES:
+        raise _too_large(f"metadata exceeds {METADATA_MAX_BYTES} bytes{besides}")
+    return value
+
+
 class StrictInput(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -142,15 +158,7 @@ class MetadataMixin(StrictInput):
     @field_validator("metadata")
     @classmethod
     def _metadata_ok(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is None:
-            return None
-        _check_keys(value, what="metadata", max_keys=METADATA_MAX_KEYS)
-        for n, item in enumerate(value.values(), start=1):
-            if isinstance(item, str) and len(item) > METADATA_VALUE_MAX_CHARS:
-                raise _too_large(f"the value of metadata key #{n} exceeds {METADATA_VALUE_MAX_CHARS} characters")
-        if len(json.dumps(value)) > METADATA_MAX_BYTES:
-            raise _too_large(f"metadata exceeds {METADATA_MAX_BYTES} bytes")
-        return value
+        return None if value is None else _metadata_checked(value)
 
 
 class FiltersMixin(StrictInput):
@@ -328,18 +336,7 @@ class StoredMemoryInput(RememberInput):
     @field_validator("metadata")
     @classmethod
     def _metadata_ok(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:  # replaces MetadataMixin's
-        if value is None:
-            return None
-        _check_keys(value, what="metadata", max_keys=len(value))  # names and reserved keys, each by position
-        own = {key: item for key, item in value.items() if key not in ENRICHMENT_METADATA_KEYS}
-        if len(own) > METADATA_MAX_KEYS:
-            raise _too_large(f"metadata may have at most {METADATA_MAX_KEYS} keys besides the enrichment's")
-        for n, item in enumerate(value.values(), start=1):
-            if isinstance(item, str) and len(item) > METADATA_VALUE_MAX_CHARS:
-                raise _too_large(f"the value of metadata key #{n} exceeds {METADATA_VALUE_MAX_CHARS} characters")
-        if len(json.dumps(own)) > METADATA_MAX_BYTES:
-            raise _too_large(f"metadata exceeds {METADATA_MAX_BYTES} bytes besides the enrichment's keys")
-        return value
+        return None if value is None else _metadata_checked(value, exempt=ENRICHMENT_METADATA_KEYS)
 
 
 class Message(StrictInput):
