@@ -283,8 +283,8 @@ _RATE_DEFAULTS = {
     Operation.CHAT_COMPLETION: "120/minute",
 }
 # Export/import of one user's memories: the largest file and the most memories one import takes.
-IMPORT_MAX_BYTES = env_int("IMPORT_MAX_BYTES", 20 * 1024 * 1024)
-IMPORT_MAX_MEMORIES = env_int("IMPORT_MAX_MEMORIES", 20_000)
+IMPORT_MAX_BYTES = env_int("IMPORT_MAX_BYTES", 20 * 1024 * 1024, minimum=1)
+IMPORT_MAX_MEMORIES = env_int("IMPORT_MAX_MEMORIES", 20_000, minimum=1)
 RATE_LIMITS = {op.value: env_rate(f"RATE_LIMIT_{op.value.upper()}", default) for op, default in _RATE_DEFAULTS.items()}
 
 # Deleted memories wait this many days in the user's trash (restorable); 0 deletes at once.
@@ -607,16 +607,16 @@ OIDC_ROLE_PLATFORM = env_str("OIDC_ROLE_PLATFORM", "memsite-platform")
 # --- MCP authorization server (issue 16, oauth/) ---
 # Access tokens are short-lived and bound to the MCP resource they were granted for
 # (RFC 8707); refresh tokens (scope offline_access) rotate on every use.
-OAUTH_ACCESS_TOKEN_TTL_S = env_int("OAUTH_ACCESS_TOKEN_TTL_S", 3600)
-OAUTH_REFRESH_TOKEN_TTL_S = env_int("OAUTH_REFRESH_TOKEN_TTL_S", 30 * 86400)
-OAUTH_CODE_TTL_S = env_int("OAUTH_CODE_TTL_S", 60)
-OAUTH_CONSENT_TTL_S = env_int("OAUTH_CONSENT_TTL_S", 600)
+OAUTH_ACCESS_TOKEN_TTL_S = env_int("OAUTH_ACCESS_TOKEN_TTL_S", 3600, minimum=1)
+OAUTH_REFRESH_TOKEN_TTL_S = env_int("OAUTH_REFRESH_TOKEN_TTL_S", 30 * 86400, minimum=1)
+OAUTH_CODE_TTL_S = env_int("OAUTH_CODE_TTL_S", 60, minimum=1)
+OAUTH_CONSENT_TTL_S = env_int("OAUTH_CONSENT_TTL_S", 600, minimum=1)
 # Client ID metadata documents: fetched over https only, no redirects, size and time
 # limits, public addresses only, cached.
-OAUTH_CIMD_MAX_BYTES = env_int("OAUTH_CIMD_MAX_BYTES", 5120)
+OAUTH_CIMD_MAX_BYTES = env_int("OAUTH_CIMD_MAX_BYTES", 5120, minimum=1)
 # The TOTAL time of one document fetch (connect, TLS, headers, body), not per read.
-OAUTH_CIMD_TIMEOUT_S = env_float("OAUTH_CIMD_TIMEOUT_S", 3.0)
-OAUTH_CIMD_CACHE_S = env_int("OAUTH_CIMD_CACHE_S", 3600)
+OAUTH_CIMD_TIMEOUT_S = env_float("OAUTH_CIMD_TIMEOUT_S", 3.0, minimum=0.1)
+OAUTH_CIMD_CACHE_S = env_int("OAUTH_CIMD_CACHE_S", 3600, minimum=0)
 # Tests only: let a metadata document be served on 127.0.0.1 (still https), trusting this CA file.
 OAUTH_CIMD_ALLOW_LOOPBACK = env_bool("OAUTH_CIMD_ALLOW_LOOPBACK", False)
 OAUTH_CIMD_CA_FILE = env_str("OAUTH_CIMD_CA_FILE")

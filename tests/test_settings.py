@@ -64,6 +64,23 @@ def test_bad_port_is_refused():
     assert "PORT must be an integer" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("PORT", "70000", "PORT must be <= 65535"),
+        ("IMPORT_MAX_BYTES", "-1", "IMPORT_MAX_BYTES must be >= 1"),
+        ("OAUTH_ACCESS_TOKEN_TTL_S", "0", "OAUTH_ACCESS_TOKEN_TTL_S must be >= 1"),
+        ("OIDC_TENANT_MAP", "acme", "OIDC_TENANT_MAP must look like key:value"),
+        ("DATABASE_URL", "postgres://user:s3cretPW@host:notaport/db", "DATABASE_URL is not a valid postgresql:// URL"),
+    ],
+)
+def test_out_of_range_or_malformed_values_stop_the_start(name, value, message):
+    result = _import_settings(**{name: value})
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "s3cretPW" not in result.stderr
+
+
 def test_gemini_embedder_needs_a_key():
     result = _import_settings(EMBEDDER="gemini")
     assert "EMBEDDER=gemini needs GOOGLE_API_KEY" in result.stderr
