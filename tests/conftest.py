@@ -109,6 +109,24 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.2, what="conditio
         time.sleep(interval)
 
 
+def serve_in_thread(app: str, *, factory: bool = False, lifespan: str = "auto"):
+    """uvicorn serving `app` (an import path) in a thread of this process, so settings
+    and monkeypatches apply: yields its base URL, and stops it after."""
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(app, factory=factory, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=60, what="server in a thread")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
 def service_env(**overrides: str) -> dict[str, str]:
     """Environment for a Python subprocess of ours, sharing the test database."""
     env = dict(os.environ)

@@ -5,13 +5,11 @@ OpenAI-compatible upstream on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from billing.models import UsageEvent
 from core.choices import Operation
@@ -19,7 +17,7 @@ from memories.services import api_key_issue, memory_remember
 from proxy import selectors
 from proxy.models import ProxyTurn, TokenConfig
 from proxy.services import proxy_turn_extract, token_config_save
-from tests.conftest import free_port, internal_call, wait_for
+from tests.conftest import free_port, internal_call, serve_in_thread, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -27,16 +25,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 @pytest.fixture(scope="module")
 def proxy_url(django_db_setup):  # noqa: ARG001 - the server uses the test database
     """uvicorn serving memsite.asgi in a thread of this process (settings and monkeypatches apply)."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config("memsite.asgi:application", host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, timeout=60, what="proxy server")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(15)
+    yield from serve_in_thread("memsite.asgi:application", lifespan="on")
 
 
 def client(url: str, key: str, **headers: str) -> openai.OpenAI:

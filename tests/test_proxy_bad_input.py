@@ -18,7 +18,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from audit.models import AuditEvent
 from billing.models import UsageEvent
@@ -28,7 +27,7 @@ from memories.services import api_key_issue
 from proxy import views
 from proxy.models import ProxyTurn, TokenConfig
 from proxy.services import token_config_save
-from tests.conftest import free_port, internal_call, wait_for
+from tests.conftest import internal_call, serve_in_thread, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -38,17 +37,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 def proxy_url(django_db_setup):  # noqa: ARG001 - the server uses the test database
     # A fresh app (factory): the module-level one's MCP lifespan may run only once per
     # process, and tests/test_proxy.py serves that one.
-    port = free_port()
-    config = uvicorn.Config(
-        "memsite.asgi:build_application", factory=True, host="127.0.0.1", port=port, log_level="warning"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, timeout=60, what="proxy server")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(15)
+    yield from serve_in_thread("memsite.asgi:build_application", factory=True)
 
 
 class ScriptedUpstream:

@@ -11,7 +11,6 @@ import time
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from audit.models import AuditEvent
 from billing.models import UsageEvent
@@ -20,7 +19,7 @@ from memories.models import IngestIntent
 from proxy import selectors
 from proxy.models import ProxyTurn
 from proxy.services import EXTRACTION_MAX_ATTEMPTS, proxy_turn_extract
-from tests.conftest import free_port, wait_for
+from tests.conftest import serve_in_thread, wait_for
 from tests.fakes import DripServer, dripped
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
@@ -78,23 +77,8 @@ def drip_factory(settings):
 
 @pytest.fixture(scope="module")
 def proxy_url(django_db_setup):  # noqa: ARG001 - the server uses the test database
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            "memsite.asgi:build_application",
-            factory=True,  # its own app: an MCP lifespan runs once per app, and test_proxy.py has one
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            lifespan="on",
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, timeout=60, what="proxy server")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(15)
+    # Its own app (factory): an MCP lifespan runs once per app, and test_proxy.py has one.
+    yield from serve_in_thread("memsite.asgi:build_application", factory=True, lifespan="on")
 
 
 def _timed(work, *, limit: float):
