@@ -42,7 +42,10 @@ def session_events_append(
     """Append `items` to the session's log in order; returns how many were stored. With
     `dedupe_window > 0`, an item whose hash equals one of the session's last
     `dedupe_window` items (including ones appended earlier in this call) is skipped.
-    Runs in the caller's transaction (no commit of its own)."""
+    The session's SessionState row is created or touched too, whoever writes (the turn
+    tools, the chat proxy): the Sessions page lists, and nightly maintenance visits, only
+    sessions that have one. Runs in the caller's transaction (no commit of its own)."""
+    _session_state_touch(scope, session_id=session_id, project=project)
     recent: list[str] = []
     if dedupe_window > 0:
         recent = list(
@@ -70,6 +73,18 @@ def session_events_append(
         )
     SessionEvent.objects.bulk_create(rows)
     return len(rows)
+
+
+def _session_state_touch(scope: MemoryScope, *, session_id: str, project: str) -> None:
+    from memories.models import SessionState
+
+    # One upsert: concurrent writers of the same session never collide on the unique row.
+    SessionState.objects.bulk_create(
+        [SessionState(engine_user_id=scope.engine_user_id, project=project, session_id=session_id)],
+        update_conflicts=True,
+        unique_fields=["engine_user_id", "project", "session_id"],
+        update_fields=["last_active_at"],
+    )
 
 
 def session_events_recent(scope: MemoryScope, *, session_id: str, project: str = "", limit: int) -> list[dict]:
@@ -109,3 +124,28 @@ _ERASERS: list[Callable[[MemoryScope], int]] = []
 def erasure_register(eraser: Callable[[MemoryScope], int]) -> None:
     if eraser not in _ERASERS:
         _ERASERS.append(eraser)
+
+
+def session_logs_delete(scope: MemoryScope, *, project: str, session_ids: list[str]) -> int:
+    """Delete the named sessions' logs (raw events, archives and the state row with its
+    summary) in the caller's transaction; returns how many rows went."""
+    from memories.models import SessionArchive, SessionState
+
+    owned = {"engine_user_id": scope.engine_user_id, "project": project, "session_id__in": session_ids}
+    return sum(model.objects.filter(**owned).delete()[0] for model in (SessionEvent, SessionArchive, SessionState))
+
+
+def session_data_clear_all(scope: MemoryScope) -> int:
+    """Clear all (memories.services.memory_clear_all): what apps above this one keep that
+    could teach the cleared memories again (registered with `clear_all_register`, e.g. the
+    chat proxy's turns awaiting extraction and its conversation logs), in the caller's
+    transaction, under its erasure lock. Returns how many rows were deleted or closed."""
+    return sum(clearer(scope) for clearer in _CLEARERS)
+
+
+_CLEARERS: list[Callable[[MemoryScope], int]] = []
+
+
+def clear_all_register(clearer: Callable[[MemoryScope], int]) -> None:
+    if clearer not in _CLEARERS:
+        _CLEARERS.append(clearer)

@@ -9,6 +9,9 @@ Two hooks, because two kinds of app serve requests:
 - Raw ASGI (the MCP app, whose bearer authentication reads the database before the SDK runs):
   `BackendUnavailableMiddleware` catches the exception before the response started. It also
   adds Retry-After to any 503 answered without one (e.g. a service's backend_unavailable error).
+psycopg classes SQLSTATE class 54 ("program limit exceeded": a tsvector over 1 MB, a statement
+too complex) as an OperationalError, but it is the request's size, not an outage: retrying
+fails the same way. Both hooks answer it 413 `payload_too_large` instead of a 503 or a 500.
 """
 
 from __future__ import annotations
@@ -47,17 +50,33 @@ def _unavailable_types() -> tuple[type[BaseException], ...]:
     )
 
 
+TOO_LARGE_CODE = "payload_too_large"
+TOO_LARGE_MESSAGE = "The request is too large for the database to process; send less."
+_PROGRAM_LIMIT_CLASS = "54"
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from (Django wraps the driver's error)."""
+    found: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in found):
+        found.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def is_program_limit_exceeded(exc: BaseException | None) -> bool:
+    """True when the database refused a statement for exceeding one of its limits
+    (SQLSTATE class 54): caused by what the request sent, not by the database's state."""
+    return any(str(getattr(e, "sqlstate", "") or "").startswith(_PROGRAM_LIMIT_CLASS) for e in _chain(exc))
+
+
 def is_backend_unavailable(exc: BaseException | None) -> bool:
     """True when `exc`, or an exception it was raised from, says the database is unreachable
     (connection refused or lost, server shutting down, pool exhausted while it reconnects)."""
+    if is_program_limit_exceeded(exc):
+        return False
     types = _unavailable_types()
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, types):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return any(isinstance(e, types) for e in _chain(exc))
 
 
 def _wants_json(path: str, accept: str) -> bool:
@@ -74,9 +93,19 @@ def unavailable_response(request) -> HttpResponse:
     return response
 
 
+def too_large_response(request) -> HttpResponse:
+    if _wants_json(request.path, request.headers.get("accept", "")):
+        return JsonResponse({"error": {"code": TOO_LARGE_CODE, "message": TOO_LARGE_MESSAGE}}, status=413)
+    page = f"<!doctype html><html><body><h1>Request too large</h1><p>{TOO_LARGE_MESSAGE}</p></body></html>"
+    return HttpResponse(page, status=413, content_type="text/html; charset=utf-8")
+
+
 def server_error(request, *args, **kwargs):
     """Django's handler500: called inside the `except` that caught the view's exception."""
-    if is_backend_unavailable(sys.exc_info()[1]):
+    exc = sys.exc_info()[1]
+    if is_program_limit_exceeded(exc):
+        return too_large_response(request)
+    if is_backend_unavailable(exc):
         return unavailable_response(request)
     return defaults.server_error(request, *args, **kwargs)
 
@@ -105,20 +134,16 @@ class BackendUnavailableMiddleware:
         try:
             await self.app(scope, receive, send_with_retry_after)
         except Exception as exc:
-            if started or not is_backend_unavailable(exc):
+            too_large = is_program_limit_exceeded(exc)
+            if started or not (too_large or is_backend_unavailable(exc)):
                 raise
             # The type only: a driver's message can quote the statement's data.
-            logger.warning("database unavailable while serving %s: %s", scope.get("path"), type(exc).__name__)
-            body = json.dumps({"error": {"code": CODE, "message": MESSAGE}}).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 503,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                        (b"retry-after", str(RETRY_AFTER_S).encode()),
-                    ],
-                }
-            )
+            what = "statement over a database limit" if too_large else "database unavailable"
+            logger.warning("%s while serving %s: %s", what, scope.get("path"), type(exc).__name__)
+            status, code, message = (413, TOO_LARGE_CODE, TOO_LARGE_MESSAGE) if too_large else (503, CODE, MESSAGE)
+            body = json.dumps({"error": {"code": code, "message": message}}).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            if not too_large:
+                headers.append((b"retry-after", str(RETRY_AFTER_S).encode()))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})

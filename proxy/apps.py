@@ -7,8 +7,9 @@ class ProxyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from memories.sessions import erasure_register
+        from memories.sessions import clear_all_register, erasure_register
         from proxy import checks  # noqa: F401 - registers the template check
-        from proxy.services import proxy_turns_erase
+        from proxy.services import proxy_turns_clear, proxy_turns_erase
 
         erasure_register(proxy_turns_erase)  # wipe_user_data erases the chat turns too
+        clear_all_register(proxy_turns_clear)  # clear-all: nothing queued or logged re-teaches

@@ -53,6 +53,12 @@ class ProxyTurn(models.Model):
     tenant = models.CharField(max_length=64)
     client_app = models.CharField(max_length=200, blank=True)
     session_id = models.CharField(max_length=200)
+    # Who made the chat call (a service acting for `user`, or the user): the extraction's
+    # writes are recorded as theirs, as the call itself was (CallContext's actor fields).
+    actor_user_id = models.BigIntegerField(null=True, blank=True)
+    actor_username = models.CharField(max_length=150, blank=True, default="")
+    actor_auth = models.CharField(max_length=16, blank=True, default="")
+    actor_role = models.CharField(max_length=16, blank=True, default="")
     # The turn's messages, cleared once extracted (the session log keeps the turn).
     messages = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)

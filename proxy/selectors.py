@@ -12,6 +12,7 @@ from django.conf import settings
 from core.scope import MemoryScope
 from memories.engine import EngineError, hybrid_search
 from memories.models import ApiKey
+from memories.schemas import QUERY_MAX_CHARS
 from memories.selectors import MemoryView, decayed_score, memory_view
 from proxy.crypto import SecretUnreadable, secret_decrypt
 from proxy.errors import memory_unavailable, unauthenticated
@@ -77,7 +78,10 @@ def token_config_effective(*, api_key: ApiKey | None) -> UpstreamConfig:
 
 def chat_memories_find(scope: MemoryScope, *, query: str, limit: int) -> list[MemoryView]:
     """The scope's best memories for the prompt: the same hybrid retrieval and age decay
-    as search_memory, but not a billed call of its own (the chat call is)."""
+    as search_memory, but not a billed call of its own (the chat call is). The query is
+    the prompt's last QUERY_MAX_CHARS characters, the bound of every other search surface
+    (a pasted document would pass PostgreSQL's 1 MB tsvector limit)."""
+    query = query[-QUERY_MAX_CHARS:]
     if not query.strip():
         return []
     try:

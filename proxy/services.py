@@ -34,7 +34,7 @@ from memories.models import ApiKey, IngestIntent
 from memories.operations import principal_effective
 from memories.rate_limits import rate_limit_consume
 from memories.services import api_key_authenticate, memory_ingest, user_write_locks
-from memories.sessions import session_events_append, session_events_recent
+from memories.sessions import session_events_append, session_events_recent, session_logs_delete
 from proxy.crypto import secret_encrypt
 from proxy.errors import ProxyError, unauthenticated
 from proxy.messages import turn_items
@@ -44,7 +44,9 @@ from proxy.tasks import turn_extract as turn_extract_task
 
 logger = logging.getLogger(__name__)
 
-MAX_SESSION_ID_CHARS = 200
+# What the session log (and its SessionState row) can hold: a longer id would be accepted,
+# forwarded, then fail to be recorded (503 recording_failed after the upstream answered).
+MAX_SESSION_ID_CHARS = 128  # SessionEvent.session_id and SessionState.session_id
 # Body fields a key's extra_body may not set (the proxy's own, or the client's choice).
 EXTRA_BODY_RESERVED = frozenset({"messages", "stream"})
 EXTRACTION_MAX_ATTEMPTS = 5
@@ -228,6 +230,10 @@ def chat_call_finish(
                 tenant=scope.tenant,
                 client_app=scope.client_app or "",
                 session_id=session_id,
+                actor_user_id=call.actor_user_id,
+                actor_username=call.actor_username,
+                actor_auth=call.actor_auth,
+                actor_role=call.actor_role,
                 messages=[{"role": m["role"], "content": _plain(m["content"])} for m in extract[-2:]],
             )
             turn_pk = turn.pk
@@ -259,12 +265,14 @@ def chat_call_failed(
     caller: ChatCaller | None, *, call: CallContext, error: ProxyError, credential_presented: bool = True
 ) -> None:
     """Our own refusal (401/422/429/502): one audit row, no usage event (a 401 is counted
-    per client address with one sampled row, as on every surface)."""
+    per client address with one sampled row, as on every surface). The row names the
+    authenticated actor (the service when it delegates), whichever step refused."""
     try:
         if caller is None:
             if error.status == 401:
                 auth_failure_record(call=call, credential_presented=credential_presented)
             return
+        call = chat_call_context(call, caller=caller)
         with transaction.atomic():
             audit_failure(caller.scope, call=call, operation=Operation.CHAT_COMPLETION, error=error.as_service_error())
     except Exception:  # never hide the caller's error behind an audit failure, but say so
@@ -325,7 +333,15 @@ def proxy_turn_extract(*, turn_pk: int) -> str:
         turn.save(update_fields=["attempts"])
     attempt = turn.attempts
     scope = MemoryScope(tenant=turn.tenant, user_pk=turn.user_id, client_app=turn.client_app or None)
-    call = CallContext(channel=Channel.PROXY, request_id=_attempt_request_id(turn, attempt), turn_id=turn.request_id)
+    call = CallContext(
+        channel=Channel.PROXY,
+        request_id=_attempt_request_id(turn, attempt),
+        turn_id=turn.request_id,
+        actor_user_id=turn.actor_user_id,
+        actor_username=turn.actor_username,
+        actor_auth=turn.actor_auth,
+        actor_role=turn.actor_role,
+    )
     try:
         _run_with_deadline(
             _ingest_in_thread,
@@ -560,3 +576,27 @@ def proxy_turns_erase(scope: MemoryScope) -> int:
     """Erasure (registered with memories.sessions): the user's chat turns still holding
     messages for extraction; the session log itself is erased by memories."""
     return ProxyTurn.objects.filter(user_id=scope.user_pk).delete()[0]
+
+
+CLEARED_REASON = "cleared by clear-all"
+
+
+def proxy_turns_clear(scope: MemoryScope) -> int:
+    """Clear all (registered with memories.sessions): the user's chat turns still waiting
+    for extraction are closed with their messages blanked (an attempt under way finds its
+    turn closed and stores nothing; one whose ingest already began is superseded by the
+    clear-all itself), and the proxy's conversation logs are deleted: replayed to the
+    upstream on the next call, they would teach the cleared facts again. In the clear-all's
+    transaction, under its erasure lock (a chat call records its turn under that lock too,
+    so every turn committed before the clear is seen here)."""
+    closed = ProxyTurn.objects.filter(user_id=scope.user_pk, state=ProxyTurn.State.PENDING).update(
+        state=ProxyTurn.State.FAILED, closed_at=timezone.now(), messages=[], last_error=CLEARED_REASON
+    )
+    # The proxy's sessions: every one it recorded a turn in (turns stay, blanked, once
+    # extracted), each of the user's keys' default stream, and a login's.
+    sessions = set(
+        ProxyTurn.objects.filter(user_id=scope.user_pk, tenant=scope.tenant).values_list("session_id", flat=True)
+    )
+    keys = ApiKey.objects.filter(user_id=scope.user_pk).values_list("key_id", flat=True)
+    sessions |= {f"key:{key_id}" for key_id in keys} | {"default"}
+    return closed + session_logs_delete(scope, project="", session_ids=sorted(sessions))

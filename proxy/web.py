@@ -13,10 +13,9 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from core.calls import call_context_from_request
-from core.choices import Channel
 from core.errors import ErrorCode, ServiceError
 from core.inputs import InputError, digits_int, json_loads_safe, text_problem
+from memories.interfaces.web.views import web_call
 from memories.models import ApiKey
 from proxy import services
 from proxy.models import TokenConfig
@@ -60,7 +59,7 @@ def key_chat_config(request: HttpRequest, key_id: str) -> HttpResponse:
     if api_key is None:
         raise Http404("No such key.")
     row = TokenConfig.objects.filter(api_key=api_key).first()
-    call = call_context_from_request(request, channel=Channel.UI)
+    call = web_call(request)
     status = 200
     if request.method == "POST":
         if "delete" in request.POST:
