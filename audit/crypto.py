@@ -29,9 +29,11 @@ from audit.models import SubjectKey
 VERSION = "v1"
 # Detail keys that can hold what a user said or stored (a search query, a cache pattern,
 # filter values, bulk criteria, a decision key, an imported file's path, an error message
-# that may quote input, a conversation id the client chose freely): sealed together under
-# detail["content"].
-CONTENT_DETAIL_KEYS = ("query", "pattern", "filters", "bulk", "key", "path", "message", "conversation_id")
+# that may quote input, a conversation id, session name or project the client chose
+# freely): sealed together under detail["content"].
+CONTENT_DETAIL_KEYS = (
+    "query", "pattern", "filters", "bulk", "key", "path", "message", "conversation_id", "session_id", "project"
+)  # fmt: skip
 ERASED = "(erased: the user's data key was destroyed)"
 
 

@@ -32,6 +32,12 @@ TURN_EVENTS: dict[str, str] = {
     Operation.CLEAR_ALL_MEMORY: AuditEvent.TurnEvent.FORGET,
     Operation.RESTORE_MEMORY: AuditEvent.TurnEvent.WRITE,
     Operation.PURGE_MEMORY: AuditEvent.TurnEvent.FORGET,
+    # Seed 003's toolkit: its searches are recalls, its stores writes (seed 001's events).
+    Operation.RECALL_MEMORY: AuditEvent.TurnEvent.RECALL,
+    Operation.HYBRID_SEARCH: AuditEvent.TurnEvent.RECALL,
+    Operation.CHECK_CACHE: AuditEvent.TurnEvent.RECALL,
+    Operation.RECALL_DECISION: AuditEvent.TurnEvent.RECALL,
+    Operation.STORE_MEMORY: AuditEvent.TurnEvent.WRITE,
 }
 MAX_MEMORY_IDS = 10_000
 
@@ -99,10 +105,17 @@ def audit_record(
         ip=call.ip or None,
         user_agent=(call.user_agent or "")[:300],
         turn_id=call.turn_id[:128],
-        # A refused or failed call keeps its turn id (the row stays grouped with the turn)
-        # but is no memory_write/recall/forget: nothing was written, recalled or forgotten.
-        turn_event=TURN_EVENTS.get(operation, "") if call.turn_id and outcome == AuditEvent.Outcome.OK else "",
+        turn_event=_turn_event(operation, call=call, outcome=outcome, detail=detail),
     )
+
+
+def _turn_event(operation: str, *, call: CallContext, outcome: str, detail: dict[str, Any]) -> str:
+    """A refused or failed call keeps its turn id (the row stays grouped with the turn)
+    but is no memory_write/recall/forget: nothing was written, recalled or forgotten.
+    Nor is a dry run (a bulk or toolkit delete that only counts what it would delete)."""
+    if not call.turn_id or outcome != AuditEvent.Outcome.OK or detail.get("dry_run") is True:
+        return ""
+    return TURN_EVENTS.get(operation, "")
 
 
 def audit_failure(
@@ -131,7 +144,8 @@ def audit_staff_action(
     tenant: str = DEFAULT_TENANT,
 ) -> AuditEvent:
     """Staff actions in the admin are audited like any other call. Call it inside the
-    transaction of the change it records."""
+    transaction of the change it records. `tenant`: the subject's (their Activity page
+    lists the rows of their tenant); the caller knows it, audit cannot look it up."""
     call = call_context_from_request(request, channel=Channel.ADMIN, staff=True)
     scope = MemoryScope(tenant=tenant, user_pk=subject_user_id) if subject_user_id is not None else None
     return audit_record(scope, call=call, operation=operation, memory_ids=memory_ids, detail=detail)

@@ -34,6 +34,8 @@ class Operation(models.TextChoices):
     ADMIN_REVOKE_API_KEY = "admin_revoke_api_key"
     # A bearer API key issued (the web UI, manage.py issue_api_key): who got which powers.
     API_KEY_ISSUE = "api_key_issue"
+    # A bearer API key revoked by its owner (web UI, manage.py revoke_api_key); staff: ADMIN_REVOKE_API_KEY.
+    API_KEY_REVOKE = "api_key_revoke"
     ADMIN_RETRY_USAGE_EVENTS = "admin_retry_usage_events"
     # A request without a valid credential (sampled: the first per ip per minute).
     AUTHENTICATE = "authenticate"
@@ -64,8 +66,10 @@ class Operation(models.TextChoices):
     # Background enrichment of long-term candidates; a person deleting a decision in the UI.
     ENRICH_MEMORY = "enrich_memory"
     DELETE_DECISION = "delete_decision"
-    # Support handling an erasure request in the admin.
+    # Support handling an erasure request in the admin; a user account deleted there (after
+    # the same erasure).
     ADMIN_WIPE_USER_DATA = "admin_wipe_user_data"
+    ADMIN_DELETE_USER = "admin_delete_user"
     # An erasure done again after a restore to a point before it (memsite's erasure ledger).
     ERASURE_REAPPLY = "erasure_reapply"
     # MCP authorization (issue 16): client registration, consent, token issue, revocation.

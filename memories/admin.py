@@ -5,7 +5,7 @@ from audit.admin import ContentListAudited, EstimatedCountPaginator, ReadOnlyAdm
 from audit.services import audit_staff_action
 from core.choices import Operation
 from core.inputs import digits_int
-from core.scope import DEFAULT_TENANT
+from core.scope import DEFAULT_TENANT, user_tenant
 from memories.engine import EngineMemory, engine_memory_of, engine_rows_matching, engine_rows_newest_first
 from memories.models import ApiKey, EngineMemoryRow, ExternalIdentity, RateWindow, Tenant, TenantMembership
 from memories.selectors import SYSTEM_KEYS
@@ -158,16 +158,18 @@ class ApiKeyAdmin(ReadOnlyAdmin):
     @admin.action(description="Revoke the selected keys", permissions=["revoke"])
     def revoke(self, request, queryset):
         revoked = 0
-        for key in queryset.select_related("user"):
+        for key in queryset.select_related("user", "user__tenant_membership"):
             # The audit row commits with the revocation or not at all.
             with transaction.atomic():
-                if api_key_revoke(user=key.user, key_id=key.key_id):
+                # call=None: the owner's own revocation row is not written; staff get theirs below.
+                if api_key_revoke(user=key.user, key_id=key.key_id, call=None):
                     revoked += 1
                     audit_staff_action(
                         request,
                         operation=Operation.ADMIN_REVOKE_API_KEY,
                         subject_user_id=key.user_id,
                         detail={"key_id": key.key_id},
+                        tenant=user_tenant(key.user),  # on the owner's Activity page
                     )
         self.message_user(request, f"{revoked} key(s) revoked.", messages.SUCCESS)
 
@@ -204,17 +206,32 @@ class TenantAdmin(admin.ModelAdmin):
         return False  # users (and their partitions) point at it
 
 
+TENANT_MEMBERSHIP_HELP = (
+    "A user's tenant is set when the user is created (manage.py issue_api_key USERNAME --create-user "
+    "--tenant NAME) and never changes here: it is the first half of the user's partition, so moving "
+    "a user would hide all of their memories."
+)
+
+
 @admin.register(TenantMembership)
 class TenantMembershipAdmin(admin.ModelAdmin):
-    """Which tenant a user is in. Set once: moving a user would orphan its memories."""
+    """Which tenant a user is in, read-only. A user without a row (create_account,
+    createsuperuser) is in the default tenant and already has their partition there:
+    adding a row here would move it, so the admin adds none."""
 
     list_display = ("user", "tenant")
     list_filter = ("tenant",)
     search_fields = ("user__username",)
-    raw_id_fields = ("user",)
+    readonly_fields = ("user", "tenant")
 
-    def get_readonly_fields(self, request, obj=None):
-        return ("user", "tenant") if obj is not None else ()
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {**(extra_context or {}), "subtitle": TENANT_MEMBERSHIP_HELP})
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
     def has_delete_permission(self, request, obj=None):
         return False

@@ -11,6 +11,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
+from audit.crypto import content_open
 from audit.models import AuditEvent
 from core.errors import ErrorCode
 from memories.engine import EngineError, engine_trashed
@@ -48,7 +49,9 @@ def test_the_same_fact_said_in_a_second_project_is_recalled_there(alice, alice_s
     assert recall(alice, "green tea or coffee", project="b", session_id="s2") == b["fact_ids"]  # ... of both
     assert recall(alice, "green tea or coffee", project="a", session_id="s2") == a["fact_ids"]
     assert recall(alice, "green tea or coffee", project="c", session_id="s2") == []
-    row = AuditEvent.objects.filter(operation="memory_after_turn", detail__project="b").get()
+    # The project is sealed with the rest of the row's content (a client-chosen name).
+    rows = AuditEvent.objects.filter(operation="memory_after_turn")
+    (row,) = [r for r in rows if content_open(r.detail["content"])["project"] == "b"]
     assert row.memory_ids == b["fact_ids"] and row.detail["project_tagged"] == b["fact_ids"]
 
 

@@ -4,20 +4,12 @@ erasing their user makes it unreadable too. Rows of a user erased since hold the
 marker instead: their key is gone, and sealing under a new one would keep them readable."""
 
 from django.db import migrations
-from django.db.models import Max
 
 
 def seal_conversation_ids(apps, schema_editor):
-    from audit.migrations._sealing import details_seal
+    from audit.migrations._sealing import details_seal, erased_after_ids
 
-    event = apps.get_model("audit", "AuditEvent")
-    erasures = (
-        event.objects.filter(operation__in=("wipe_user_data", "admin_wipe_user_data"), outcome="ok")
-        .values("subject_user_id")
-        .annotate(last=Max("id"))
-    )
-    erased_after = {row["subject_user_id"]: row["last"] for row in erasures if row["subject_user_id"] is not None}
-    details_seal(apps, schema_editor, keys=("conversation_id",), erased_after=erased_after)
+    details_seal(apps, schema_editor, keys=("conversation_id",), erased_after=erased_after_ids(apps))
 
 
 class Migration(migrations.Migration):

@@ -1,15 +1,22 @@
 """Issue 14 in the admin: decisions and cache entries (read-only; content stays the
-user's), and the audited "erase all data" action for erasure requests."""
+user's), the audited "erase all data" action for erasure requests, and the user admin,
+whose delete runs that erasure first."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
+from django.db import transaction
+from django.http import HttpRequest, HttpResponseRedirect
+from django.urls import reverse
 
 from audit.admin import ReadOnlyAdmin
-from audit.services import audit_failure
+from audit.services import audit_failure, audit_staff_action
 from core.calls import call_context_from_request
 from core.choices import Channel, Operation
 from core.errors import ServiceError
@@ -46,26 +53,12 @@ class ErasureSubjectAdmin(ReadOnlyAdmin):
         erased: list[str] = []
         failed: list[str] = []
         for user in queryset:
-            call = replace(
-                call_context_from_request(request, channel=Channel.ADMIN, staff=True),
-                actor_username=user.get_username(),
-            )
-            # One transaction per user: the deletions and the staff audit row commit together.
             # A user whose erasure fails is named, and the others still go: staff must know
             # exactly who was erased (each one's audit row says so too).
-            try:
-                toolkit_user_data_wipe(
-                    MemoryScope.for_user(user), confirm=True, call=call, operation=Operation.ADMIN_WIPE_USER_DATA
-                )
-            except ServiceError as exc:
-                logger.warning("admin erasure failed for user %s (%s)", user.pk, exc.code.value)
-                # The wipe rolled back with its own audit row: record the attempt.
-                audit_failure(
-                    MemoryScope.for_user(user), call=call, operation=Operation.ADMIN_WIPE_USER_DATA, error=exc
-                )
-                failed.append(user.get_username())
-            else:
+            if user_erase_by_staff(request, user, delete_account=False):
                 erased.append(user.get_username())
+            else:
+                failed.append(user.get_username())
         if erased:
             self.message_user(
                 request, f"Erased all data of {len(erased)} user(s): {', '.join(erased)}.", messages.SUCCESS
@@ -79,3 +72,69 @@ class ErasureSubjectAdmin(ReadOnlyAdmin):
 
     def has_erase_permission(self, request):
         return request.user.has_perm("toolkit.erase_user_data")
+
+
+def user_erase_by_staff(request: HttpRequest, user: Any, *, delete_account: bool) -> bool:
+    """Erase all data of `user` for staff (and, with `delete_account`, delete the account
+    too), in one transaction with the staff audit rows. False when the erasure failed:
+    nothing of the user's was deleted, and the attempt is audited."""
+    scope = MemoryScope.for_user(user)
+    call = replace(
+        call_context_from_request(request, channel=Channel.ADMIN, staff=True), actor_username=user.get_username()
+    )
+    try:
+        with transaction.atomic():
+            toolkit_user_data_wipe(scope, confirm=True, call=call, operation=Operation.ADMIN_WIPE_USER_DATA)
+            if delete_account:
+                # The tenant is named: the membership goes with the user.
+                audit_staff_action(
+                    request, operation=Operation.ADMIN_DELETE_USER, subject_user_id=user.pk, tenant=scope.tenant
+                )
+                user.delete()
+    except ServiceError as exc:
+        logger.warning("admin erasure failed for user %s (%s)", user.pk, exc.code.value)
+        # The wipe rolled back with its own audit row: record the attempt.
+        audit_failure(scope, call=call, operation=Operation.ADMIN_WIPE_USER_DATA, error=exc)
+        return False
+    return True
+
+
+User = get_user_model()
+if admin.site.is_registered(User):
+    admin.site.unregister(User)
+
+
+@admin.register(User)
+class ErasingUserAdmin(UserAdmin):
+    """Django's user admin, except that deleting a user first erases all of their data
+    (memories, history, session log, data key...: what "erase all data" does), audited.
+    A plain delete would leave that data behind, unreachable and never erased. One user
+    at a time (no bulk delete): each deletion's outcome is reported truthfully; bulk
+    erasure is the "erasure requests" page's action."""
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and request.user.has_perm("toolkit.erase_user_data")
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def delete_model(self, request, obj):
+        request._user_erase_failed = not user_erase_by_staff(request, obj, delete_account=True)
+
+    def delete_queryset(self, request, queryset):
+        for user in queryset:
+            self.delete_model(request, user)
+
+    def response_delete(self, request, obj_display, obj_id):
+        if getattr(request, "_user_erase_failed", False):
+            self.message_user(
+                request,
+                f"Could not erase the data of {obj_display}: nothing was deleted, the account stays. Retry.",
+                messages.ERROR,
+            )
+            opts = self.opts
+            return HttpResponseRedirect(reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj_id]))
+        self.message_user(request, f"All data of {obj_display} was erased.", messages.INFO)
+        return super().response_delete(request, obj_display, obj_id)
