@@ -12,14 +12,21 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Collection
 from typing import Any
 
 MAX_JSON_DEPTH = 32
 MAX_JSON_NODES = 20_000
+MAX_INT_DIGITS = 100
+# The smallest magnitude with more than MAX_INT_DIGITS digits: a size check without
+# str() of a huge int (quadratic, and refused past 4300 digits by Python itself).
+_INT_TOO_LARGE = 10**MAX_INT_DIGITS
 
 # C0 controls except tab, line feed and carriage return, and UTF-16 surrogates (which a
 # JSON "\ud800" escape decodes to but no UTF-8 text can hold).
 _INVALID_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")
+# What Postgres cannot store at all: NUL (text and jsonb) and lone surrogates (not UTF-8).
+_UNSTORABLE_TEXT = re.compile(r"[\x00\ud800-\udfff]")
 # A JSON string (skipped) or a bracket (counted).
 _JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 
@@ -67,42 +74,72 @@ def text_problem(value: str) -> str | None:
     return f"contains the control character U+{code:04X}"
 
 
+def transcript_text_problem(value: str) -> str | None:
+    """Why `value` cannot be kept in a session log (JSONB), or None: only NUL and lone
+    surrogates. For conversation items stored as they came (the turn's input and output
+    items): tool outputs carry terminal escapes and form feeds, which JSONB stores as
+    they are, and the chat proxy keeps them too. Memory texts, ids and metadata keep
+    `text_problem`'s full check."""
+    match = _UNSTORABLE_TEXT.search(value)
+    if match is None:
+        return None
+    if match.group() == "\x00":
+        return "contains a NUL character"
+    return "contains an invalid code point (a lone surrogate)"
+
+
+_TextCheck = Callable[[str], str | None]
+
+
 def _where(path: tuple[str | int, ...]) -> str:
     return ".".join(str(p) for p in path) or "arguments"
 
 
-def json_value_check(value: Any, *, max_depth: int = MAX_JSON_DEPTH, max_nodes: int = MAX_JSON_NODES) -> None:
+def json_value_check(
+    value: Any,
+    *,
+    max_depth: int = MAX_JSON_DEPTH,
+    max_nodes: int = MAX_JSON_NODES,
+    transcript_keys: Collection[str] = (),
+) -> None:
     """Raise InputError if a decoded JSON value (dicts, lists, scalars) holds an invalid
-    string (values and keys), a non-finite number, or is nested or sized past the limits.
-    Iterative, so no input can exhaust the stack."""
-    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    string (values and keys), a non-finite number, an integer of more than 100 digits (what
+    `json_loads_safe` refuses: a surface whose parser is not ours, MCP, gets the same
+    limit), or is nested or sized past the limits. Iterative, so no input can exhaust the
+    stack. `transcript_keys`: top-level keys whose values are conversation items, their
+    strings held to `transcript_text_problem` only."""
+    stack: list[tuple[Any, tuple[str | int, ...], _TextCheck]] = [(value, (), text_problem)]
     nodes = 0
     while stack:
-        item, path = stack.pop()
+        item, path, problem_of = stack.pop()
         nodes += 1
         if nodes > max_nodes:
             raise InputError(f"the input has more than {max_nodes} values", too_large=True)
         if len(path) > max_depth:
             raise InputError(f"{_where(path[:max_depth])}: nested deeper than {max_depth} levels")
         if isinstance(item, str):
-            problem = text_problem(item)
+            problem = problem_of(item)
             if problem:
                 raise InputError(f"{_where(path)}: {problem}")
         elif isinstance(item, float):
             if not math.isfinite(item):
                 raise InputError(f"{_where(path)}: numbers must be finite (no NaN or Infinity)")
+        elif isinstance(item, int) and not isinstance(item, bool):
+            if abs(item) >= _INT_TOO_LARGE:
+                raise InputError(f"{_where(path)}: integers may have at most {MAX_INT_DIGITS} digits")
         elif isinstance(item, dict):
             for n, (key, child) in enumerate(item.items(), start=1):
                 if not isinstance(key, str):
                     raise InputError(f"{_where(path)}: object keys must be strings")
-                problem = text_problem(key)
+                problem = problem_of(key)
                 if problem:
                     raise InputError(f"{_where(path)}: a key {problem}")
                 # Top-level keys are argument names (ours); a nested object's keys are the
                 # caller's own text (metadata may hold anything, a secret too): by position.
-                stack.append((child, (*path, key[:64] if not path else f"#{n}")))
+                child_check = transcript_text_problem if not path and key in transcript_keys else problem_of
+                stack.append((child, (*path, key[:64] if not path else f"#{n}"), child_check))
         elif isinstance(item, list | tuple):
-            stack.extend((child, (*path, index)) for index, child in enumerate(item))
+            stack.extend((child, (*path, index), problem_of) for index, child in enumerate(item))
 
 
 def _reject_constant(name: str) -> Any:  # noqa: ARG001 - json's parse_constant signature
@@ -117,8 +154,8 @@ def _finite_float(text: str) -> float:
 
 
 def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > 100:
-        raise InputError("integers may have at most 100 digits")
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise InputError(f"integers may have at most {MAX_INT_DIGITS} digits")
     return int(text)
 
 

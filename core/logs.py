@@ -58,6 +58,19 @@ class AccessLogFilter(logging.Filter):
         return True
 
 
+class Mem0MessageWithheld(logging.Filter):
+    """mem0 builds its messages with f-strings that quote memory content (a fact it could
+    not store, with the database's error quoting it again; a message or fact it skipped;
+    an entity's text): log where it happened instead, never what it said. The traceback,
+    if any, stays (ContentSafeFilter renders it without exception messages)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            record.msg = "mem0 %s in %s (line %d): message withheld, it may quote memory content"
+            record.args = (record.levelname.lower(), record.funcName, record.lineno)
+        return True
+
+
 class TextFormatter(logging.Formatter):
     """`[time] [level] [rid=...] [logger] message`, as in seed 004."""
 
@@ -103,6 +116,7 @@ def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
         "filters": {
             "request_id": {"()": "core.logs.RequestIdFilter"},
             "access": {"()": "core.logs.AccessLogFilter"},
+            "mem0_withheld": {"()": "core.logs.Mem0MessageWithheld"},
             # No memory content: tracebacks without exception messages (core/log_safety.py).
             "content_safe": {"()": "core.log_safety.ContentSafeFilter"},
         },
@@ -131,6 +145,11 @@ def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
             "uvicorn.access": {"handlers": ["access"], "propagate": False},
             # mem0 and httpx log request bodies and keys at INFO/DEBUG.
             "mem0": {"level": "WARNING"},
+            # Their messages quote memory content (Mem0MessageWithheld); a logger's own filter
+            # sees only the records logged on it, so each one is named.
+            "mem0.memory.main": {"filters": ["mem0_withheld"]},
+            "mem0.memory.utils": {"filters": ["mem0_withheld"]},
+            "mem0.vector_stores.pgvector": {"filters": ["mem0_withheld"]},
             # Without spaCy mem0 falls back to plain text for BM25 and says so on every call.
             "mem0.utils.spacy_models": {"level": "ERROR"},
             "httpx": {"level": "WARNING"},

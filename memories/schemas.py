@@ -87,6 +87,12 @@ def _check_keys(values: dict[str, Any], *, what: str, max_keys: int, allow: froz
             raise ValueError(f"{what} key #{n} ({key!r}) is reserved")  # one of our names: safe to show
 
 
+def metadata_json_bytes(metadata: dict[str, Any]) -> int:
+    """The size METADATA_MAX_BYTES limits: UTF-8 bytes of the JSON, as stored and exported
+    (not ASCII-escaped, which counts an emoji as 12 bytes instead of 4)."""
+    return len(json.dumps(metadata, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass"))
+
+
 def _metadata_checked(value: dict[str, Any], *, exempt: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Key names, reserved keys and value sizes of every key; the key count and the size
     budget of the owner's own keys (those not in `exempt`: the system's, added after)."""
@@ -98,7 +104,7 @@ def _metadata_checked(value: dict[str, Any], *, exempt: frozenset[str] = frozens
     for n, item in enumerate(value.values(), start=1):
         if isinstance(item, str) and len(item) > METADATA_VALUE_MAX_CHARS:
             raise _too_large(f"the value of metadata key #{n} exceeds {METADATA_VALUE_MAX_CHARS} characters")
-    if len(json.dumps(own)) > METADATA_MAX_BYTES:
+    if metadata_json_bytes(own) > METADATA_MAX_BYTES:
         raise _too_large(f"metadata exceeds {METADATA_MAX_BYTES} bytes{besides}")
     return value
 
@@ -622,7 +628,8 @@ def validate_input[T: BaseModel](model: type[T], arguments: Any) -> T:
     if not isinstance(arguments, dict):
         raise ServiceError(ErrorCode.INVALID_ARGUMENT, "arguments must be a JSON object")
     try:
-        json_value_check(arguments)
+        # The lifecycle tools' conversation items: only what the database cannot store.
+        json_value_check(arguments, transcript_keys=getattr(model, "TRANSCRIPT_FIELDS", frozenset()))
     except InputError as exc:
         code = ErrorCode.PAYLOAD_TOO_LARGE if exc.too_large else ErrorCode.INVALID_ARGUMENT
         raise ServiceError(code, exc.message) from None

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import secrets
 import unicodedata
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -25,12 +25,14 @@ from audit.models import MemoryHistory
 from audit.services import audit_failure, audit_record, audit_snapshot, audit_text, history_content_erase
 from core.choices import ALL_PERMISSIONS, Channel, Operation, Permission, Role
 from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
+from core.inputs import text_problem
 from core.locks import advisory_xact_lock
 from core.scope import CallContext, MemoryScope
 from memories.call_record import call_succeeded
 from memories.cursors import CursorError, cursor_decode, cursor_encode
 from memories.engine import (
     DEFAULT_IMPORTANCE,
+    ENRICHMENT_KEY,
     TIER_KEY,
     EmbeddedText,
     EngineError,
@@ -42,6 +44,7 @@ from memories.engine import (
     engine_delete_user_rows,
     engine_embed_text,
     engine_embed_texts,
+    engine_get,
     engine_ingest,
     engine_insert_imported,
     engine_insert_text,
@@ -49,6 +52,7 @@ from memories.engine import (
     engine_lock_owned_many,
     engine_memories_page,
     engine_memory_ids,
+    engine_metadata_merge,
     engine_purge_due,
     engine_purge_messages,
     engine_recalls_fold,
@@ -74,7 +78,17 @@ from memories.portability import (
     import_items_parse,
 )
 from memories.rate_limits import rate_limit_consume
-from memories.schemas import MEMORY_MAX_CHARS, METADATA_MAX_BYTES, METADATA_MAX_KEYS, parse_instant
+from memories.schemas import (
+    ENRICHED_BY_KEY,
+    ENRICHMENT_ATTEMPTS_KEY,
+    ENRICHMENT_ERROR_KEY,
+    MEMORY_MAX_CHARS,
+    METADATA_MAX_BYTES,
+    METADATA_MAX_KEYS,
+    SUMMARY_KEY,
+    metadata_json_bytes,
+    parse_instant,
+)
 from memories.selectors import (
     MemoryHistoryView,
     MemoryView,
@@ -85,6 +99,7 @@ from memories.selectors import (
     memory_trash_list,
     memory_view,
 )
+from memories.sessions import session_data_clear_all
 from memories.turns.extraction import FACT_TAG, tags_made_durable
 
 logger = logging.getLogger(__name__)
@@ -92,6 +107,12 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 # The IngestIntent.detail key an erasure or clear-all sets on the user's ingest calls in
 # flight (`ingest_intents_supersede`); their completion then discards what mem0 stored.
 SUPERSEDED_KEY = "superseded_by"
+# The IngestIntent.detail key set when the call answered an error after mem0 stored its
+# facts (`_ingest_answered_error`): its completion by the reconciler bills nothing.
+ANSWERED_ERROR_KEY = "answered_error"
+# What the toolkit's enrichment wrote about a memory's text (memories/toolkit/services.py):
+# dropped when the text changes, so nothing describes the old one.
+ENRICHMENT_RESULT_KEYS = (SUMMARY_KEY, ENRICHED_BY_KEY, ENRICHMENT_ATTEMPTS_KEY, ENRICHMENT_ERROR_KEY)
 KEY_ID_BYTES = 6  # 12 hex chars: the public, unique lookup part
 SECRET_BYTES = 32
 
@@ -222,10 +243,25 @@ def api_key_authenticate(*, token: str) -> ApiKey | None:
     return api_key
 
 
-@transaction.atomic
-def api_key_revoke(*, user, key_id: str) -> bool:
-    updated = ApiKey.objects.filter(user=user, key_id=key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
-    return updated == 1
+def api_key_revoke(*, user, key_id: str, call: CallContext | None = None) -> bool:
+    """Revoke `user`'s active key `key_id`; False when there is none (another user's,
+    unknown, revoked already). With `call` (the owner in the web UI) the revocation is
+    audited in its transaction, as the issue is: the key's id and name, never the secret.
+    Without one (the admin action, which writes its own staff row) nothing is audited here."""
+    with transaction.atomic():
+        api_key = ApiKey.objects.select_for_update().filter(user=user, key_id=key_id, revoked_at__isnull=True).first()
+        if api_key is None:
+            return False
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+        if call is not None:
+            audit_record(
+                MemoryScope.for_user(user),
+                call=call,
+                operation=Operation.API_KEY_REVOKE,
+                detail={"key_id": api_key.key_id, "name": api_key.name},
+            )
+    return True
 
 
 # --- memories ---------------------------------------------------------------------------
@@ -337,10 +373,63 @@ def _hash_owner_memory(scope: MemoryScope, *, digest: str) -> EngineMemory | Non
     if known is None:
         return None
     current = engine_lock_owned(scope, memory_id=str(known.memory_id))
-    if current is not None and _live(current, scope):
+    if _holds_text(current, scope, digest=digest):
         return current
     known.delete()
     return None
+
+
+def _holds_text(item: EngineMemory | None, scope: MemoryScope, *, digest: str) -> bool:
+    """`item` (locked) is live and still holds the text `digest`. The hash row was read
+    without a lock: an update that moved the memory to another text (and its hash with it)
+    may have committed while we waited for the row, and the memory is no owner of this
+    text any more (the hash row read is gone or going: deleting it again is harmless)."""
+    return item is not None and _live(item, scope) and content_sha256(item.text) == digest
+
+
+def _content_hash_claim(scope: MemoryScope, *, digest: str, memory_id: str) -> str | None:
+    """Give `memory_id` the hash of its text `digest`: None once it holds it, else the id
+    of the live memory that does. Writers of one text are kept apart by the text lock,
+    but an import takes none (`_import_write`): its uncommitted hash makes this insert
+    wait, then fail on the unique constraint when the import commits. The insert runs in
+    a savepoint, so the caller's transaction goes on and answers as for a known text (a
+    duplicate, or `conflict` for an update). In the caller's transaction, under the text
+    lock."""
+    for _attempt in range(2):
+        if _content_hash_inserted(scope, digest=digest, memory_id=memory_id):
+            return None
+        owner = _hash_owner(scope, digest=digest)  # committed now; a stale one is removed: retry
+        if owner is not None:
+            return None if owner == memory_id else owner
+    raise backend_unavailable()
+
+
+def _content_hash_inserted(scope: MemoryScope, *, digest: str, memory_id: str) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING: False when the text's hash row exists (no error,
+    so no savepoint: this runs on every remember)."""
+    meta = ContentHash._meta
+    quote = connection.ops.quote_name
+    column = {field.name: quote(str(field.column)) for field in meta.concrete_fields}
+    columns = ", ".join(column[name] for name in ("engine_user_id", "sha256", "memory_id", "created_at"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES (%s, %s, %s, now())"  # noqa: S608 - identifiers from the model
+            " ON CONFLICT DO NOTHING RETURNING 1",
+            [scope.engine_user_id, digest, memory_id],
+        )
+        return cursor.fetchone() is not None
+
+
+def _text_insert_claimed(scope: MemoryScope, *, digest: str, insert: Callable[..., str]) -> str | None:
+    """A new memory of the text `digest`: its hash claimed first under a new id (one
+    INSERT ... ON CONFLICT DO NOTHING, `_content_hash_claim`), then `insert(memory_id=...)`
+    stores the row under that id. None when an import stored the text meanwhile: nothing
+    is inserted, and the caller finds the text's memory with `_hash_owner_memory`, as for
+    a text it knew. In the caller's transaction, under the text lock."""
+    memory_id = str(uuid.uuid4())
+    if _content_hash_claim(scope, digest=digest, memory_id=memory_id) is not None:
+        return None
+    return insert(memory_id=memory_id)
 
 
 def _turn_fact_durable_attrs(attrs: MemoryAttrs) -> MemoryAttrs | None:
@@ -368,7 +457,7 @@ def _hash_owners(scope: MemoryScope, *, digests: list[str]) -> dict[str, str]:
     owners: dict[str, str] = {}
     stale: list[int] = []
     for digest, known_hash in known.items():
-        if _live(rows.get(str(known_hash.memory_id)), scope):
+        if _holds_text(rows.get(str(known_hash.memory_id)), scope, digest=digest):
             owners[digest] = str(known_hash.memory_id)
         else:
             stale.append(known_hash.pk)
@@ -408,13 +497,32 @@ def memory_remember(
     # A known text needs no embedding; otherwise embed before the transaction.
     known = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).exists()
     embedded = None
-    for _attempt in range(2):
+    for _attempt in range(3):
         if embedded is None and not known:
             with _engine_errors():
                 embedded = engine_embed_text(text)
         with _engine_errors(), transaction.atomic():
             user_write_locks(scope, _text_lock_key(scope, digest))
             existing = _hash_owner_memory(scope, digest=digest)
+            if existing is None and embedded is not None:
+                with _attributed(call):
+                    memory_id = _text_insert_claimed(
+                        scope,
+                        digest=digest,
+                        insert=functools.partial(
+                            engine_insert_text,
+                            scope,
+                            embedded=embedded,
+                            metadata=_system_metadata(scope, source=source, pinned=pinned, metadata=metadata),
+                            attrs=attrs,
+                        ),
+                    )
+                if memory_id is not None:
+                    snapshot = audit_snapshot(memory=text, pinned=pinned, metadata=metadata or {})
+                    after = {**snapshot, **_audit_attrs(attrs)}
+                    call_succeeded(scope, call=call, operation=Operation.REMEMBER, memory_ids=[memory_id], after=after)
+                    return RememberResult(id=memory_id, duplicate=False)
+                existing = _hash_owner_memory(scope, digest=digest)  # an import stored the text meanwhile
             if existing is not None:
                 # Remembering a text an expiring turn fact holds keeps it (unless this
                 # remember itself asks for an expiry): same transaction, same audit row.
@@ -433,18 +541,6 @@ def memory_remember(
                     detail={"duplicate": True, **({"made_durable": True} if durable is not None else {})},
                 )
                 return RememberResult(id=existing.id, duplicate=True)
-            if embedded is not None:
-                with _attributed(call):
-                    memory_id = engine_insert_text(
-                        scope,
-                        embedded=embedded,
-                        metadata=_system_metadata(scope, source=source, pinned=pinned, metadata=metadata),
-                        attrs=attrs,
-                    )
-                ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
-                after = {**audit_snapshot(memory=text, pinned=pinned, metadata=metadata or {}), **_audit_attrs(attrs)}
-                call_succeeded(scope, call=call, operation=Operation.REMEMBER, memory_ids=[memory_id], after=after)
-                return RememberResult(id=memory_id, duplicate=False)
         known = False  # the hash went away between the check and the lock: embed and store
     raise backend_unavailable()
 
@@ -510,7 +606,28 @@ def memory_ingest(
             _ingest_undone(scope, intent=intent, call=call)
         raise
     added_ids = [str(a.get("id")) for a in added if a.get("event") == "ADD"]
-    return _ingest_complete(scope, intent=intent, call=call, added_ids=added_ids)
+    try:
+        return _ingest_complete(scope, intent=intent, call=call, added_ids=added_ids)
+    except Exception:  # the call answers an error (any kind): it must not be billed later
+        _ingest_answered_error(intent)
+        raise
+
+
+def _ingest_answered_error(intent: IngestIntent) -> None:
+    """The completion failed (a lock timeout, the database) after mem0 stored the facts:
+    the call answers an error, and the intent stays open for the reconciler, which keeps
+    the facts (a retry of the call then finds them: the dedupe rule answers them as NONE,
+    no second copy) with an audit row, but bills nothing: the client was told it failed.
+    Only the intent's row lock (not the user's erasure lock, which may be what timed out);
+    best effort: when this fails too, the reconciler bills the call as a crash."""
+    try:
+        with transaction.atomic():
+            current = IngestIntent.objects.select_for_update().filter(pk=intent.pk, state=IngestIntent.State.OPEN)
+            for row in current:
+                row.detail = {**row.detail, ANSWERED_ERROR_KEY: True}
+                row.save(update_fields=["detail"])
+    except Exception as exc:  # never hide the call's own error
+        logger.warning("ingest: could not mark the failed call's intent (%s)", type(exc).__name__)
 
 
 def _ingest_complete(
@@ -520,8 +637,9 @@ def _ingest_complete(
     memory already has is removed again, and answered with that memory's id and event
     NONE), hashes for the new ones, the audit row, the usage event, the intent closed.
     A fact longer than MEMORY_MAX_CHARS (the LLM wrote it; no client could) is removed
-    again and counted in the audit row's `too_long`: every memory must fit what `remember`
-    and the import take, or the user's export would not import.
+    again and counted in the audit row's `too_long`, one holding a character no text may
+    hold (`text_problem`: a control character) in `unstorable`: every memory must fit
+    what `remember` and the import take, or the user's export would not import.
     An intent an erasure or clear-all superseded is discarded instead (`_ingest_discard`)."""
     results: list[dict[str, Any]] = []
     with _engine_errors(), transaction.atomic():
@@ -535,28 +653,38 @@ def _ingest_complete(
             return _ingest_discard(scope, intent=current, call=call, added_ids=added_ids)
         added = [m for m in (engine_lock_owned(scope, memory_id=i) for i in added_ids) if m is not None]
         too_long = [m for m in added if len(m.text) > MEMORY_MAX_CHARS]
-        for item in too_long:
+        unstorable = [m for m in added if len(m.text) <= MEMORY_MAX_CHARS and text_problem(m.text)]
+        for item in (*too_long, *unstorable):
             with _attributed(call):
                 engine_delete_row(item.id)
-        added = [m for m in added if len(m.text) <= MEMORY_MAX_CHARS]
+        removed = {m.id for m in (*too_long, *unstorable)}
+        added = [m for m in added if m.id not in removed]
         advisory_xact_lock(*(_text_lock_key(scope, content_sha256(m.text)) for m in added))
         for item in added:
             digest = content_sha256(item.text)
             existing_id = _hash_owner(scope, digest=digest)
+            if existing_id is None:
+                existing_id = _content_hash_claim(scope, digest=digest, memory_id=item.id)
             if existing_id is not None and existing_id != item.id:
                 with _attributed(call):
                     engine_delete_row(item.id)
                 results.append({"id": existing_id, "memory": item.text, "event": "NONE"})
                 continue
-            if existing_id is None:
-                ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=item.id)
             results.append({"id": item.id, "memory": item.text, "event": "ADD"})
         after = [{**r, "memory": audit_text(r["memory"])} for r in results]
         ids = [r["id"] for r in results]
-        detail = {**current.detail, **({"too_long": len(too_long)} if too_long else {})}
+        detail = {
+            **current.detail,
+            **({"too_long": len(too_long)} if too_long else {}),
+            **({"unstorable": len(unstorable)} if unstorable else {}),
+        }
         if too_long:
             logger.warning("ingest: removed %d extracted facts over %d characters", len(too_long), MEMORY_MAX_CHARS)
-        if current.detail.get("billed", True):
+        if unstorable:
+            logger.warning("ingest: removed %d extracted facts with characters no text may hold", len(unstorable))
+        # A call that answered an error (`_ingest_answered_error`) is completed by the
+        # reconciler without a usage event: the client was told it failed.
+        if current.detail.get("billed", True) and not current.detail.get(ANSWERED_ERROR_KEY):
             call_succeeded(scope, call=call, operation=Operation.INGEST, memory_ids=ids, after=after, detail=detail)
         else:  # memory_ingest's `billed=False`: the audit row only
             audit_record(scope, call=call, operation=Operation.INGEST, memory_ids=ids, after=after, detail=detail)
@@ -581,7 +709,7 @@ def _ingest_discard(
     mark = intent.detail[SUPERSEDED_KEY]
     discarded = _ingest_leftovers_remove(scope, intent=intent, call=call, added_ids=added_ids)
     detail = {**intent.detail, "discarded": len(discarded), "trashed": not mark["erased"] and _trash_enabled()}
-    if intent.detail.get("billed", True):
+    if intent.detail.get("billed", True) and not intent.detail.get(ANSWERED_ERROR_KEY):
         call_succeeded(scope, call=call, operation=Operation.INGEST, memory_ids=discarded, detail=detail)
     else:
         audit_record(scope, call=call, operation=Operation.INGEST, memory_ids=discarded, detail=detail)
@@ -732,8 +860,9 @@ def _call_record(call: CallContext) -> dict[str, Any]:
 def ingest_intents_reconcile(*, older_than_s: float | None = None) -> dict[str, int]:
     """Close the ingest intents a crash left open (older than the lease, so calls still
     running are left alone): rows tagged with the request id exist -> complete the call
-    (hashes, audit row, usage event, as if it had returned; discarded when an erasure or
-    clear-all superseded it); none -> close it as undone with a failure audit row (no
+    (hashes, audit row, usage event, as if it had returned; no usage event when the call
+    answered an error, `ANSWERED_ERROR_KEY`; discarded when an erasure or clear-all
+    superseded it); none -> close it as undone with a failure audit row (no
     usage event: nothing was stored)."""
     lease = settings.INGEST_INTENT_LEASE_S if older_than_s is None else older_than_s
     cutoff = timezone.now() - timedelta(seconds=lease)
@@ -796,14 +925,26 @@ def memory_update(
             attrs = _turn_fact_durable_attrs(attrs or current.attrs) or attrs
         if metadata:
             _metadata_merge_check(current, metadata=metadata)
+        existing_id = None
         if digest is not None:
             existing_id = _hash_owner(scope, digest=digest)
             if existing_id is not None and existing_id != memory_id:
                 raise _duplicate_text(existing_id)
+        if digest is not None and SUMMARY_KEY in current.metadata and content_sha256(current.text) != digest:
+            # The enrichment's summary describes the old text (recall returns it): it goes,
+            # and the candidate is pending again, so the sweep enriches the new text.
+            engine_metadata_merge(
+                memory_id=memory_id, metadata={ENRICHMENT_KEY: "pending"}, drop=ENRICHMENT_RESULT_KEYS
+            )
         with _attributed(call):
             updated = engine_update_row(memory_id, embedded=embedded, metadata=changes or None, attrs=attrs)
         if digest is not None:
-            _rehash(scope, memory_id=memory_id, digest=digest)
+            ContentHash.objects.filter(memory_id=memory_id).exclude(sha256=digest).delete()
+            if existing_id is None:
+                # An import may have stored the text meanwhile: then nothing changes, as above.
+                taken_by = _content_hash_claim(scope, digest=digest, memory_id=memory_id)
+                if taken_by is not None:
+                    raise _duplicate_text(taken_by)
         call_succeeded(
             scope,
             call=call,
@@ -822,14 +963,14 @@ def _metadata_merge_check(current: EngineMemory, *, metadata: dict[str, Any]) ->
     goes through. Counts only in the message, never keys or values."""
     before = memory_view(current).metadata
     merged = {**before, **metadata}
-    keys, size = len(merged), len(json.dumps(merged))
+    keys, size = len(merged), metadata_json_bytes(merged)
     if keys > METADATA_MAX_KEYS and keys > len(before):
         raise ServiceError(
             ErrorCode.PAYLOAD_TOO_LARGE,
             f"metadata would have {keys} keys after this update (the memory has {len(before)}); "
             f"a memory holds at most {METADATA_MAX_KEYS}. Nothing was changed.",
         )
-    if size > METADATA_MAX_BYTES and size > len(json.dumps(before)):
+    if size > METADATA_MAX_BYTES and size > metadata_json_bytes(before):
         raise ServiceError(
             ErrorCode.PAYLOAD_TOO_LARGE,
             f"metadata would take {size} bytes as JSON after this update; "
@@ -849,13 +990,6 @@ def _snapshot(item) -> dict[str, Any]:
 def _attributed(call: CallContext) -> Iterator[None]:
     with history_attribution(request_id=call.request_id, changed_by=call.changed_by):
         yield
-
-
-def _rehash(scope: MemoryScope, *, memory_id: str, digest: str) -> None:
-    ContentHash.objects.filter(memory_id=memory_id).exclude(sha256=digest).delete()
-    ContentHash.objects.get_or_create(
-        engine_user_id=scope.engine_user_id, sha256=digest, defaults={"memory_id": memory_id}
-    )
 
 
 def _trash_enabled() -> bool:
@@ -881,33 +1015,121 @@ def _trash_or_delete(
     return deleted
 
 
-def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, call: CallContext) -> None:
+def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, call: CallContext) -> list[str]:
     """Move one memory to the trash (restorable for TRASH_RETENTION_DAYS; 0 deletes it at
-    once). `forget` records a user-initiated forget (seed 001's /forget). The row change,
-    its history, the hash, the usage event and the audit row commit in one transaction."""
+    once), with the other row of its toolkit store_memory message (`_message_twins`):
+    recall shows the pair as one memory, so deleting either (on any surface) deletes both,
+    under this call's request id (restoring by it brings both back). `forget` records a
+    user-initiated forget (seed 001's /forget). The row changes, their history, the
+    hashes, mem0's raw messages, the usage event and the audit row (naming every id)
+    commit in one transaction. Returns the ids, the one asked for first."""
     rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
-    digest = content_sha256(memory_get_owned(scope, memory_id=memory_id).text)
+    item = memory_get_owned(scope, memory_id=memory_id)
+    with _engine_errors():
+        twins = _message_twins(scope, item)
+    # The text locks for the hashes a trashed row may hand over (read before the locks,
+    # checked again after them).
+    digests = {content_sha256(row.text) for row in (item, *twins)}
     detail = {"forget": True} if forget else {}
     with _engine_errors(), transaction.atomic():
-        # Its history row is the user's too; the text lock for the hash it may hand over.
-        user_write_locks(scope, f"memory:{memory_id}", _text_lock_key(scope, digest))
-        current = engine_lock_owned(scope, memory_id=memory_id)
+        # Their history rows are the user's too.
+        user_write_locks(
+            scope,
+            *(f"memory:{row.id}" for row in (item, *twins)),
+            *(_text_lock_key(scope, digest) for digest in digests),
+        )
+        locked = engine_lock_owned_many(scope, memory_ids=[memory_id, *(twin.id for twin in twins)])
+        current = locked.get(memory_id)
         if current is None or not _live(current, scope):
             raise not_found()
-        if not _trash_or_delete(scope, memory_ids=[memory_id], call=call, operation=Operation.DELETE_MEMORY):
+        # Again under the locks: a restore (which holds the erasure lock we now share) may
+        # have brought a twin back after the read above.
+        twin_ids = _twin_ids(scope, current)
+        locked |= engine_lock_owned_many(scope, memory_ids=[i for i in twin_ids if i not in locked])
+        twins = [locked[i] for i in twin_ids if _pairs(scope, current, locked.get(i))]
+        wanted = [memory_id, *(twin.id for twin in twins)]
+        trashed = set(_trash_or_delete(scope, memory_ids=wanted, call=call, operation=Operation.DELETE_MEMORY))
+        if memory_id not in trashed:
             raise not_found()
-        # In the trash a memory is not counted for dedupe: the same text again is new.
-        dropped, _ = ContentHash.objects.filter(memory_id=memory_id).delete()
-        if dropped and content_sha256(current.text) == digest:  # else its text changed before the lock
-            _hash_hand_over(scope, digest=digest, text=current.text)
+        ids = [i for i in wanted if i in trashed]
+        # In the trash a memory is not counted for dedupe: its hash goes to a live copy, if any.
+        for row in (current, *twins):
+            if row.id not in trashed:
+                continue
+            dropped, _ = ContentHash.objects.filter(memory_id=row.id).delete()
+            if dropped and content_sha256(row.text) in digests:  # else its text changed before the lock
+                _hash_hand_over(scope, digest=content_sha256(row.text), text=row.text)
+        # mem0's raw messages feed the next extraction (it would bring the fact back); the
+        # facts are extracted, not verbatim, so all of the user's go, as clear-all's do.
+        engine_purge_messages(scope)
         call_succeeded(
             scope,
             call=call,
             operation=Operation.DELETE_MEMORY,
-            memory_ids=[memory_id],
+            memory_ids=ids,
             before=_snapshot(current),
-            detail={**detail, "trashed": _trash_enabled()},
+            detail={**detail, "trashed": _trash_enabled(), "linked": ids[1:]},
         )
+    return ids
+
+
+# --- the two rows of a toolkit store_memory message --------------------------------------------
+# store_memory's rows (memories/toolkit/services.py): the short-term row of each message
+# and, for a human message, its long-term candidate linked to it by `stm_id`.
+STORE_MEMORY_SOURCE = "store_memory"
+STM_LINK_KEY = "stm_id"
+
+
+def _twin_ids(scope: MemoryScope, item: EngineMemory) -> list[str]:
+    """Ids that may hold the other row of the message `item` was stored from: a short-term
+    row's long-term candidate (linked to it by `stm_id`), or a candidate's short-term row.
+    store_memory returns only the short-term id and recall shows either row of a pair as
+    the one memory, so deleting either must delete both. `_pairs` decides."""
+    if item.metadata.get("source") != STORE_MEMORY_SOURCE:
+        return []
+    tier = item.metadata.get(TIER_KEY)
+    if tier == "stm":
+        return engine_memory_ids(
+            scope, containment={"source": STORE_MEMORY_SOURCE, TIER_KEY: "ltm", STM_LINK_KEY: item.id}
+        )
+    linked = item.metadata.get(STM_LINK_KEY)
+    return [linked] if tier == "ltm" and _is_uuid(linked) and linked != item.id else []
+
+
+def _pairs(scope: MemoryScope, item: EngineMemory, other: EngineMemory | None) -> bool:
+    """`other` is the live other row of `item`'s message. Only rows store_memory made pair:
+    `source` is set by it alone, while `tier` and `stm_id` are metadata any surface may set."""
+    if other is None or not _live(other, scope) or other.metadata.get("source") != STORE_MEMORY_SOURCE:
+        return False
+    tiers = (item.metadata.get(TIER_KEY), other.metadata.get(TIER_KEY))
+    if tiers == ("stm", "ltm"):
+        return other.metadata.get(STM_LINK_KEY) == item.id
+    return tiers == ("ltm", "stm") and item.metadata.get(STM_LINK_KEY) == other.id
+
+
+def _message_twins(scope: MemoryScope, item: EngineMemory) -> list[EngineMemory]:
+    """The live other rows of `item`'s message, read without locks (before the transaction)."""
+    twins = []
+    for twin_id in _twin_ids(scope, item):
+        try:
+            twin = memory_get_owned(scope, memory_id=twin_id)
+        except ServiceError as error:
+            if error.code == ErrorCode.NOT_FOUND:  # expired or deleted on its own: the one row alone
+                continue
+            raise
+        if _pairs(scope, item, twin):
+            twins.append(twin)
+    return twins
+
+
+def _is_uuid(value: Any) -> TypeGuard[str]:
+    if not isinstance(value, str):
+        return False
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _holds_hash_first(item: EngineMemory) -> bool:
@@ -930,8 +1152,8 @@ def _hash_hand_over(scope: MemoryScope, *, digest: str, text: str) -> str | None
     if not eligible:
         return None
     heir = min(eligible, key=lambda item: (not _holds_hash_first(item), item.created_at or "", item.id))
-    ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=heir.id)
-    return heir.id
+    # An import that stored the text meanwhile keeps the hash; the heir lives beside it.
+    return _content_hash_claim(scope, digest=digest, memory_id=heir.id) or heir.id
 
 
 def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) -> int:
@@ -951,6 +1173,7 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
         engine_purge_messages(scope)
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
         ingest_intents_supersede(scope, call=call, erased=False)  # their facts join this clear-all's trash
+        session_data_clear_all(scope)  # what other apps keep that could re-teach it (the proxy's queued turns, logs)
         call_succeeded(
             scope,
             call=call,
@@ -1011,6 +1234,7 @@ def memory_forget_bulk(
             return ForgetResult(deleted_count=len(memory_ids), dry_run=True)
         if memory_ids:
             memory_ids = _trash_or_delete(scope, memory_ids=memory_ids, call=call, operation=Operation.DELETE_MEMORY)
+            engine_purge_messages(scope)  # as memory_delete: the next extraction must not bring them back
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=memory_ids).delete()
         call_succeeded(
             scope,
@@ -1036,6 +1260,7 @@ def memory_restore(
     A memory whose expiry passed while it was in the trash stays there (the purge
     deletes it): restored it would be invisible. By id that answers `not_found` saying
     so; by request id the others are restored and the audit row counts the expired."""
+    rate_limit_consume(scope, operation=Operation.RESTORE_MEMORY)
     now = datetime.now(UTC)
     memory_ids = [memory_id] if memory_id else None
     by_id = memory_ids is not None
@@ -1057,13 +1282,13 @@ def memory_restore(
                 expired = sum(1 for item in engine_trashed(scope, memory_ids=memory_ids) if item.expired(now))
             if expired:
                 raise _expired_in_trash(several=not by_id)
-            raise not_found()
+            raise not_found(denied=memory_id is not None and _foreign_id(scope, memory_id=memory_id))
         _restored_hashes(scope, restored=restored)
         ids = [item.id for item in restored]
         if request_id and not by_id:
             # Undoing a clear-all: the ingest calls it caught in flight keep what they store.
             _ingest_intents_unsupersede(scope, request_id=request_id)
-        audit_record(
+        call_succeeded(
             scope,
             call=call,
             operation=Operation.RESTORE_MEMORY,
@@ -1071,6 +1296,13 @@ def memory_restore(
             detail={"restored": len(ids), "request_id": request_id or "", **({"expired": expired} if expired else {})},
         )
     return ids
+
+
+def _foreign_id(scope: MemoryScope, *, memory_id: str) -> bool:
+    """`memory_id` is another user's memory (live or in their trash): answered `not_found`
+    like a missing one, but audited as denied (as `memory_get_owned` does)."""
+    item = engine_get(memory_id)
+    return item is not None and item.user_id != scope.engine_user_id
 
 
 def _expired_in_trash(*, several: bool) -> ServiceError:
@@ -1130,19 +1362,26 @@ def memory_trash_read(scope: MemoryScope, *, call: CallContext) -> list[TrashedV
 
 
 def memory_purge(scope: MemoryScope, *, memory_id: str | None = None, call: CallContext) -> int:
-    """Delete for good: one memory in the scope's trash, or (no id) the whole trash."""
+    """Delete for good: one memory in the scope's trash, or (no id) the whole trash.
+    Returns how many this call deleted: the trash is read without row locks, and a row
+    the purge job deleted meanwhile is neither counted nor named in the audit row (the
+    job's row names it). mem0's raw messages of the user go too, as clear-all's do: they
+    feed the next extraction, which would bring the deleted facts back."""
+    rate_limit_consume(scope, operation=Operation.PURGE_MEMORY)
     with _engine_errors(), transaction.atomic():
         advisory_xact_lock(erasure_lock_key(scope))
         trashed = engine_trashed(scope, memory_ids=[memory_id] if memory_id else None, limit=1_000_000)
         if memory_id and not trashed:
-            raise not_found()
-        ids = [item.id for item in trashed]
+            raise not_found(denied=_foreign_id(scope, memory_id=memory_id))
         with _attributed(call):
-            for item_id in ids:
-                engine_delete_row(item_id, keep_text=False)
+            ids = [item.id for item in trashed if engine_delete_row(item.id, keep_text=False)]
+        if memory_id and not ids:
+            raise not_found()  # the purge job deleted it meanwhile
         # For good means the texts go from the history too; its events (what, when, who) stay.
         history_content_erase(engine_user_id=scope.engine_user_id, memory_ids=ids)
-        audit_record(scope, call=call, operation=Operation.PURGE_MEMORY, memory_ids=ids, detail={"purged": len(ids)})
+        if ids:
+            engine_purge_messages(scope)
+        call_succeeded(scope, call=call, operation=Operation.PURGE_MEMORY, memory_ids=ids, detail={"purged": len(ids)})
     return len(ids)
 
 

@@ -276,6 +276,8 @@ _RATE_DEFAULTS = {
     Operation.INGEST: "20/minute",
     Operation.UPDATE_MEMORY: "60/minute",
     Operation.DELETE_MEMORY: "60/minute",
+    Operation.RESTORE_MEMORY: "60/minute",
+    Operation.PURGE_MEMORY: "60/minute",
     Operation.LIST_MEMORY: "120/minute",
     Operation.CLEAR_ALL_MEMORY: "5/hour",
     Operation.EXPORT_MEMORIES: "30/hour",

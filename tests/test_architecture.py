@@ -38,6 +38,7 @@ def test_every_selector_runs_in_a_read_only_transaction(alice_scope, bob_scope):
         "memory_ids_owned": lambda: selectors.memory_ids_owned(alice_scope),
         "usage_by_day": lambda: selectors.usage_by_day(alice_scope, days=30),
         "memory_trash_list": lambda: selectors.memory_trash_list(alice_scope),
+        "memory_trash_count": lambda: selectors.memory_trash_count(alice_scope),
         "memory_activity": lambda: selectors.memory_activity(alice_scope),
     }
     public = {
@@ -81,14 +82,16 @@ def _call() -> CallContext:
 
 # Queries on Django's connection per call through the dispatcher (mem0's own pool is not
 # counted). A change here is a deliberate decision: update the pin and say why.
-# remember: 12 since its advisory lock takes one round trip, not three (core.locks); it was
+# remember: 13 since its write checks, in one round trip with the table's lock, that the
+# embedder which made its vector is still the table's (a write racing `manage.py reembed`);
+# 12 since its advisory lock takes one round trip, not three (core.locks); it was
 # 14 since its audit snapshot is sealed with the user's data key (one lookup);
 # search_memory: 10 (11 with neighbours) since the query in its audit detail is sealed the same way; 8 on this
 # thread's connection since the BM25 side's two statements (tokenise, score) run on the
 # lexical worker's connection (SEARCH_LEXICAL_CONCURRENT; 10 here without it); one more
 # each since the best candidates read their neighbours (retrieval._with_neighbour_context);
 # one less each since that statement also reads the rows the search returns (no `_load`).
-QUERIES = {"remember": 12, "search_memory": 8, "search_memory_sequential": 10, "list_memory": 6}
+QUERIES = {"remember": 13, "search_memory": 8, "search_memory_sequential": 10, "list_memory": 6}
 
 
 @pytest.fixture
@@ -195,11 +198,16 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
         turns_selectors: {
             "sessions_of_user": lambda: turns_selectors.sessions_of_user(alice_scope),
             "facts_by_tier": lambda: turns_selectors.facts_by_tier(alice_scope),
+            "session_count": lambda: turns_selectors.session_count(alice_scope),
+            "fact_counts_by_tier": lambda: turns_selectors.fact_counts_by_tier(alice_scope),
             "memory_tree": lambda: turns_selectors.memory_tree(
                 alice_scope, project="", session_id="", path="/memory", depth=2, limit=50
             ),
         },
-        toolkit_selectors: {"decision_list": lambda: list(toolkit_selectors.decision_list(alice_scope))},
+        toolkit_selectors: {
+            "decision_list": lambda: list(toolkit_selectors.decision_list(alice_scope)),
+            "decision_count": lambda: toolkit_selectors.decision_count(alice_scope),
+        },
         sessions: {
             "session_events_recent": lambda: sessions.session_events_recent(alice_scope, session_id="s1", limit=5)
         },
@@ -217,7 +225,14 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
     # Helpers that are pure functions of their arguments (no database) need no guard.
     pure = {"session_item_hash", "token_config_view"}
     # The session log module holds its services beside its reads.
-    writers = {"session_events_append", "session_data_erase", "erasure_register"}
+    writers = {
+        "session_events_append",
+        "session_data_erase",
+        "erasure_register",
+        "session_logs_delete",
+        "session_data_clear_all",
+        "clear_all_register",
+    }
     results = {}
     for module, table in calls.items():
         missing = _public_functions(module) - set(table) - pure - writers

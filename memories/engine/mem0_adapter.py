@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -169,7 +170,55 @@ def _build_memory() -> Any:
     _embedder_instrument(memory.embedding_model)
     if llm_configured():
         _llm_client_bounded(memory.llm)
+    memory.llm.generate_response = _answers_storable(memory.llm.generate_response)
     return memory
+
+
+# What Postgres can store neither as text nor as jsonb (`unsupported Unicode escape sequence`).
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def text_without_unstorable(text: str) -> str:
+    """`text` with NUL dropped and each lone surrogate replaced by U+FFFD."""
+    return _UNSTORABLE.sub(lambda match: "" if match.group() == "\x00" else "\ufffd", text)
+
+
+def _json_without_unstorable(value: Any) -> Any:
+    if isinstance(value, str):
+        return text_without_unstorable(value)
+    if isinstance(value, list):
+        return [_json_without_unstorable(item) for item in value]
+    if isinstance(value, dict):
+        return {text_without_unstorable(str(k)): _json_without_unstorable(v) for k, v in value.items()}
+    return value
+
+
+def llm_answer_storable(answer: Any) -> Any:
+    """The LLM's answer without what no memory can hold: NUL and lone surrogates, raw or
+    as JSON escapes (mem0 decodes `\\u0000` into a fact). The answer is untrusted text; a
+    fact mem0 cannot store fails the ingest, the same on every retry, and mem0 logs the
+    database's error, which quotes the fact. Anything but text passes unchanged."""
+    if not isinstance(answer, str):
+        return answer
+    from mem0.memory.utils import extract_json, remove_code_blocks
+
+    text = text_without_unstorable(answer)
+    body = remove_code_blocks(text)
+    for candidate in (body, extract_json(body)):
+        try:
+            value = json.loads(candidate, strict=False)
+        except (ValueError, RecursionError):
+            continue
+        cleaned = _json_without_unstorable(value)
+        return text if cleaned == value else json.dumps(cleaned, ensure_ascii=False)
+    return text
+
+
+def _answers_storable(generate: Callable[..., Any]) -> Callable[..., Any]:
+    def generate_storable(*args: Any, **kwargs: Any) -> Any:
+        return llm_answer_storable(generate(*args, **kwargs))
+
+    return generate_storable
 
 
 # An answer is at most LLM_MAX_TOKENS tokens in a JSON envelope: a few hundred KB at worst.

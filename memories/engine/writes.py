@@ -28,6 +28,7 @@ from psycopg import sql
 
 from core.metrics import engine_timed_function
 from core.scope import MemoryScope
+from memories.engine.embedders import EmbedderSpec, embedder_for, embedder_spec_configured, embedder_spec_refresh
 from memories.engine.history_store import PostgresHistoryStore, history_versions_add
 from memories.engine.mem0_adapter import EngineError, _call, get_memory
 from memories.engine.payload import (
@@ -53,19 +54,23 @@ _history = PostgresHistoryStore()
 
 @dataclass(frozen=True)
 class EmbeddedText:
-    """A text with its vector, computed outside any transaction."""
+    """A text with its vector, computed outside any transaction, and the embedder that
+    made it (the write checks it is still the table's: `manage.py reembed` may have
+    switched meanwhile)."""
 
     text: str
     vector: list[float]
+    spec: EmbedderSpec
 
 
 def engine_embed_text(text: str) -> EmbeddedText:
     """The slow half of a write (embedding): call it before opening the transaction."""
     get_memory()  # first: it turns mem0's telemetry off before mem0 is imported
-    from memories.engine.embedders import embedder_active
+    from memories.engine.embedders import embedder_spec_active
 
-    vector = cast(list[float], _call("embed", embedder_active().embed, text, "add"))
-    return EmbeddedText(text=text, vector=list(vector))
+    spec = embedder_spec_active()
+    vector = cast(list[float], _call("embed", embedder_for(spec).embed, text, "add"))
+    return EmbeddedText(text=text, vector=list(vector), spec=spec)
 
 
 def engine_embed_texts(texts: list[str]) -> list[EmbeddedText]:
@@ -74,21 +79,77 @@ def engine_embed_texts(texts: list[str]) -> list[EmbeddedText]:
     if not texts:
         return []
     get_memory()
-    from memories.engine.embedders import embedder_active
+    from memories.engine.embedders import embedder_spec_active
 
-    embedder = embedder_active()
+    spec = embedder_spec_active()
+    embedder = embedder_for(spec)
     if hasattr(embedder, "embed_batch"):
         vectors = cast(list[list[float]], _call("embed", embedder.embed_batch, texts, "add"))
     else:
         vectors = [cast(list[float], _call("embed", embedder.embed, text, "add")) for text in texts]
     if len(vectors) != len(texts):
         raise EngineError("the embedder returned a different number of vectors than texts")
-    return [EmbeddedText(text=text, vector=list(vector)) for text, vector in zip(texts, vectors, strict=True)]
+    return [
+        EmbeddedText(text=text, vector=list(vector), spec=spec) for text, vector in zip(texts, vectors, strict=True)
+    ]
 
 
 def _require_transaction() -> None:
     if not connection.in_atomic_block:
         raise RuntimeError("engine writes must run inside the caller's transaction.atomic()")
+
+
+def _table_write_lock() -> None:
+    """The lock INSERT and UPDATE take anyway (writers do not block each other), taken
+    before any row lock: `engine_reembed_switch` (SHARE ROW EXCLUSIVE) then either waits
+    for this transaction or this one for the switch, never each for the other (a writer
+    holding a row lock and waiting for the table lock while the switch, holding it,
+    waits for the row would be a deadlock)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(_table()).as_string(cursor.connection))
+
+
+def _table_embedder_locked() -> EmbedderSpec:
+    """The embedder of the table's vectors, fixed until the caller's transaction ends (no
+    switch can happen under `_table_write_lock`). Read from the database, not from the
+    per-process cache, which may lag a switch by ACTIVE_TTL_S."""
+    from memories.models import EmbedderState
+
+    # One round trip for both statements (no parameters: the simple query protocol takes
+    # several, one result each): every write pays it.
+    meta = EmbedderState._meta
+    column = {field.name: str(field.column) for field in meta.concrete_fields}
+    columns = [column["name"], column["dims"], column["id"]]
+    statement = sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE; SELECT {}, {} FROM {} WHERE {} = 1").format(
+        _table(),
+        sql.Identifier(columns[0]),
+        sql.Identifier(columns[1]),
+        sql.Identifier(meta.db_table),
+        sql.Identifier(columns[2]),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(statement.as_string(cursor.connection))
+        cursor.nextset()  # past the lock's result, to the state's row
+        row = cursor.fetchone()
+    return EmbedderSpec(row[0], int(row[1])) if row else embedder_spec_configured()
+
+
+def _vector_for_table(embedded: EmbeddedText) -> list[float]:
+    """`embedded`'s vector, or, when the table switched embedders after it was made (a
+    write racing `manage.py reembed`), the text embedded again with the table's embedder.
+    With equal dimensions the old vector would be stored silently and compared across
+    models ever after. This embedding runs inside the transaction, only for the writes in
+    flight across a switch (once each): retrying them all from the start instead would
+    fail every caller's write at each switch."""
+    current = _table_embedder_locked()
+    if current == embedded.spec:
+        return embedded.vector
+    logger.warning("a write raced the embedder switch (%s -> %s): embedding again", embedded.spec.label, current.label)
+    embedder_spec_refresh()
+    vector = cast(list[float], _call("embed", embedder_for(current).embed, embedded.text, "add"))
+    if len(vector) != current.dims:
+        raise EngineError(f"the embedder did not return a vector of {current.dims} dimensions")
+    return list(vector)
 
 
 def _table() -> sql.Identifier:
@@ -116,11 +177,14 @@ def engine_insert_text(
     embedded: EmbeddedText,
     metadata: dict[str, Any] | None = None,
     attrs: MemoryAttrs | None = None,
+    memory_id: str | None = None,
 ) -> str:
     """Store a verbatim memory (what `Memory.add(infer=False)` stores for one user
-    message) with its fields in the caller's transaction. Returns the new memory id."""
+    message) with its fields in the caller's transaction. Returns the new memory id
+    (`memory_id` when the caller chose it: it claimed the text's hash under it first)."""
     _require_transaction()
-    memory_id = str(uuid.uuid4())
+    vector = _vector_for_table(embedded)
+    memory_id = memory_id or str(uuid.uuid4())
     created_at = _now()
     payload = {k: v for k, v in (metadata or {}).items() if k not in _IDENTITY_KEYS}
     payload.update(
@@ -138,7 +202,7 @@ def engine_insert_text(
     with connection.cursor() as cursor:
         cursor.execute(
             statement.as_string(cursor.connection),
-            [memory_id, _vector_literal(embedded.vector), json.dumps(payload)],
+            [memory_id, _vector_literal(vector), json.dumps(payload)],
         )
     _history.add_history(
         memory_id, None, embedded.text, "ADD", created_at=created_at, updated_at=created_at, role="user"
@@ -150,6 +214,7 @@ def engine_lock_owned(scope: MemoryScope, *, memory_id: str) -> EngineMemory | N
     """The scope's memory, row-locked until the caller's transaction ends; None when it
     is missing or someone else's (callers answer both alike)."""
     _require_transaction()
+    _table_write_lock()
     statement = sql.SQL("SELECT id, payload FROM {} WHERE id = %s AND payload->>'user_id' = %s FOR UPDATE").format(
         _table()
     )
@@ -168,6 +233,7 @@ def engine_lock_owned_many(scope: MemoryScope, *, memory_ids: list[str]) -> dict
     _require_transaction()
     if not memory_ids:
         return {}
+    _table_write_lock()
     statement = sql.SQL(
         "SELECT id, payload FROM {} WHERE id = ANY(%s::uuid[]) AND payload->>'user_id' = %s ORDER BY id FOR UPDATE"
     ).format(_table())
@@ -180,6 +246,7 @@ def engine_text_copies_locked(scope: MemoryScope, *, text: str) -> dict[str, Eng
     the exact text, through the payload index, for a text of stop words only. The caller
     compares the normalised texts."""
     _require_transaction()
+    _table_write_lock()
     statement = sql.SQL(
         "SELECT id, payload FROM {} WHERE NOT trashed AND ((payload->>'user_id' = %s"
         " AND fts @@ plainto_tsquery('english', %s)) OR payload @> %s::jsonb) ORDER BY id FOR UPDATE"
@@ -240,7 +307,7 @@ def engine_update_row(
     with connection.cursor() as cursor:
         if embedded is not None:
             statement = sql.SQL("UPDATE {} SET vector = %s::vector, payload = %s::jsonb WHERE id = %s").format(_table())
-            params = [_vector_literal(embedded.vector), json.dumps(payload), memory_id]
+            params = [_vector_literal(_vector_for_table(embedded)), json.dumps(payload), memory_id]
         else:
             statement = sql.SQL("UPDATE {} SET payload = %s::jsonb WHERE id = %s").format(_table())
             params = [json.dumps(payload), memory_id]
@@ -386,6 +453,7 @@ def engine_insert_imported(
     update times, its recall counters and its history versions (written instead of a
     fresh ADD row; none given -> one ADD at its creation time). Caller's transaction."""
     _require_transaction()
+    vector = _vector_for_table(embedded)
     memory_id = str(uuid.uuid4())
     created = created_at or _now()
     payload = {k: v for k, v in (metadata or {}).items() if k not in _IDENTITY_KEYS}
@@ -407,7 +475,7 @@ def engine_insert_imported(
     with connection.cursor() as cursor:
         cursor.execute(
             statement.as_string(cursor.connection),
-            [memory_id, _vector_literal(embedded.vector), json.dumps(payload)],
+            [memory_id, _vector_literal(vector), json.dumps(payload)],
         )
     if versions:
         history_versions_add(memory_id, versions)

@@ -9,12 +9,13 @@ memory model's `expires_at` (hidden at once, purged by `memories.purge_due`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeGuard
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -24,7 +25,7 @@ from pgvector.django import CosineDistance
 
 from audit.services import audit_failure, audit_record, audit_text, subject_content_erase
 from core.choices import Channel, Operation
-from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
+from core.errors import ErrorCode, ServiceError, backend_unavailable
 from core.locks import advisory_xact_lock
 from core.scope import CallContext, MemoryScope
 from memories import schemas
@@ -46,8 +47,6 @@ from memories.engine import (
     engine_health_counts,
     engine_insert_text,
     engine_lock_owned,
-    engine_lock_owned_many,
-    engine_memory_ids,
     engine_metadata_merge,
     engine_purge_messages,
     engine_rows_with_metadata,
@@ -58,19 +57,20 @@ from memories.models import ContentHash, IngestIntent
 from memories.rate_limits import rate_limit_consume
 from memories.selectors import memory_get_owned
 from memories.services import (
+    STM_LINK_KEY,
+    STORE_MEMORY_SOURCE,
     _attributed,
     _engine_errors,
-    _hash_hand_over,
     _hash_owner,
     _live,
-    _snapshot,
+    _message_twins,
     _system_metadata,
+    _text_insert_claimed,
     _text_lock_key,
-    _trash_enabled,
-    _trash_or_delete,
     content_sha256,
     erasure_lock_key,
     ingest_intents_supersede,
+    memory_delete,
     user_write_locks,
 )
 from memories.sessions import session_data_erase
@@ -81,7 +81,7 @@ from memories.toolkit.websearch import WebSearchUnavailable, web_search_provider
 
 HUMAN_ROLES = frozenset({"human", "user"})
 LTM_MIN_CHARS = 30  # seed 003: human messages longer than this become long-term candidates
-SOURCE = "store_memory"
+SOURCE = STORE_MEMORY_SOURCE
 # A candidate whose enrichment failed this often is marked `failed` (not pending forever).
 ENRICHMENT_MAX_ATTEMPTS = 3
 ENRICHMENT_ATTEMPTS_KEY = schemas.ENRICHMENT_ATTEMPTS_KEY
@@ -148,15 +148,21 @@ def toolkit_memory_store(
             digest = content_sha256(text)
             if _hash_owner(scope, digest=digest) is not None:
                 continue
-            candidate = {**base, TIER_KEY: "ltm", ENRICHMENT_KEY: "pending", "stm_id": stm_id}
+            candidate = {**base, TIER_KEY: "ltm", ENRICHMENT_KEY: "pending", STM_LINK_KEY: stm_id}
             with _attributed(call):
-                ltm_id = engine_insert_text(
+                ltm_id = _text_insert_claimed(
                     scope,
-                    embedded=embedded[text],
-                    metadata=_system_metadata(scope, source=SOURCE, pinned=False, metadata=candidate),
-                    attrs=MemoryAttrs(session_id=conversation_id[:128]),
+                    digest=digest,
+                    insert=functools.partial(
+                        engine_insert_text,
+                        scope,
+                        embedded=embedded[text],
+                        metadata=_system_metadata(scope, source=SOURCE, pinned=False, metadata=candidate),
+                        attrs=MemoryAttrs(session_id=conversation_id[:128]),
+                    ),
                 )
-            ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=ltm_id)
+            if ltm_id is None:  # an import stored the text meanwhile: the user has it, as above
+                continue
             ltm_ids.append(ltm_id)
         call_succeeded(
             scope,
@@ -735,120 +741,25 @@ def toolkit_web_search(scope: MemoryScope, *, query: str, call: CallContext) -> 
 
 
 # --- delete_memory (seed 003) ----------------------------------------------------------------
-# A long-term candidate's link to the short-term row of the message it was made from.
-STM_LINK_KEY = "stm_id"
-
-
-def _twin_ids(scope: MemoryScope, item: EngineMemory) -> list[str]:
-    """Ids that may hold the other row of the message `item` was stored from: a short-term
-    row's long-term candidate (linked to it by `stm_id`), or a candidate's short-term row.
-    store_memory returns only the short-term id and recall shows either row of a pair as
-    the one memory, so deleting either must delete both. `_pairs` decides."""
-    if item.metadata.get("source") != SOURCE:
-        return []
-    tier = item.metadata.get(TIER_KEY)
-    if tier == "stm":
-        return engine_memory_ids(scope, containment={"source": SOURCE, TIER_KEY: "ltm", STM_LINK_KEY: item.id})
-    linked = item.metadata.get(STM_LINK_KEY)
-    return [linked] if tier == "ltm" and _is_uuid(linked) and linked != item.id else []
-
-
-def _pairs(scope: MemoryScope, item: EngineMemory, other: EngineMemory | None) -> bool:
-    """`other` is the live other row of `item`'s message. Only rows store_memory made pair:
-    `source` is set by us alone, while `tier` and `stm_id` are metadata any surface may set."""
-    if other is None or not _live(other, scope) or other.metadata.get("source") != SOURCE:
-        return False
-    tiers = (item.metadata.get(TIER_KEY), other.metadata.get(TIER_KEY))
-    if tiers == ("stm", "ltm"):
-        return other.metadata.get(STM_LINK_KEY) == item.id
-    return tiers == ("ltm", "stm") and item.metadata.get(STM_LINK_KEY) == other.id
-
-
-def _message_twins(scope: MemoryScope, item: EngineMemory) -> list[EngineMemory]:
-    """The live other rows of `item`'s message, read without locks (before the transaction)."""
-    twins = []
-    for twin_id in _twin_ids(scope, item):
-        try:
-            twin = memory_get_owned(scope, memory_id=twin_id)
-        except ServiceError as error:
-            if error.code == ErrorCode.NOT_FOUND:  # expired or deleted on its own: the one row alone
-                continue
-            raise
-        if _pairs(scope, item, twin):
-            twins.append(twin)
-    return twins
-
-
-def _is_uuid(value: Any) -> TypeGuard[str]:
-    if not isinstance(value, str):
-        return False
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True
-
-
 def toolkit_memory_delete(scope: MemoryScope, *, memory_id: str, dry_run: bool, call: CallContext) -> dict[str, Any]:
-    """delete_memory by id: the memory and its twin of the same stored message
-    (`_message_twins`) go to the trash together, as `memory_delete` moves one: in one
-    transaction under the same locks, with one usage event and one audit row naming both
-    ids, trashed under this call's request id (restoring by it brings both back). Another
-    user's id answers `not_found` like a missing one. `dry_run` counts them and changes
-    nothing."""
+    """delete_memory by id: the memory and its twin of the same stored message go to the
+    trash together (`memory_delete`, which every surface's delete uses). Another user's
+    id answers `not_found` like a missing one. `dry_run` counts them and changes nothing."""
+    if not dry_run:
+        return {"deleted_count": len(memory_delete(scope, memory_id=memory_id, call=call)), "dry_run": False}
     rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
     item = memory_get_owned(scope, memory_id=memory_id)
     with _engine_errors():
         twins = _message_twins(scope, item)
-    if dry_run:
-        with transaction.atomic():
-            call_succeeded(
-                scope,
-                call=call,
-                operation=Operation.DELETE_MEMORY,
-                memory_ids=[memory_id, *(twin.id for twin in twins)],
-                detail={"dry_run": True, "linked": [twin.id for twin in twins]},
-            )
-        return {"deleted_count": 1 + len(twins), "dry_run": True}
-    # The text locks for the hashes a trashed candidate may hand over (read before the locks,
-    # checked again after them, as memory_delete does).
-    digests = {content_sha256(row.text) for row in (item, *twins)}
-    with _engine_errors(), transaction.atomic():
-        user_write_locks(
-            scope,
-            *(f"memory:{row.id}" for row in (item, *twins)),
-            *(_text_lock_key(scope, digest) for digest in digests),
-        )
-        locked = engine_lock_owned_many(scope, memory_ids=[memory_id, *(twin.id for twin in twins)])
-        current = locked.get(memory_id)
-        if current is None or not _live(current, scope):
-            raise not_found()
-        # Again under the locks: a restore (which holds the erasure lock we now share) may
-        # have brought a twin back after the read above.
-        twin_ids = _twin_ids(scope, current)
-        locked |= engine_lock_owned_many(scope, memory_ids=[i for i in twin_ids if i not in locked])
-        twins = [locked[i] for i in twin_ids if _pairs(scope, current, locked.get(i))]
-        wanted = [memory_id, *(twin.id for twin in twins)]
-        trashed = set(_trash_or_delete(scope, memory_ids=wanted, call=call, operation=Operation.DELETE_MEMORY))
-        if memory_id not in trashed:
-            raise not_found()
-        ids = [i for i in wanted if i in trashed]
-        # In the trash a memory is not counted for dedupe: its hash goes to a live copy, if any.
-        for row in (current, *twins):
-            if row.id not in trashed:
-                continue
-            dropped, _ = ContentHash.objects.filter(memory_id=row.id).delete()
-            if dropped and content_sha256(row.text) in digests:  # else its text changed before the lock
-                _hash_hand_over(scope, digest=content_sha256(row.text), text=row.text)
+    with transaction.atomic():
         call_succeeded(
             scope,
             call=call,
             operation=Operation.DELETE_MEMORY,
-            memory_ids=ids,
-            before=_snapshot(current),
-            detail={"trashed": _trash_enabled(), "linked": ids[1:]},
+            memory_ids=[memory_id, *(twin.id for twin in twins)],
+            detail={"dry_run": True, "linked": [twin.id for twin in twins]},
         )
-    return {"deleted_count": len(ids), "dry_run": False}
+    return {"deleted_count": 1 + len(twins), "dry_run": True}
 
 
 # --- memory_health / wipe_user_data ---------------------------------------------------------

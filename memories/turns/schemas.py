@@ -7,7 +7,7 @@ count, characters per content part), each limit a `payload_too_large`."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from django.conf import settings
 from pydantic import BaseModel, BeforeValidator, Field, StrictInt, StrictStr, field_validator, model_validator
@@ -97,7 +97,15 @@ def _items_ok(value: list[Any], *, required: bool) -> list[dict[str, Any]]:
 
 
 class TurnInput(StrictInput):
-    """Common to the lifecycle tools: the size cap and the refused `user_id`."""
+    """Common to the lifecycle tools: the size cap and the refused `user_id`.
+
+    `TRANSCRIPT_FIELDS`: the arguments holding the turn's conversation items, kept as they
+    came in the session log (JSONB). The edge check (`validate_input`) holds their strings
+    to `core.inputs.transcript_text_problem` (NUL and lone surrogates refused, the only
+    characters the database cannot keep): a tool output with terminal escapes or a form
+    feed is a normal turn. Everything else keeps the full check."""
+
+    TRANSCRIPT_FIELDS: ClassVar[frozenset[str]] = frozenset()
 
     @model_validator(mode="before")
     @classmethod
@@ -112,6 +120,8 @@ class TurnInput(StrictInput):
 
 
 class BeforeTurnInput(TurnInput):
+    TRANSCRIPT_FIELDS: ClassVar[frozenset[str]] = frozenset({"current_input"})
+
     project: Project = ""
     session_id: SessionId
     turn_id: Annotated[StrictStr, Field(default="", pattern=r"^$|" + NAME_PATTERN)] = ""
@@ -132,6 +142,8 @@ class BeforeTurnOutput(BaseModel):
 
 
 class AfterTurnInput(TurnInput):
+    TRANSCRIPT_FIELDS: ClassVar[frozenset[str]] = frozenset({"input_items", "output_items"})
+
     project: Project = ""
     session_id: SessionId
     turn_id: TurnId

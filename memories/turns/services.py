@@ -15,6 +15,7 @@ Turn content reaches audit rows only as hashes and lengths (`items_digest`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass, replace
@@ -22,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
@@ -30,6 +31,7 @@ from audit.models import MemoryHistory
 from audit.services import audit_record, history_content_erase
 from core.choices import MemoryType, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
+from core.inputs import text_problem
 from core.locks import advisory_xact_lock
 from core.metrics import turn_compaction_record, turn_fact_write_record, turn_idempotency_conflict_record
 from core.scope import CallContext, MemoryScope
@@ -60,6 +62,7 @@ from memories.services import (  # the one dedupe rule and history attribution o
     _attributed,
     _hash_owner_memory,
     _system_metadata,
+    _text_insert_claimed,
     _text_lock_key,
     _turn_fact_durable_attrs,
     content_sha256,
@@ -90,6 +93,7 @@ SUMMARY_LINE_CHARS = 160
 ARCHIVE_CHUNK = 200
 CONSOLIDATE_MAX_FACTS = 500
 NEAR_DUPLICATE_JACCARD = 0.85
+DEADLOCK_DETECTED = "40P01"  # Postgres's SQLSTATE for a transaction it aborted to end a deadlock
 
 
 def _now() -> datetime:
@@ -339,6 +343,17 @@ def _guard_claim(scope: MemoryScope, *, project: str, session_id: str, turn_id: 
         return guard
 
 
+def _facts_storable(facts: list[Fact]) -> list[Fact]:
+    """The facts a memory may hold as its text. The turn's items may carry control
+    characters (terminal escapes in a tool output: the session log keeps them), a memory's
+    text may not (what every memory surface and the import refuse): a fact holding one is
+    left out, counted in the log, never its text."""
+    storable = [fact for fact in facts if text_problem(fact.text) is None]
+    if len(storable) < len(facts):
+        logger.warning("after_turn: left out %d extracted facts with control characters", len(facts) - len(storable))
+    return storable
+
+
 def _guard_release(guard: TurnGuard, *, owner: str) -> None:
     """A failed attempt lets the next retry in at once (a crash waits for the lease)."""
     try:
@@ -384,22 +399,31 @@ def _facts_store(
     now = _now()
     for (fact, embedded), digest in zip(facts, digests, strict=True):
         existing = _hash_owner_memory(scope, digest=digest)
-        if existing is not None:
-            if _project_tag_add(existing, project=project, call=call):
-                tagged.append(existing.id)
-            ids.append(existing.id)
-            continue
-        with _attributed(call):
-            memory_id = engine_insert_text(
-                scope,
-                embedded=embedded,
-                metadata=_system_metadata(
-                    scope, source="after_turn", pinned=False, metadata={"turn_id": turn_id, "project": project}
-                ),
-                attrs=_fact_attrs(fact, project=project, session_id=session_id, now=now),
-            )
-        ContentHash.objects.create(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
-        ids.append(memory_id)
+        if existing is None:
+            with _attributed(call):
+                memory_id = _text_insert_claimed(
+                    scope,
+                    digest=digest,
+                    insert=functools.partial(
+                        engine_insert_text,
+                        scope,
+                        embedded=embedded,
+                        metadata=_system_metadata(
+                            scope, source="after_turn", pinned=False, metadata={"turn_id": turn_id, "project": project}
+                        ),
+                        attrs=_fact_attrs(fact, project=project, session_id=session_id, now=now),
+                    ),
+                )
+            if memory_id is not None:
+                ids.append(memory_id)
+                continue
+            # An import stored the text meanwhile (it takes no text lock): as for a known text.
+            existing = _hash_owner_memory(scope, digest=digest)
+            if existing is None:  # and it went again: the caller's retry stores it
+                raise ServiceError(ErrorCode.CONFLICT, "The same text was stored and removed meanwhile; retry.")
+        if _project_tag_add(existing, project=project, call=call):
+            tagged.append(existing.id)
+        ids.append(existing.id)
     return list(dict.fromkeys(ids)), list(dict.fromkeys(tagged))
 
 
@@ -446,7 +470,7 @@ def turn_after(
     if guard.state == TurnGuard.State.DONE:
         return _turn_duplicate(scope, guard=guard, detail=detail, call=call)
     try:
-        facts = facts_extract([*input_items, *output_items])  # slow calls: outside any transaction
+        facts = _facts_storable(facts_extract([*input_items, *output_items]))  # slow: outside transactions
         try:
             embedded = [(fact, engine_embed_text(fact.text)) for fact in facts]
         except EngineError as exc:
@@ -635,6 +659,9 @@ def _retention_sweep(
     kept: list[str] = []
     while True:
         with transaction.atomic():
+            # First, before any row lock: an erasure under way (which row-locks all the
+            # user's memories in its own order) is waited for, never deadlocked with.
+            user_write_locks(scope)
             ids = engine_expired_owned(scope, at=now, containment=_facts_of_project(project), limit=200)
             if not ids:
                 return deleted, kept
@@ -738,6 +765,9 @@ def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallC
     pinned or edited fact is never trashed, and a group holding one keeps it instead of
     the newest. One transaction with its audit row; a re-run finds none."""
     with transaction.atomic():
+        # First, before any row lock (see `_retention_sweep`): the doomed facts are locked
+        # in id order, a clear-all or erasure locks all the user's rows in scan order.
+        user_write_locks(scope)
         rows = engine_rows_owned(scope, containment=_facts_of_project(project))
         rows = rows.order_by("-created")  # type: ignore[misc]
         facts = [engine_memory_of(row) for row in rows[:CONSOLIDATE_MAX_FACTS]]
@@ -779,12 +809,16 @@ def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallC
 
 def _guards_prune(scope: MemoryScope, *, project: str, session_id: str) -> int:
     """Keep the newest max_processed_turns done guards of the session (seed 002 §9)."""
-    done = TurnGuard.objects.filter(
-        engine_user_id=scope.engine_user_id, project=project, session_id=session_id, state=TurnGuard.State.DONE
-    )
-    keep = list(done.order_by("-updated_at").values_list("pk", flat=True)[: settings.MCP_MEMORY_MAX_PROCESSED_TURNS])
-    deleted, _ = done.exclude(pk__in=keep).delete()
-    return deleted
+    with transaction.atomic():
+        user_write_locks(scope)  # the guard rows are the user's (an erasure deletes them)
+        done = TurnGuard.objects.filter(
+            engine_user_id=scope.engine_user_id, project=project, session_id=session_id, state=TurnGuard.State.DONE
+        )
+        keep = list(
+            done.order_by("-updated_at").values_list("pk", flat=True)[: settings.MCP_MEMORY_MAX_PROCESSED_TURNS]
+        )
+        deleted, _ = done.exclude(pk__in=keep).delete()
+        return deleted
 
 
 def turn_maintenance_run(
@@ -818,6 +852,14 @@ def turn_maintenance_run(
                 counters["summaries_skipped"] += 1
     except EngineError as exc:
         raise backend_unavailable() from exc
+    except OperationalError as exc:
+        # Every step takes the user's locks first, so this is rare (e.g. two runs' row
+        # locks meeting a third writer's); the step rolled back, whatever committed stays.
+        if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED:
+            raise
+        raise ServiceError(
+            ErrorCode.CONFLICT, "Another change to your memories ran at the same time as this maintenance; retry."
+        ) from None
     result = {
         "ok": True,
         "sessions": len(sessions),
@@ -859,8 +901,12 @@ def turn_maintenance_nightly(*, active_days: int = 7) -> int:
                 scope, project=pair["project"], session_id="", call=CallContext(channel=Channel.INTERNAL), billed=False
             )
             done += 1
-        except ServiceError:
-            logger.warning("nightly maintenance: one user's run failed; the next night retries")
+        except Exception as exc:  # noqa: BLE001 - one user's failure must not stop the others' runs
+            # The kind only: an exception's text may quote a row (memory content).
+            logger.warning(
+                "nightly maintenance: one user's run failed (%s); the next night retries",
+                exc.code.value if isinstance(exc, ServiceError) else type(exc).__name__,
+            )
     return done
 
 

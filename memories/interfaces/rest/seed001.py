@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ErrorCode, ServiceError
+from core.inputs import text_problem
 from memories import schemas
 from memories.auth import Principal
 from memories.interfaces.rest.views import _DIGITS, COMMON_ERRORS, _body, _call, _errors, field_filter_arguments
@@ -87,6 +88,27 @@ def _scope_of(value: Any) -> dict[str, Any]:
         if item is not None and not isinstance(item, str):
             raise _Rejected(f"scope.{key} must be a string")
     return value
+
+
+def _limit(value: Any, maximum: int) -> int:
+    """Seed 001's `limit`, checked here: it becomes `top_k` or `page_size`, and their error
+    would name an argument the client never sent."""
+    if isinstance(value, str) and _DIGITS.fullmatch(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise _Rejected(f"limit: must be a whole number from 1 to {maximum}")
+    return value
+
+
+def _query_claim_of(query: Any, keys: tuple[str, ...] = ("tenant_id", "user_id")) -> dict[str, Any]:
+    """The scope a query string claims. Its values never pass the JSON check that a body's
+    do: one Postgres cannot take (a NUL) is refused here, as the body's would be."""
+    for key in keys:
+        for value in query.getlist(key):
+            problem = text_problem(value)
+            if problem:
+                raise _Rejected(f"{key}: {problem}")
+    return {key: query[key] for key in keys if key in query}
 
 
 def _only(keys: Any, allowed: set[str], what: str = "argument") -> None:
@@ -224,11 +246,10 @@ class SeedMemoryCollectionView(APIView):
         def build() -> tuple[dict[str, Any], dict[str, Any]]:
             query = request.query_params
             _only(query, {*SCOPE_KEYS, "memory_type", "tags", "limit", "cursor"}, "query parameter")
-            claimed = {key: query[key] for key in ("tenant_id", "user_id") if key in query}
+            claimed = _query_claim_of(query)
             arguments = field_filter_arguments(query)
             if "limit" in query:
-                raw = query["limit"]
-                arguments["page_size"] = int(raw) if _DIGITS.fullmatch(raw) else raw
+                arguments["page_size"] = _limit(query["limit"], schemas.PAGE_SIZE_MAX)
             if query.get("cursor"):
                 arguments["cursor"] = query["cursor"]
             return arguments, claimed
@@ -266,7 +287,7 @@ class SeedMemorySearchView(APIView):
             claimed = _scope_of(body.pop("scope", None))
             _only(body, {"query", "memory_type", "tags", "limit"})
             arguments: dict[str, Any] = {key: body[key] for key in ("query", "memory_type", "tags") if key in body}
-            arguments["top_k"] = body.get("limit", 10)
+            arguments["top_k"] = _limit(body.get("limit", 10), schemas.TOP_K_MAX)
             arguments.update(_narrowing(claimed))
             return arguments, claimed
 
@@ -305,7 +326,7 @@ class SeedMemoryItemView(APIView):
 def _query_claim(request) -> dict[str, Any]:
     query = request.query_params
     _only(query, {"tenant_id", "user_id"}, "query parameter")
-    return {key: query[key] for key in ("tenant_id", "user_id") if key in query}
+    return _query_claim_of(query)
 
 
 class SeedMemoryForgetView(APIView):
