@@ -23,6 +23,7 @@ from memories.engine import (
     EngineMemory,
     engine_client_apps,
     engine_get,
+    engine_health_counts,
     engine_memory_count,
     engine_memory_ids,
     engine_trashed,
@@ -116,14 +117,25 @@ class TrashedView:
         }
 
 
-def memory_trash_list(scope: MemoryScope, *, limit: int = 500) -> list[TrashedView]:
-    """The scope's trash, most recently deleted first."""
+def memory_trash_list(scope: MemoryScope, *, limit: int = 500, offset: int = 0) -> list[TrashedView]:
+    """The scope's trash, most recently deleted first: `limit` items after the first
+    `offset` (the web UI's pages; `memory_trash_count` says how many there are in all)."""
+    # The engine has no offset: read the earlier pages too and drop them.
+    trashed = engine_trashed(scope, limit=offset + limit)[offset:]
     return [
         TrashedView(memory=memory_view(item), trashed_at=item.trash.at, request_id=item.trash.request_id,
                     operation=item.trash.operation)
-        for item in engine_trashed(scope, limit=limit)
+        for item in trashed
         if item.trash is not None
     ]  # fmt: skip
+
+
+def memory_trash_count(scope: MemoryScope, *, request_id: str | None = None) -> int:
+    """How many memories are in the scope's trash; with `request_id`, how many of them that
+    one call deleted (what restoring its group brings back)."""
+    if request_id is None:
+        return int(engine_health_counts(scope)["trash"])
+    return len(engine_trashed(scope, request_id=request_id, limit=1_000_000))
 
 
 def memory_versions(scope: MemoryScope, *, memory_id: str) -> list[dict[str, Any]]:

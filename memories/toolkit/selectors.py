@@ -9,7 +9,17 @@ from core.scope import MemoryScope
 from memories.toolkit.models import Decision
 
 
-def decision_list(scope: MemoryScope, *, limit: int = 500) -> QuerySet[Decision]:
-    """The scope's live decisions (expired ones are gone for every reader), by key."""
+def _decisions_live(scope: MemoryScope) -> QuerySet[Decision]:
+    """Expired decisions are gone for every reader."""
     live = Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
-    return Decision.objects.filter(live, user_id=scope.user_pk).order_by("key")[:limit]
+    return Decision.objects.filter(live, user_id=scope.user_pk)
+
+
+def decision_list(scope: MemoryScope, *, limit: int = 500, offset: int = 0) -> QuerySet[Decision]:
+    """The scope's live decisions by key: `limit` of them after the first `offset`."""
+    return _decisions_live(scope).order_by("key")[offset : offset + limit]
+
+
+def decision_count(scope: MemoryScope) -> int:
+    """How many live decisions the scope has (all of decision_list's pages)."""
+    return _decisions_live(scope).count()

@@ -23,9 +23,10 @@ class SessionSummary:
     archives: int
 
 
-def sessions_of_user(scope: MemoryScope, *, limit: int = 200) -> list[SessionSummary]:
-    """The user's sessions, most recently active first."""
-    states = SessionState.objects.filter(engine_user_id=scope.engine_user_id).order_by("-last_active_at")[:limit]
+def sessions_of_user(scope: MemoryScope, *, limit: int = 200, offset: int = 0) -> list[SessionSummary]:
+    """The user's sessions, most recently active first: `limit` after the first `offset`."""
+    ordered = SessionState.objects.filter(engine_user_id=scope.engine_user_id).order_by("-last_active_at", "id")
+    states = ordered[offset : offset + limit]
     result = []
     for state in states:
         owned = {"engine_user_id": scope.engine_user_id, "project": state.project, "session_id": state.session_id}
@@ -44,18 +45,32 @@ def sessions_of_user(scope: MemoryScope, *, limit: int = 200) -> list[SessionSum
     return result
 
 
+def session_count(scope: MemoryScope) -> int:
+    """How many sessions the user has (all of sessions_of_user's pages)."""
+    return SessionState.objects.filter(engine_user_id=scope.engine_user_id).count()
+
+
+def _facts_of_tier(scope: MemoryScope, tier: str) -> Any:
+    return engine_rows_owned(scope, containment=attrs_containment(tags=[FACT_TAG, tier_tag(tier)]))
+
+
 def facts_by_tier(scope: MemoryScope, *, limit: int = 100) -> dict[str, list[dict[str, Any]]]:
-    """The user's live turn facts per tier, newest first."""
+    """The user's live turn facts per tier, newest first (at most `limit` of each tier:
+    fact_counts_by_tier says how many there are)."""
     found: dict[str, list[dict[str, Any]]] = {}
     for tier in TIERS:
-        rows = engine_rows_owned(scope, containment=attrs_containment(tags=[FACT_TAG, tier_tag(tier)]))
-        newest = rows.order_by("-created")  # type: ignore[misc]
+        newest = _facts_of_tier(scope, tier).order_by("-created")
         facts = [engine_memory_of(row) for row in newest[:limit]]
         found[tier] = [
             {"id": f.id, "text": f.text, "session_id": f.attrs.session_id, "expires_at": f.attrs.expires_at}
             for f in facts
         ]
     return found
+
+
+def fact_counts_by_tier(scope: MemoryScope) -> dict[str, int]:
+    """How many live turn facts the user has per tier."""
+    return {tier: _facts_of_tier(scope, tier).count() for tier in TIERS}
 
 
 def memory_tree(

@@ -9,20 +9,33 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from core.errors import ServiceError
-from memories.interfaces.web.views import _execute, _scope
-from memories.turns.extraction import TIERS
-from memories.turns.selectors import facts_by_tier, sessions_of_user
+from memories.interfaces.web.views import _execute, _scope, pager_of
+from memories.turns.extraction import FACT_TAG, TIERS, tier_tag
+from memories.turns.selectors import fact_counts_by_tier, facts_by_tier, session_count, sessions_of_user
 
 TIER_TITLES = {"l1": "Today (L1)", "l2": "This week (L2)", "long_term": "Long-term"}
+SESSIONS_PAGE_SIZE = 50
+FACTS_PER_TIER = 100  # the newest; the rest are a link to My memories filtered by the tier's tags
 
 
 @login_required
 @require_GET
 def sessions(request):
     scope = _scope(request)
-    facts = facts_by_tier(scope)
-    tiers = [{"tier": tier, "title": TIER_TITLES[tier], "facts": facts[tier]} for tier in TIERS]
-    return render(request, "web/sessions.html", {"sessions": sessions_of_user(scope), "tiers": tiers})
+    facts, counts = facts_by_tier(scope, limit=FACTS_PER_TIER), fact_counts_by_tier(scope)
+    tiers = [
+        {
+            "tier": tier,
+            "title": TIER_TITLES[tier],
+            "facts": facts[tier],
+            "count": counts[tier],
+            "tags": f"{FACT_TAG}, {tier_tag(tier)}",
+        }
+        for tier in TIERS
+    ]
+    pager = pager_of(request, total=session_count(scope), page_size=SESSIONS_PAGE_SIZE)
+    shown = sessions_of_user(scope, limit=pager.page_size, offset=pager.offset)
+    return render(request, "web/sessions.html", {"sessions": shown, "tiers": tiers, "pager": pager})
 
 
 @login_required

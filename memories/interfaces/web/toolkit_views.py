@@ -7,21 +7,23 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from core.calls import call_context_from_request
-from core.choices import Channel
 from core.errors import ErrorCode, ServiceError
-from memories.interfaces.web.views import _execute, _scope
+from memories.interfaces.web.views import _execute, _scope, pager_of, web_call
 from memories.toolkit.schemas import DECISION_KEY_MAX_CHARS
-from memories.toolkit.selectors import decision_list
+from memories.toolkit.selectors import decision_count, decision_list
 from memories.toolkit.services import toolkit_decision_delete
 
 ERASE_PHRASE = "erase all my data"
+DECISIONS_PAGE_SIZE = 200
 
 
 @login_required
 @require_GET
 def decisions(request):
-    return render(request, "web/decisions.html", {"decisions": decision_list(_scope(request))})
+    scope = _scope(request)
+    pager = pager_of(request, total=decision_count(scope), page_size=DECISIONS_PAGE_SIZE)
+    shown = decision_list(scope, limit=pager.page_size, offset=pager.offset)
+    return render(request, "web/decisions.html", {"decisions": shown, "pager": pager})
 
 
 @login_required
@@ -31,8 +33,7 @@ def decision_delete(request):
     if not key or len(key) > DECISION_KEY_MAX_CHARS or "\x00" in key:
         messages.error(request, "No such decision.")
         return redirect("web-decisions")
-    call = call_context_from_request(request, channel=Channel.UI)
-    if toolkit_decision_delete(_scope(request), key=key, call=call):
+    if toolkit_decision_delete(_scope(request), key=key, call=web_call(request)):
         messages.success(request, f"Deleted the decision {key}.")
     else:
         messages.error(request, "No such decision.")

@@ -4,6 +4,7 @@ usage. Server-rendered; every memory action goes through the same operation disp
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from datetime import date, timedelta
 
 from django.conf import settings
@@ -20,18 +21,26 @@ from core.calls import call_context_from_request
 from core.choices import ALL_PERMISSIONS, Channel, MemoryType, Permission
 from core.errors import ErrorCode, ServiceError
 from core.inputs import digits_int
-from core.scope import MemoryScope
+from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
 from memories.interfaces.wellknown import MEMORY_MCP_PATH
 from memories.models import ApiKey
 from memories.operations import operation_execute
 from memories.schemas import MEMORY_MAX_CHARS, TAGS_MAX
-from memories.selectors import memory_activity, memory_client_apps, memory_trash_list, memory_versions, usage_by_day
+from memories.selectors import (
+    memory_activity,
+    memory_client_apps,
+    memory_trash_count,
+    memory_trash_list,
+    memory_versions,
+    usage_by_day,
+)
 from memories.services import api_key_issue, api_key_revoke
 
 PAGE_SIZE = 25
 SEARCH_RESULTS = 50
+TRASH_PAGE_SIZE = 200
 WEB_CLIENT = "web"
 
 
@@ -41,6 +50,57 @@ def _principal(request) -> Principal:
 
 def _scope(request) -> MemoryScope:
     return _principal(request).scope()
+
+
+def web_call(request) -> CallContext:
+    """The call context of a web UI change made outside the dispatcher (API keys, the
+    chat proxy's key settings, decisions): the signed-in user as the actor, as
+    operation_execute records it for the UI's other calls."""
+    principal = _principal(request)
+    return replace(
+        call_context_from_request(request, channel=Channel.UI),
+        actor_username=request.user.get_username(),
+        actor_auth=principal.method,
+        actor_user_id=request.user.pk,
+        actor_role=principal.role,
+    )
+
+
+@dataclass(frozen=True)
+class Pager:
+    """One page of a long list: which rows it shows (1-based) of how many."""
+
+    page: int
+    pages: int
+    total: int
+    page_size: int
+
+    @property
+    def offset(self) -> int:
+        return (self.page - 1) * self.page_size
+
+    @property
+    def first(self) -> int:
+        return min(self.offset + 1, self.total)
+
+    @property
+    def last(self) -> int:
+        return min(self.offset + self.page_size, self.total)
+
+    @property
+    def previous(self) -> int | None:
+        return self.page - 1 if self.page > 1 else None
+
+    @property
+    def next(self) -> int | None:
+        return self.page + 1 if self.page < self.pages else None
+
+
+def pager_of(request, *, total: int, page_size: int) -> Pager:
+    """The page `?page=N` asks for, within 1..the last page (a bad number is page 1)."""
+    pages = max(1, -(-total // page_size))
+    asked = digits_int(request.GET.get("page", ""), max_digits=9) or 1
+    return Pager(page=min(asked, pages), pages=pages, total=total, page_size=page_size)
 
 
 def _execute(request, name: str, arguments: dict | schemas.RejectedArguments) -> dict:
@@ -101,7 +161,10 @@ def memory_index(request):
         "memory_type": field_filters.get("memory_type", ""),
         "tags": ", ".join(field_filters.get("tags", [])),
         "memory_types": MemoryType.values,
-        "can_forget": bool(field_filters or date_from or date_to),
+        # Bulk forget selects by type, tags and dates only: offered while the list shows
+        # exactly what it would delete (no search, pinned or source filter narrowing it).
+        "can_forget": bool(field_filters or date_from or date_to) and not (query or filters),
+        "forget_blocked": bool(field_filters or date_from or date_to) and bool(query or filters),
         "date_from": date_from or "",
         "date_to": date_to or "",
         "sources": memory_client_apps(scope),
@@ -198,7 +261,13 @@ def memory_pin(request, memory_id: str):
 @login_required
 @require_POST
 def memory_edit(request, memory_id: str):
-    return _update(request, memory_id, {"memory": request.POST.get("memory", "")})
+    return _update(request, memory_id, {"memory": _form_text(request.POST.get("memory", ""))})
+
+
+def _form_text(text: str) -> str:
+    """A textarea as typed: browsers submit its line breaks as CRLF, which would store
+    CRLF and count two characters per line break against the limit."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 @login_required
@@ -252,11 +321,16 @@ def memory_forget(request):
         "tags": ", ".join(tags),
         "date_from": date_from,
         "date_to": date_to,
+        "trash_on": _trash_on(),
     }
     try:
         if request.method == "POST":
             result = _execute(request, "delete_memory", {**arguments, "confirm": True})
-            messages.success(request, f"Moved {result['deleted_count']} memories to the trash.")
+            count = result["deleted_count"]
+            messages.success(
+                request,
+                f"Moved {count} memories to the trash." if _trash_on() else f"Deleted {count} memories for good.",
+            )
             return redirect("web-memories")
         context["count"] = _execute(request, "delete_memory", {**arguments, "dry_run": True})["deleted_count"]
     except ServiceError as exc:
@@ -275,7 +349,9 @@ def _safe_day_after(day: str) -> str | None:
 @login_required
 @require_GET
 def trash(request):
-    trashed = [item.as_dict() for item in memory_trash_list(_scope(request))]
+    scope = _scope(request)
+    pager = pager_of(request, total=memory_trash_count(scope), page_size=TRASH_PAGE_SIZE)
+    trashed = [item.as_dict() for item in memory_trash_list(scope, limit=pager.page_size, offset=pager.offset)]
     groups: dict[str, dict] = {}
     for item in trashed:
         group = groups.setdefault(
@@ -283,10 +359,17 @@ def trash(request):
             {"request_id": item["request_id"], "operation": item["operation"], "at": item["trashed_at"], "items": []},
         )
         group["items"].append(item)
+    listed = list(groups.values())
+    for group in listed:
+        group["count"] = len(group["items"])
+    # A call's group can run over a page boundary: "Restore all" restores all of it.
+    boundary = ([listed[0]] if pager.previous else []) + ([listed[-1]] if pager.next else [])
+    for group in boundary:
+        group["count"] = memory_trash_count(scope, request_id=group["request_id"])
     return render(
         request,
         "web/trash.html",
-        {"groups": list(groups.values()), "count": len(trashed), "retention_days": settings.TRASH_RETENTION_DAYS},
+        {"groups": listed, "count": pager.total, "pager": pager, "retention_days": settings.TRASH_RETENTION_DAYS},
     )
 
 
@@ -324,14 +407,26 @@ def trash_purge(request):
 def memory_delete_view(request, memory_id: str):
     if request.method == "GET":
         memory = _owned_or_404(request, "get_memory", {"memory_id": str(memory_id)})["memory"]
-        return render(request, "web/memory_delete.html", {"memory": memory})
+        return render(request, "web/memory_delete.html", {"memory": memory, "trash_on": _trash_on()})
     try:
         _owned_or_404(request, "delete_memory", {"memory_id": str(memory_id)})
     except ServiceError as exc:
         messages.error(request, exc.message)
         return redirect("web-memory", memory_id=memory_id)
-    messages.success(request, "Memory deleted. You can restore it from the trash.")
+    messages.success(request, f"Memory deleted. {_after_delete('it')}")
     return redirect("web-memories")
+
+
+def _trash_on() -> bool:
+    """TRASH_RETENTION_DAYS=0 turns the trash off: a delete is for good."""
+    return settings.TRASH_RETENTION_DAYS > 0
+
+
+def _after_delete(pronoun: str) -> str:
+    """What became of deleted memories ("it" or "them"): restorable only with the trash on."""
+    if _trash_on():
+        return f"You can restore {pronoun} from the trash."
+    return f"{'It is' if pronoun == 'it' else 'They are'} gone for good."
 
 
 CLEAR_PHRASE = "delete all my memories"
@@ -344,14 +439,14 @@ def memory_clear(request):
         confirmed = request.POST.get("confirmation", "").strip().lower() == CLEAR_PHRASE
         try:
             deleted = _execute(request, "clear_all_memory", {"confirm": confirmed})["deleted"]
-            messages.success(request, f"Deleted {deleted} memories. You can restore them from the trash.")
+            messages.success(request, f"Deleted {deleted} memories. {_after_delete('them')}")
             return redirect("web-memories")
         except ServiceError as exc:
             if exc.code == ErrorCode.CONFIRMATION_REQUIRED:
                 messages.error(request, f'Type "{CLEAR_PHRASE}" to confirm.')
             else:
                 messages.error(request, exc.message)
-    return render(request, "web/memory_clear.html", {"phrase": CLEAR_PHRASE})
+    return render(request, "web/memory_clear.html", {"phrase": CLEAR_PHRASE, "trash_on": _trash_on()})
 
 
 @login_required
@@ -373,9 +468,8 @@ def api_keys(request):
             messages.error(request, "Expiry: a number of days from 1 to 3650, or never.")
         else:
             expires_at = timezone.now() + timedelta(days=days) if days is not None else None
-            call = call_context_from_request(request, channel=Channel.UI)
             _, new_key = api_key_issue(
-                user=request.user, name=name, permissions=chosen, expires_at=expires_at, call=call
+                user=request.user, name=name, permissions=chosen, expires_at=expires_at, call=web_call(request)
             )
             messages.success(request, "Key created. Copy it now: it will not be shown again.")
     keys = ApiKey.objects.filter(user=request.user).order_by("-created_at")
@@ -396,7 +490,7 @@ def api_keys(request):
 @login_required
 @require_POST
 def api_key_revoke_view(request, key_id: str):
-    if not api_key_revoke(user=request.user, key_id=key_id):
+    if not api_key_revoke(user=request.user, key_id=key_id, call=web_call(request)):
         raise Http404("No such key.")
     messages.success(request, "Key revoked.")
     return redirect(reverse("web-keys"))
