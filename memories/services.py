@@ -420,16 +420,19 @@ def _content_hash_inserted(scope: MemoryScope, *, digest: str, memory_id: str) -
         return cursor.fetchone() is not None
 
 
-def _text_insert_claimed(scope: MemoryScope, *, digest: str, insert: Callable[..., str]) -> str | None:
-    """A new memory of the text `digest`: its hash claimed first under a new id (one
-    INSERT ... ON CONFLICT DO NOTHING, `_content_hash_claim`), then `insert(memory_id=...)`
-    stores the row under that id. None when an import stored the text meanwhile: nothing
-    is inserted, and the caller finds the text's memory with `_hash_owner_memory`, as for
-    a text it knew. In the caller's transaction, under the text lock."""
+def _text_insert_claimed(
+    scope: MemoryScope, *, digest: str, embedded: EmbeddedText, metadata: dict[str, Any], attrs: MemoryAttrs | None
+) -> str | None:
+    """A new memory of the text `digest` (`engine_insert_text`'s arguments): its hash is
+    claimed first under a new id (one INSERT ... ON CONFLICT DO NOTHING,
+    `_content_hash_claim`), then the row is stored under that id. None when an import
+    stored the text meanwhile: nothing is inserted, and the caller finds the text's memory
+    with `_hash_owner_memory`, as for a text it knew. In the caller's transaction, under
+    the text lock."""
     memory_id = str(uuid.uuid4())
     if _content_hash_claim(scope, digest=digest, memory_id=memory_id) is not None:
         return None
-    return insert(memory_id=memory_id)
+    return engine_insert_text(scope, embedded=embedded, metadata=metadata, attrs=attrs, memory_id=memory_id)
 
 
 def _turn_fact_durable_attrs(attrs: MemoryAttrs) -> MemoryAttrs | None:
@@ -509,13 +512,9 @@ def memory_remember(
                     memory_id = _text_insert_claimed(
                         scope,
                         digest=digest,
-                        insert=functools.partial(
-                            engine_insert_text,
-                            scope,
-                            embedded=embedded,
-                            metadata=_system_metadata(scope, source=source, pinned=pinned, metadata=metadata),
-                            attrs=attrs,
-                        ),
+                        embedded=embedded,
+                        metadata=_system_metadata(scope, source=source, pinned=pinned, metadata=metadata),
+                        attrs=attrs,
                     )
                 if memory_id is not None:
                     snapshot = audit_snapshot(memory=text, pinned=pinned, metadata=metadata or {})

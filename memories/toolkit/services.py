@@ -9,7 +9,6 @@ memory model's `expires_at` (hidden at once, purged by `memories.purge_due`)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import uuid
 from collections.abc import Sequence
@@ -153,13 +152,9 @@ def toolkit_memory_store(
                 ltm_id = _text_insert_claimed(
                     scope,
                     digest=digest,
-                    insert=functools.partial(
-                        engine_insert_text,
-                        scope,
-                        embedded=embedded[text],
-                        metadata=_system_metadata(scope, source=SOURCE, pinned=False, metadata=candidate),
-                        attrs=MemoryAttrs(session_id=conversation_id[:128]),
-                    ),
+                    embedded=embedded[text],
+                    metadata=_system_metadata(scope, source=SOURCE, pinned=False, metadata=candidate),
+                    attrs=MemoryAttrs(session_id=conversation_id[:128]),
                 )
             if ltm_id is None:  # an import stored the text meanwhile: the user has it, as above
                 continue

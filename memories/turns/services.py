@@ -15,7 +15,6 @@ Turn content reaches audit rows only as hashes and lengths (`items_digest`)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from dataclasses import dataclass, replace
@@ -45,7 +44,6 @@ from memories.engine import (
     engine_delete_row,
     engine_embed_text,
     engine_expired_owned,
-    engine_insert_text,
     engine_lock_owned_many,
     engine_memory_of,
     engine_rows_owned,
@@ -404,15 +402,11 @@ def _facts_store(
                 memory_id = _text_insert_claimed(
                     scope,
                     digest=digest,
-                    insert=functools.partial(
-                        engine_insert_text,
-                        scope,
-                        embedded=embedded,
-                        metadata=_system_metadata(
-                            scope, source="after_turn", pinned=False, metadata={"turn_id": turn_id, "project": project}
-                        ),
-                        attrs=_fact_attrs(fact, project=project, session_id=session_id, now=now),
+                    embedded=embedded,
+                    metadata=_system_metadata(
+                        scope, source="after_turn", pinned=False, metadata={"turn_id": turn_id, "project": project}
                     ),
+                    attrs=_fact_attrs(fact, project=project, session_id=session_id, now=now),
                 )
             if memory_id is not None:
                 ids.append(memory_id)

@@ -9,7 +9,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from core.errors import ServiceError
-from memories.interfaces.web.views import _execute, _scope, pager_of
+from memories.interfaces.web.views import _execute, _scope, page_of
 from memories.turns.extraction import FACT_TAG, TIERS, tier_tag
 from memories.turns.selectors import fact_counts_by_tier, facts_by_tier, session_count, sessions_of_user
 
@@ -33,9 +33,9 @@ def sessions(request):
         }
         for tier in TIERS
     ]
-    pager = pager_of(request, total=session_count(scope), page_size=SESSIONS_PAGE_SIZE)
-    shown = sessions_of_user(scope, limit=pager.page_size, offset=pager.offset)
-    return render(request, "web/sessions.html", {"sessions": shown, "tiers": tiers, "pager": pager})
+    page = page_of(request, total=session_count(scope), page_size=SESSIONS_PAGE_SIZE)
+    shown = sessions_of_user(scope, limit=SESSIONS_PAGE_SIZE, offset=page.object_list.start)
+    return render(request, "web/sessions.html", {"sessions": shown, "tiers": tiers, "page": page})
 
 
 @login_required

@@ -8,7 +8,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.errors import ErrorCode, ServiceError
-from memories.interfaces.web.views import _execute, _scope, pager_of, web_call
+from memories.interfaces.web.views import _execute, _scope, page_of, web_call
 from memories.toolkit.schemas import DECISION_KEY_MAX_CHARS
 from memories.toolkit.selectors import decision_count, decision_list
 from memories.toolkit.services import toolkit_decision_delete
@@ -21,9 +21,9 @@ DECISIONS_PAGE_SIZE = 200
 @require_GET
 def decisions(request):
     scope = _scope(request)
-    pager = pager_of(request, total=decision_count(scope), page_size=DECISIONS_PAGE_SIZE)
-    shown = decision_list(scope, limit=pager.page_size, offset=pager.offset)
-    return render(request, "web/decisions.html", {"decisions": shown, "pager": pager})
+    page = page_of(request, total=decision_count(scope), page_size=DECISIONS_PAGE_SIZE)
+    shown = decision_list(scope, limit=DECISIONS_PAGE_SIZE, offset=page.object_list.start)
+    return render(request, "web/decisions.html", {"decisions": shown, "page": page})
 
 
 @login_required

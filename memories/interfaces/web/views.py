@@ -4,13 +4,14 @@ usage. Server-rendered; every memory action goes through the same operation disp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import date, timedelta
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Page, Paginator
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -66,41 +67,11 @@ def web_call(request) -> CallContext:
     )
 
 
-@dataclass(frozen=True)
-class Pager:
-    """One page of a long list: which rows it shows (1-based) of how many."""
-
-    page: int
-    pages: int
-    total: int
-    page_size: int
-
-    @property
-    def offset(self) -> int:
-        return (self.page - 1) * self.page_size
-
-    @property
-    def first(self) -> int:
-        return min(self.offset + 1, self.total)
-
-    @property
-    def last(self) -> int:
-        return min(self.offset + self.page_size, self.total)
-
-    @property
-    def previous(self) -> int | None:
-        return self.page - 1 if self.page > 1 else None
-
-    @property
-    def next(self) -> int | None:
-        return self.page + 1 if self.page < self.pages else None
-
-
-def pager_of(request, *, total: int, page_size: int) -> Pager:
-    """The page `?page=N` asks for, within 1..the last page (a bad number is page 1)."""
-    pages = max(1, -(-total // page_size))
-    asked = digits_int(request.GET.get("page", ""), max_digits=9) or 1
-    return Pager(page=min(asked, pages), pages=pages, total=total, page_size=page_size)
+def page_of(request, *, total: int, page_size: int) -> Page:
+    """The page `?page=N` asks for of a list of `total` rows (a bad number gives the first
+    page, one past the end the last): Django's paginator over the row numbers, so the
+    page's `object_list` is the range of rows to read (`.start` the offset)."""
+    return Paginator(range(total), page_size).get_page(request.GET.get("page"))
 
 
 def _execute(request, name: str, arguments: dict | schemas.RejectedArguments) -> dict:
@@ -350,8 +321,9 @@ def _safe_day_after(day: str) -> str | None:
 @require_GET
 def trash(request):
     scope = _scope(request)
-    pager = pager_of(request, total=memory_trash_count(scope), page_size=TRASH_PAGE_SIZE)
-    trashed = [item.as_dict() for item in memory_trash_list(scope, limit=pager.page_size, offset=pager.offset)]
+    page = page_of(request, total=memory_trash_count(scope), page_size=TRASH_PAGE_SIZE)
+    rows = memory_trash_list(scope, limit=TRASH_PAGE_SIZE, offset=page.object_list.start)
+    trashed = [item.as_dict() for item in rows]
     groups: dict[str, dict] = {}
     for item in trashed:
         group = groups.setdefault(
@@ -363,13 +335,18 @@ def trash(request):
     for group in listed:
         group["count"] = len(group["items"])
     # A call's group can run over a page boundary: "Restore all" restores all of it.
-    boundary = ([listed[0]] if pager.previous else []) + ([listed[-1]] if pager.next else [])
+    boundary = ([listed[0]] if page.has_previous() else []) + ([listed[-1]] if page.has_next() else [])
     for group in boundary:
         group["count"] = memory_trash_count(scope, request_id=group["request_id"])
     return render(
         request,
         "web/trash.html",
-        {"groups": listed, "count": pager.total, "pager": pager, "retention_days": settings.TRASH_RETENTION_DAYS},
+        {
+            "groups": listed,
+            "count": page.paginator.count,
+            "page": page,
+            "retention_days": settings.TRASH_RETENTION_DAYS,
+        },
     )
 
 
