@@ -28,7 +28,8 @@ from memories.engine.mem0_adapter import llm_answer_storable
 from memories.operations import operation_execute
 from memories.reembed import embedder_reembed, embedder_target
 from memories.services import api_key_issue, memory_ingest, memory_list, memory_remember, memory_update
-from memories.tenancy import tenant_create, tenant_user_create
+from memories.tenancy import tenant_user_create
+from tests import test_rest_review18
 from tests.conftest import InThread, internal_call
 
 TURN = [
@@ -108,14 +109,9 @@ def test_mem0_messages_are_withheld_from_the_logs(caplog, name):
 # --- 2. seed 001: a query-string scope claim with a NUL ------------------------------------
 
 
-@pytest.fixture
-def acme():
-    tenant_create(name="acme")
-    return "acme"
-
-
-def _key(user, *permissions: str, role: str = Role.USER) -> str:
-    return api_key_issue(user=user, name=f"k-{uuid.uuid4().hex[:6]}", role=role, permissions=frozenset(permissions))[1]
+# The same delegating keys and tenant fixture as review 18's REST tests.
+acme = test_rest_review18.acme
+_key = test_rest_review18._key
 
 
 @pytest.mark.django_db(transaction=True)

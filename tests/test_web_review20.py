@@ -17,6 +17,7 @@ from memories.interfaces.web import toolkit_views
 from memories.interfaces.web import views as web
 from memories.models import ApiKey
 from memories.operations import operation_execute
+from tests.test_proxy_bad_input import WEB_FORM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -54,6 +55,22 @@ def test_trash_page_pages_and_counts_the_whole_trash(alice, client, monkeypatch)
 
     emptied = client.post("/trash/purge/", {"all": "true"}, follow=True).content.decode()
     assert "Deleted 7 forever" in emptied  # what the button said
+
+
+def test_another_users_rows_are_neither_shown_nor_counted_on_any_page(alice, bob, client, monkeypatch):
+    """The pages' counts and pages are the signed-in user's own (tenancy)."""
+    monkeypatch.setattr(web, "TRASH_PAGE_SIZE", 2)
+    for n in range(3):
+        run(bob, "delete_memory", memory_id=run(bob, "remember", memory=f"Bob's trashed fact {n}")["id"])
+        run(bob, "store_decision", key=f"bob_{n}", value="v")
+    run(bob, "memory_after_turn", session_id="bob-s", turn_id="t1",
+        input_items=[{"type": "message", "role": "user", "content": "I prefer tea over coffee."}],
+        output_items=[{"type": "message", "role": "assistant", "content": "Noted."}])  # fmt: skip
+    client.force_login(alice)
+    for url in ("/trash/", "/trash/?page=2", "/decisions/", "/decisions/?page=2", "/sessions/"):
+        page = client.get(url).content.decode()
+        assert "Bob" not in page and "bob_" not in page and "bob-s" not in page and "Showing" not in page, url
+    assert "Empty trash (3)" not in client.get("/trash/").content.decode()  # bob's three are not counted
 
 
 def test_trash_selectors_count_beyond_one_page(alice):
@@ -132,16 +149,7 @@ def test_web_rows_outside_the_dispatcher_name_the_actor_like_dispatcher_rows(ali
     key = ApiKey.objects.get(user=alice)
     run(alice, "store_decision", key="tone", value="short")
     client.post("/decisions/delete/", {"key": "tone"})
-    form = {
-        "upstream_base_url": "http://127.0.0.1:9",
-        "upstream_api_key": "sk-alice",
-        "memory_limit": "3",
-        "session_window_size": "10",
-        "extra_body": "{}",
-        "memory_llm": "{}",
-        "memory_prompt": "",
-    }
-    assert client.post(reverse("proxy-key-config", args=[key.key_id]), form).status_code == 302
+    assert client.post(reverse("proxy-key-config", args=[key.key_id]), WEB_FORM).status_code == 302
     for operation in ("api_key_issue", "delete_decision", "proxy_token_config"):
         row = AuditEvent.objects.filter(operation=operation).last()
         assert row is not None, operation
