@@ -67,7 +67,8 @@ class ApiKey(models.Model):
 
 class ContentHash(models.Model):
     """SHA-256 of a remembered text's normalised form, per user: makes `remember`
-    idempotent. Written only after the engine stored the memory."""
+    idempotent. Written in the transaction that stores the memory (claimed first, under
+    the id the memory gets: `services._text_insert_claimed`)."""
 
     engine_user_id = models.CharField(max_length=255)
     sha256 = models.CharField(max_length=64)
