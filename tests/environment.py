@@ -2,6 +2,8 @@
 
 - Points the suite at its own data dir (var/test) and embedded Postgres, started here
   for the session (or any Postgres given by DATABASE_URL).
+- Under pytest-xdist (bin/test runs one worker per core) each worker has its own data dir
+  (var/test/gw0...), embedded Postgres and test database; the controller starts none.
 - Installs the network guard in this process and, through PYTHONPATH, in every
   subprocess; the session fails if anything tried to leave the machine.
 """
@@ -14,8 +16,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NETGUARD_DIR = Path(__file__).resolve().parent / "netguard"
-TEST_DATA_DIR = Path(os.environ.get("MEMSITE_TEST_DATA_DIR", ROOT / "var" / "test"))
-TEST_DATABASE = "test_memsite"
+BASE_TEST_DATA_DIR = Path(os.environ.get("MEMSITE_TEST_DATA_DIR", ROOT / "var" / "test"))
+# xdist sets this in each worker before plugins load; pytest-django suffixes the test
+# database's name with it the same way, and subprocesses of ours must find that database.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+TEST_DATA_DIR = BASE_TEST_DATA_DIR / WORKER if WORKER else BASE_TEST_DATA_DIR
+TEST_DATABASE = f"test_memsite_{WORKER}" if WORKER else "test_memsite"
 
 os.environ["MEMSITE_ENV"] = "test"
 # The fake upstreams a key is pointed at listen on 127.0.0.1 (a key's own upstream is
@@ -45,8 +51,17 @@ def _test_broker_url() -> str:
     return sqlalchemy_url({**DATABASES["default"], "NAME": TEST_DATABASE}, scheme="sqla+postgresql+psycopg")
 
 
-def pytest_configure(config):  # noqa: ARG001
+def _is_xdist_controller(config) -> bool:
+    return not WORKER and getattr(config.option, "dist", "no") != "no"
+
+
+def pytest_configure(config):
     global _postgres
+    if _is_xdist_controller(config):
+        # Only the workers run tests; their logs are cleared when each worker starts.
+        for log in BASE_TEST_DATA_DIR.glob("gw*/netguard.log"):
+            log.unlink()
+        return
     if not os.environ.get("DATABASE_URL"):
         from memsite.embedded_pg import EmbeddedPostgres
 
@@ -62,8 +77,12 @@ def pytest_configure(config):  # noqa: ARG001
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001
-    if NETGUARD_LOG.exists() and NETGUARD_LOG.read_text().strip():
-        sys.stderr.write("\nnetguard: non-loopback network access was attempted:\n" + NETGUARD_LOG.read_text())
+    # The controller reads every worker's log: a worker's own exit status does not decide
+    # the run's.
+    logs = [NETGUARD_LOG, *BASE_TEST_DATA_DIR.glob("gw*/netguard.log")] if not WORKER else [NETGUARD_LOG]
+    attempts = "".join(log.read_text() for log in logs if log.exists())
+    if attempts.strip():
+        sys.stderr.write("\nnetguard: non-loopback network access was attempted:\n" + attempts)
         session.exitstatus = 1
 
 
