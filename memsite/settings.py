@@ -184,6 +184,9 @@ GEMINI_EMBEDDING_DIMS = env_int("GEMINI_EMBEDDING_DIMS", 1536, minimum=1)
 # The TOTAL time of one Gemini embedding request (connect to last byte), on the request
 # path of every remember and search with EMBEDDER=gemini.
 EMBEDDER_TIMEOUT_S = env_float("EMBEDDER_TIMEOUT_S", 10.0, minimum=0.1)
+# Recent single-text vectors kept per process (digest keys; 2048 MiniLM vectors are 3 MiB,
+# Gemini's 1536-d ones 12 MiB). 0 turns the cache off.
+EMBEDDER_CACHE_SIZE = env_int("EMBEDDER_CACHE_SIZE", 2048, minimum=0)
 GEMINI_LLM_MODEL = env_str("GEMINI_LLM_MODEL", "gemini-2.5-flash")
 if EMBEDDER == "gemini" and not GOOGLE_API_KEY:
     raise ConfigError("EMBEDDER=gemini needs GOOGLE_API_KEY")

@@ -47,6 +47,15 @@ def _test_database_ready(django_db_setup, django_db_blocker):  # noqa: PT004
     Channel._engines.clear()
 
 
+@pytest.fixture(autouse=True)
+def _no_remembered_vectors():
+    """Every test embeds from scratch: what an earlier test embedded in this worker must
+    not change what it measures (embedding counts, a slow fake embedder)."""
+    from memories.engine.embedders import embed_caches_clear
+
+    embed_caches_clear()
+
+
 @pytest.fixture
 def alice(django_user_model):
     return django_user_model.objects.create_user("alice", "alice@example.com", "alice-password-1")
@@ -67,15 +76,27 @@ def bob_scope(bob) -> MemoryScope:
     return MemoryScope.for_user(bob)
 
 
-@pytest.fixture
-def clean_vectors():
-    """Engine rows are written through mem0's own pool, outside test transactions."""
-    yield
+def _engine_tables_empty() -> None:
     from django.conf import settings
 
     with connection.cursor() as cursor:
         for table in (settings.MEMORY_COLLECTION, f"{settings.MEMORY_COLLECTION}_entities"):
             cursor.execute(f'DELETE FROM "{table}"')  # noqa: S608 - our own table names
+
+
+@pytest.fixture
+def clean_vectors(request):
+    """Engine rows are written through mem0's own pool, outside test transactions, so a
+    test that did not clean up leaves them behind. A transactional test starts from an
+    empty table too, whatever ran before it on this worker (inside a test transaction
+    the delete would hold row locks mem0's own connections could wait on)."""
+    transactional = "transactional_db" in request.fixturenames or any(
+        marker.kwargs.get("transaction") for marker in request.node.iter_markers("django_db")
+    )
+    if transactional:
+        _engine_tables_empty()
+    yield
+    _engine_tables_empty()
 
 
 def age_memory(memory_id: str, days: int) -> None:

@@ -61,3 +61,63 @@ def test_every_weight_product_is_moved_and_a_different_model_refused():
     assert rewritten.count(b"MatMulNBits") == embedder.INT8_WEIGHT_PRODUCTS
     with pytest.raises(embedder.EmbedderAssetError, match="0 int8 weight products"):
         embedder._with_int8_matmuls(rewritten)
+
+
+def _counted(minilm):
+    calls: list[str] = []
+
+    def embed(text, memory_action=None):
+        calls.append(text)
+        return minilm.embed(text, memory_action)
+
+    return embed, calls
+
+
+def test_a_repeated_text_is_embedded_once_and_each_caller_gets_its_own_list(minilm):
+    from memories.engine.embedders import embed_cached
+
+    embed, calls = _counted(minilm)
+    cached = embed_cached(embed, size=8)
+    first = cached("Otis is a corgi", "search")
+    first[0] = 99.0  # a caller's edit stays in its own list
+    again = cached("Otis is a corgi", "search")
+    assert calls == ["Otis is a corgi"]
+    assert np.allclose(again, minilm.embed("Otis is a corgi"), atol=1e-6) and again[0] != 99.0
+    cached("Otis is a corgi", "add")  # another action is another vector (Gemini's task types)
+    assert calls == ["Otis is a corgi"] * 2
+
+
+def test_the_least_recently_used_vector_goes_first_and_size_zero_keeps_none(minilm):
+    from memories.engine.embedders import embed_cached, embed_caches_clear
+
+    embed, calls = _counted(minilm)
+    cached = embed_cached(embed, size=2)
+    cached("a")
+    cached("b")
+    cached("a")  # "b" is now the oldest
+    cached("c")
+    cached("a")
+    assert calls == ["a", "b", "c"]
+    cached("b")
+    assert calls == ["a", "b", "c", "b"]
+    embed_caches_clear()
+    cached("a")
+    assert calls[-1] == "a"
+    assert embed_cached(embed, size=0) is embed
+
+
+@pytest.mark.django_db
+def test_the_engines_embedder_runs_once_for_a_repeated_query(settings):
+    """Through the instrumented engine embedder: a repeat is neither embedded nor timed."""
+    from prometheus_client import REGISTRY
+
+    from memories.engine import engine_embed_query
+
+    def embedded() -> float:
+        labels = {"embedder": "local", "kind": "one"}
+        return REGISTRY.get_sample_value("memsite_embed_duration_seconds_count", labels) or 0.0
+
+    before = embedded()
+    first = engine_embed_query("where does Otis sleep?")
+    assert engine_embed_query("where does Otis sleep?") == first
+    assert embedded() - before == 1

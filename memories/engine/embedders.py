@@ -10,12 +10,17 @@ uses the new one."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 from django.conf import settings
 
 ACTIVE_TTL_S = 1.0
@@ -108,3 +113,65 @@ def embedder_for(spec: EmbedderSpec) -> Any:
 
 def embedder_active() -> Any:
     return embedder_for(embedder_spec_active())
+
+
+class _VectorCache:
+    """The last `size` vectors by key, least recently used out first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.vectors: OrderedDict[tuple[bytes, str | None], np.ndarray] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[bytes, str | None]) -> list[float] | None:
+        with self.lock:
+            hit = self.vectors.get(key)
+            if hit is None:
+                return None
+            self.vectors.move_to_end(key)
+        return cast(list[float], hit.tolist())
+
+    def put(self, key: tuple[bytes, str | None], vector: list[float]) -> None:
+        with self.lock:
+            self.vectors[key] = np.asarray(vector, dtype=np.float32)
+            if len(self.vectors) > self.size:
+                self.vectors.popitem(last=False)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.vectors.clear()
+
+
+# Weak: an engine rebuilt (after a fork, in tests) drops its embedder and that cache.
+_vector_caches: weakref.WeakSet[_VectorCache] = weakref.WeakSet()
+
+
+def embed_caches_clear() -> None:
+    """Forget every vector this process keeps (tests start from none)."""
+    for cache in list(_vector_caches):
+        cache.clear()
+
+
+def embed_cached(embed: Callable[..., list[float]], *, size: int) -> Callable[..., list[float]]:
+    """`embed` (an embedder's one-text call) with its last `size` vectors kept in this
+    process. Agents ask the same things again (the turn prefetch, a cache check before a
+    recall) and store the same lines in many users' memories; a repeat then costs a
+    lookup instead of a model run or a paid Gemini request. Keys are digests, not the
+    text; vectors are kept as float32 (what the vector column holds) and each caller
+    gets its own list."""
+    if size <= 0:
+        return embed
+    cache = _VectorCache(size)
+    _vector_caches.add(cache)
+
+    def cached(text: str, memory_action: str | None = None) -> list[float]:
+        # The action is part of the key: Gemini embeds queries and documents differently.
+        key = (hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(), memory_action)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        vector = embed(text, memory_action)
+        cache.put(key, vector)
+        return vector
+
+    return cached

@@ -289,9 +289,13 @@ def _hide_dead_rows(vector_store: Any) -> None:
 
 
 def _embedder_instrument(embedder: Any, *, name: str | None = None) -> None:
-    """Time every embedding (memsite_embed_duration_seconds), whichever embedder it is."""
+    """Time every embedding (memsite_embed_duration_seconds), whichever embedder it is,
+    and keep recent single-text vectors (a repeat is not timed: nothing was embedded)."""
+    from memories.engine.embedders import embed_cached
+
     name = name or settings.EMBEDDER
-    embedder.embed = embedder_timed(embedder.embed, embedder=name, kind="one")
+    timed = embedder_timed(embedder.embed, embedder=name, kind="one")
+    embedder.embed = embed_cached(timed, size=settings.EMBEDDER_CACHE_SIZE)
     if hasattr(embedder, "embed_batch"):
         embedder.embed_batch = embedder_timed(embedder.embed_batch, embedder=name, kind="batch")
 
