@@ -181,12 +181,9 @@ def _import(scope: MemoryScope, args: schemas.ImportInput, call: CallContext) ->
     return memory_import_file(scope, data=args.data, source=args.source, call=call).as_dict()
 
 
-class TrashListInput(schemas.StrictInput):
-    """The trash listing takes no arguments."""
-
-
-def _list_trash(scope: MemoryScope, args: TrashListInput, call: CallContext) -> dict[str, Any]:  # noqa: ARG001
-    return {"memories": [item.as_dict() for item in memory_trash_read(scope, call=call)]}
+def _list_trash(scope: MemoryScope, args: schemas.TrashListInput, call: CallContext) -> dict[str, Any]:
+    page = memory_trash_read(scope, cursor=args.cursor, page_size=args.page_size, call=call)
+    return {"memories": [item.as_dict() for item in page.items], "next_cursor": page.next_cursor}
 
 
 OPERATIONS: dict[str, OperationDef] = {
@@ -352,7 +349,7 @@ OPERATIONS: dict[str, OperationDef] = {
             Operation.LIST_MEMORY,
             "List the trash",
             "Your deleted memories that can still be restored, most recently deleted first.",
-            TrashListInput,
+            schemas.TrashListInput,
             schemas.TrashListOutput,
             _list_trash,
             read_only=True,

@@ -454,11 +454,10 @@ class DeleteInput(StrictInput):
         return self
 
 
-class ListInput(FieldFiltersMixin, FiltersMixin):
+class CursorMixin(StrictInput):
     cursor: Annotated[StrictStr, Field(max_length=CURSOR_MAX_CHARS)] | None = Field(
         default=None, description="`next_cursor` from the previous page (opaque)."
     )
-    page_size: PageSize = PAGE_SIZE_DEFAULT
 
     @field_validator("cursor")
     @classmethod
@@ -469,6 +468,16 @@ class ListInput(FieldFiltersMixin, FiltersMixin):
             except CursorError as exc:
                 raise ValueError(str(exc)) from None
         return value
+
+
+class ListInput(FieldFiltersMixin, FiltersMixin, CursorMixin):
+    page_size: PageSize = PAGE_SIZE_DEFAULT
+
+
+class TrashListInput(CursorMixin):
+    """GET /v1/trash: a page of the trash (the largest page by default)."""
+
+    page_size: PageSize = PAGE_SIZE_MAX
 
 
 class ClearAllInput(StrictInput):
@@ -685,7 +694,8 @@ class RestoreOutput(BaseModel):
 
 
 class TrashListOutput(BaseModel):
-    memories: list[MemoryOut] = Field(description="The trash, most recently deleted first.")
+    memories: list[MemoryOut] = Field(description="A page of the trash, most recently deleted first.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last one.")
 
 
 class ForgetOutput(BaseModel):

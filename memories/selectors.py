@@ -117,11 +117,14 @@ class TrashedView:
         }
 
 
-def memory_trash_list(scope: MemoryScope, *, limit: int = 500, offset: int = 0) -> list[TrashedView]:
+def memory_trash_list(
+    scope: MemoryScope, *, limit: int = 500, offset: int = 0, after: tuple[str, str] | None = None
+) -> list[TrashedView]:
     """The scope's trash, most recently deleted first: `limit` items after the first
-    `offset` (the web UI's pages; `memory_trash_count` says how many there are in all)."""
+    `offset` (the web UI's pages; `memory_trash_count` says how many there are in all),
+    or after the (trashed at, id) position `after` (the API's cursor)."""
     # The engine has no offset: read the earlier pages too and drop them.
-    trashed = engine_trashed(scope, limit=offset + limit)[offset:]
+    trashed = engine_trashed(scope, after=after, limit=offset + limit)[offset:]
     return [
         TrashedView(memory=memory_view(item), trashed_at=item.trash.at, request_id=item.trash.request_id,
                     operation=item.trash.operation)

@@ -1342,22 +1342,37 @@ def _restored_hashes(scope: MemoryScope, *, restored: list[EngineMemory]) -> Non
     )
 
 
-def memory_trash_read(scope: MemoryScope, *, call: CallContext) -> list[TrashedView]:
-    """The scope's trash for an API caller (GET /v1/trash). Deleted memories are still the
-    subject's content and a credential may read them on someone's behalf, so this is rate
-    limited, billed and audited as a list call, with the ids it showed. (The web UI's own
-    Trash page reads `memory_trash_list` directly, like the history view.)"""
+@dataclass(frozen=True)
+class TrashPage:
+    items: list[TrashedView]
+    next_cursor: str | None
+
+
+def memory_trash_read(
+    scope: MemoryScope, *, cursor: str | None = None, page_size: int = 200, call: CallContext
+) -> TrashPage:
+    """One page of the scope's trash for an API caller (GET /v1/trash), most recently
+    deleted first; `next_cursor` goes on from the last item shown, so a memory restored
+    or purged meanwhile shifts nothing. Deleted memories are still the subject's content
+    and a credential may read them on someone's behalf, so each page is rate limited,
+    billed and audited as a list call, with the ids it showed. (The web UI's own Trash
+    page reads `memory_trash_list` directly, like the history view.)"""
     rate_limit_consume(scope, operation=Operation.LIST_MEMORY)
-    trashed = memory_trash_list(scope)
+    after = _decode_cursor(cursor) if cursor else None
+    trashed = memory_trash_list(scope, after=after, limit=page_size + 1)
+    shown = trashed[:page_size]
+    next_cursor = None
+    if len(trashed) > page_size:
+        next_cursor = cursor_encode(shown[-1].trashed_at, shown[-1].memory.id)
     with transaction.atomic():
         call_succeeded(
             scope,
             call=call,
             operation=Operation.LIST_MEMORY,
-            memory_ids=[item.memory.id for item in trashed],
-            detail={"trash": True, "results": len(trashed)},
+            memory_ids=[item.memory.id for item in shown],
+            detail={"trash": True, "page_size": page_size, "paged": bool(cursor), "results": len(shown)},
         )
-    return trashed
+    return TrashPage(items=shown, next_cursor=next_cursor)
 
 
 def memory_purge(scope: MemoryScope, *, memory_id: str | None = None, call: CallContext) -> int:

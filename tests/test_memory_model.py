@@ -196,6 +196,38 @@ def test_clear_all_restore_by_call_then_purge_after_retention(api_client, alice_
     assert alice_api.get("/v1/trash").json()["memories"] == []
 
 
+def test_the_trash_pages_with_a_cursor_a_restore_does_not_shift(api_client, alice_key, bob_key):
+    """GET /v1/trash was cut at 500 rows with nothing to say so; it now pages like the
+    memory list, each memory exactly once, and each page is billed and audited."""
+    from billing.models import UsageEvent
+
+    alice, bob = api_client(alice_key), api_client(bob_key)
+    ids = [alice.post("/v1/memories", {"memory": f"Trashed fact {i}"}, format="json").json()["id"] for i in range(5)]
+    # One clear-all: five rows trashed at one time, so the id orders them.
+    assert alice.post("/v1/memories/clear", {"confirm": True}, format="json").json() == {"deleted": 5}
+    billed_before = UsageEvent.objects.filter(operation="list_memory").count()
+    first = alice.get("/v1/trash", {"page_size": 2}).json()
+    assert len(first["memories"]) == 2 and first["next_cursor"]
+    # Restoring a memory already shown moves nothing on the later pages.
+    alice.post("/v1/trash/restore", {"memory_id": first["memories"][0]["id"]}, format="json")
+    second = alice.get("/v1/trash", {"page_size": 2, "cursor": first["next_cursor"]}).json()
+    third = alice.get("/v1/trash", {"page_size": 2, "cursor": second["next_cursor"]}).json()
+    assert len(second["memories"]) == 2 and len(third["memories"]) == 1 and third["next_cursor"] is None
+    shown = [m["id"] for m in first["memories"] + second["memories"] + third["memories"]]
+    assert sorted(shown) == sorted(ids)
+    assert UsageEvent.objects.filter(operation="list_memory").count() == billed_before + 3
+    pages = AuditEvent.objects.filter(operation="list_memory", detail__trash=True).order_by("id")
+    assert [row.memory_ids for row in pages] == [[m["id"] for m in page["memories"]] for page in (first, second, third)]
+    # By default one page holds up to 200.
+    whole = alice.get("/v1/trash").json()
+    assert len(whole["memories"]) == 4 and whole["next_cursor"] is None
+    # A cursor is a position, not a grant: bob's trash stays his own (empty).
+    assert bob.get("/v1/trash", {"cursor": first["next_cursor"]}).json() == {"memories": [], "next_cursor": None}
+    for params in ({"cursor": "not-ours"}, {"page_size": 0}, {"page_size": 201}, {"page_size": "2x"}, {"offset": 3}):
+        refused = alice.get("/v1/trash", params)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_argument", params
+
+
 def test_delete_forever_and_empty_trash(api_client, alice_key):
     alice = api_client(alice_key)
     ids = [alice.post("/v1/memories", {"memory": f"Thing {i}"}, format="json").json()["id"] for i in range(3)]

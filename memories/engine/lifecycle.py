@@ -123,14 +123,25 @@ def engine_restore(
 
 
 def engine_trashed(
-    scope: MemoryScope, *, memory_ids: list[str] | None = None, request_id: str | None = None, limit: int = 500
+    scope: MemoryScope,
+    *,
+    memory_ids: list[str] | None = None,
+    request_id: str | None = None,
+    after: tuple[str, str] | None = None,
+    limit: int = 500,
 ) -> list[EngineMemory]:
-    """The scope's trash, most recently trashed first; optionally only `memory_ids`, or
-    only what the call `request_id` trashed."""
+    """The scope's trash, most recently trashed first (id breaking ties); optionally only
+    `memory_ids`, only what the call `request_id` trashed, or only what comes after the
+    (trashed at, id) position `after` in that order."""
     params: list[Any] = [KEY_USER_ID, scope.engine_user_id, KEY_TRASH]
     clause: sql.Composable = sql.SQL("")
+    if after is not None:
+        clause = sql.SQL(
+            " AND (payload->{trash}->>'at' < %s OR (payload->{trash}->>'at' = %s AND id > %s::uuid))"
+        ).format(trash=sql.Literal(KEY_TRASH))
+        params += [after[0], after[0], after[1]]
     if memory_ids is not None:
-        clause = sql.SQL(" AND id = ANY(%s::uuid[])")
+        clause = sql.SQL("{} AND id = ANY(%s::uuid[])").format(clause)
         params.append(memory_ids)
     if request_id is not None:
         clause = sql.SQL("{} AND payload->{}->>'request_id' = %s").format(clause, sql.Literal(KEY_TRASH))

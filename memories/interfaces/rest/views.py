@@ -70,17 +70,22 @@ def field_filter_arguments(query) -> dict[str, Any]:
     return arguments
 
 
-def _list_arguments(query) -> dict[str, Any] | schemas.RejectedArguments:
-    unknown = set(query) - {"cursor", "page_size", "filters", "tags", *FIELD_FILTER_PARAMS}
-    if unknown:
-        return _rejected(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0][:40]!r}")
-    arguments: dict[str, Any] = field_filter_arguments(query)
+def _paging_arguments(query) -> dict[str, Any]:
+    arguments: dict[str, Any] = {}
     if "cursor" in query:
         arguments["cursor"] = query["cursor"]
     if "page_size" in query:
         raw = query["page_size"]
         # ASCII digits only: "²".isdigit() is true and int("²") fails.
         arguments["page_size"] = int(raw) if _DIGITS.fullmatch(raw) else raw
+    return arguments
+
+
+def _list_arguments(query) -> dict[str, Any] | schemas.RejectedArguments:
+    unknown = set(query) - {"cursor", "page_size", "filters", "tags", *FIELD_FILTER_PARAMS}
+    if unknown:
+        return _rejected(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0][:40]!r}")
+    arguments: dict[str, Any] = {**field_filter_arguments(query), **_paging_arguments(query)}
     if "filters" in query:
         try:
             filters = json_loads_safe(query["filters"], max_depth=2)
@@ -93,6 +98,19 @@ def _list_arguments(query) -> dict[str, Any] | schemas.RejectedArguments:
 
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
+CURSOR_PARAMETER = OpenApiParameter(
+    "cursor",
+    {"type": "string", "maxLength": schemas.CURSOR_MAX_CHARS, "pattern": "^[A-Za-z0-9_-]+$"},
+    description="`next_cursor` of the previous page (opaque).",
+)
+
+
+def _page_size_parameter(*, default: int) -> OpenApiParameter:
+    return OpenApiParameter(
+        "page_size",
+        {"type": "integer", "minimum": 1, "maximum": schemas.PAGE_SIZE_MAX},
+        description=f"1-{schemas.PAGE_SIZE_MAX}, default {default}.",
+    )
 
 
 def _errors(*codes: int) -> dict[int, OpenApiResponse]:
@@ -127,16 +145,8 @@ class MemoryCollectionView(APIView):
     @extend_schema(
         operation_id="list_memory",
         parameters=[
-            OpenApiParameter(
-                "cursor",
-                {"type": "string", "maxLength": schemas.CURSOR_MAX_CHARS, "pattern": "^[A-Za-z0-9_-]+$"},
-                description="`next_cursor` of the previous page (opaque).",
-            ),
-            OpenApiParameter(
-                "page_size",
-                {"type": "integer", "minimum": 1, "maximum": schemas.PAGE_SIZE_MAX},
-                description=f"1-{schemas.PAGE_SIZE_MAX}, default {schemas.PAGE_SIZE_DEFAULT}.",
-            ),
+            CURSOR_PARAMETER,
+            _page_size_parameter(default=schemas.PAGE_SIZE_DEFAULT),
             OpenApiParameter(
                 "filters",
                 FILTERS_SCHEMA,
@@ -244,9 +254,18 @@ class MemoryForgetView(APIView):
 
 
 class TrashView(APIView):
-    @extend_schema(operation_id="list_trash", responses={200: schemas.TrashListOutput, **_errors(*COMMON_ERRORS)})
+    @extend_schema(
+        operation_id="list_trash",
+        parameters=[CURSOR_PARAMETER, _page_size_parameter(default=schemas.PAGE_SIZE_MAX)],
+        responses={200: schemas.TrashListOutput, **_errors(*COMMON_ERRORS)},
+    )
     def get(self, request):
-        return Response(operation_execute(request.auth, "list_trash", call=_call(request), arguments={}))
+        unknown = set(request.query_params) - {"cursor", "page_size"}
+        arguments: dict[str, Any] | schemas.RejectedArguments = _paging_arguments(request.query_params)
+        if unknown:
+            # Refused by the dispatcher, so the failed call is audited like any other.
+            arguments = _rejected(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0][:40]!r}")
+        return Response(operation_execute(request.auth, "list_trash", call=_call(request), arguments=arguments))
 
 
 class TrashRestoreView(APIView):
