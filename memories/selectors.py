@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, F, Window
+from django.db.models import Count, F, QuerySet, Window
 from django.db.models.functions import RowNumber, TruncDate
 
 from audit.models import AuditEvent, MemoryHistory
@@ -241,23 +241,34 @@ def decayed_score(item: EngineMemory, *, now: datetime) -> float:
 ACTIVITY_LIMIT = 200
 
 
-def memory_activity(
-    scope: MemoryScope, *, by_services: bool = False, limit: int = ACTIVITY_LIMIT
-) -> list[dict[str, Any]]:
-    """The calls made on the scope's memories, newest first (issue 12): who (the actor,
-    its role and client app: a service acting for the user shows as itself), what, when,
-    how it ended. `by_services`: only calls by another principal than the user."""
+def _activity_rows(scope: MemoryScope, *, by_services: bool) -> QuerySet[AuditEvent]:
     rows = AuditEvent.objects.filter(subject_user_id=scope.user_pk, tenant=scope.tenant).exclude(
         operation=Operation.AUTHENTICATE
     )
     if by_services:
         rows = rows.exclude(actor_user_id=scope.user_pk).exclude(actor_user_id__isnull=True)
+    return rows
+
+
+def memory_activity_count(scope: MemoryScope, *, by_services: bool = False) -> int:
+    return _activity_rows(scope, by_services=by_services).count()
+
+
+def memory_activity(
+    scope: MemoryScope, *, by_services: bool = False, limit: int = ACTIVITY_LIMIT, offset: int = 0
+) -> list[dict[str, Any]]:
+    """The calls made on the scope's memories, newest first (issue 12): who (the actor,
+    its role and client app: a service acting for the user shows as itself), what, when,
+    how it ended. `by_services`: only calls by another principal than the user. `limit`
+    rows after the first `offset` (the web UI's pages; `memory_activity_count` says how
+    many there are in all)."""
+    rows = _activity_rows(scope, by_services=by_services)
     fields = (
         "occurred_at", "operation", "outcome", "error_code", "channel", "actor_user_id", "actor_username",
         "actor_role", "actor_client_app", "staff_username", "memory_ids",
     )  # fmt: skip
     activity = []
-    for row in rows.order_by("-id").values(*fields)[:limit]:
+    for row in rows.order_by("-id").values(*fields)[offset : offset + limit]:
         row["by_service"] = row["actor_user_id"] is not None and row["actor_user_id"] != scope.user_pk
         row["memory_count"] = len(row.pop("memory_ids") or [])
         row["role_label"] = row["actor_role"].replace("_", " ") if row["actor_role"] not in ("", "user") else ""

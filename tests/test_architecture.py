@@ -40,6 +40,7 @@ def test_every_selector_runs_in_a_read_only_transaction(alice_scope, bob_scope):
         "memory_trash_list": lambda: selectors.memory_trash_list(alice_scope),
         "memory_trash_count": lambda: selectors.memory_trash_count(alice_scope),
         "memory_activity": lambda: selectors.memory_activity(alice_scope),
+        "memory_activity_count": lambda: selectors.memory_activity_count(alice_scope, by_services=True),
     }
     public = {
         name

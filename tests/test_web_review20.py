@@ -73,6 +73,33 @@ def test_another_users_rows_are_neither_shown_nor_counted_on_any_page(alice, bob
     assert "Empty trash (3)" not in client.get("/trash/").content.decode()  # bob's three are not counted
 
 
+def test_activity_page_pages_through_every_call_and_its_links_keep_the_filter(alice, bob, client, monkeypatch):
+    """The Activity page stopped at the newest 200 calls without saying so."""
+    monkeypatch.setattr(web, "ACTIVITY_LIMIT", 3, raising=False)
+    for n in range(4):
+        run(alice, "remember", memory=f"Activity paging fact {n}")
+    run(bob, "remember", memory="Bob's own call")  # bob's: neither shown nor counted
+    client.force_login(alice)
+    first = client.get("/activity/").content.decode()
+    assert first.count("<td>remember</td>") == 3 and "Showing 1–3 of 4 calls" in first
+    assert 'href="?page=2"' in first
+    second = client.get("/activity/?page=2").content.decode()
+    assert second.count("<td>remember</td>") == 1 and "Showing 4–4 of 4 calls" in second
+
+    # Calls by a service acting for alice: the filtered pages link to the filtered pages.
+    tenant = MemoryScope.for_user(alice).tenant
+    for _ in range(4):
+        AuditEvent.objects.create(
+            request_id="r", channel="rest", operation="search_memory", outcome="ok", actor_user_id=bob.pk,
+            actor_username="svc", actor_role="tenant_admin", tenant=tenant, subject_user_id=alice.pk,
+        )  # fmt: skip
+    services = client.get("/activity/?by=services").content.decode()
+    assert services.count("<td>search_memory</td>") == 3 and "Showing 1–3 of 4 calls" in services
+    assert 'href="?by=services&amp;page=2"' in services
+    last = client.get("/activity/?by=services&page=2").content.decode()
+    assert last.count("<td>search_memory</td>") == 1 and "<td>remember</td>" not in last
+
+
 def test_trash_selectors_count_beyond_one_page(alice):
     from memories.selectors import memory_trash_count, memory_trash_list
 

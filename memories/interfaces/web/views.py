@@ -30,7 +30,9 @@ from memories.models import ApiKey
 from memories.operations import operation_execute
 from memories.schemas import MEMORY_MAX_CHARS, TAGS_MAX
 from memories.selectors import (
+    ACTIVITY_LIMIT,
     memory_activity,
+    memory_activity_count,
     memory_client_apps,
     memory_trash_count,
     memory_trash_list,
@@ -479,8 +481,15 @@ def activity(request):
     """What was done with my memories, and by whom: services acting for me show by name
     and role (issue 12)."""
     by_services = request.GET.get("by") == "services"
-    rows = memory_activity(_scope(request), by_services=by_services)
-    return render(request, "web/activity.html", {"rows": rows, "by_services": by_services})
+    scope = _scope(request)
+    page = page_of(request, total=memory_activity_count(scope, by_services=by_services), page_size=ACTIVITY_LIMIT)
+    rows = memory_activity(scope, by_services=by_services, limit=ACTIVITY_LIMIT, offset=page.object_list.start)
+    return render(
+        request,
+        "web/activity.html",
+        # The pager's links keep the filter.
+        {"rows": rows, "by_services": by_services, "page": page, "pager_query": "by=services&" if by_services else ""},
+    )
 
 
 @login_required
