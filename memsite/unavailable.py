@@ -9,9 +9,9 @@ Two hooks, because two kinds of app serve requests:
 - Raw ASGI (the MCP app, whose bearer authentication reads the database before the SDK runs):
   `BackendUnavailableMiddleware` catches the exception before the response started. It also
   adds Retry-After to any 503 answered without one (e.g. a service's backend_unavailable error).
-psycopg classes SQLSTATE class 54 ("program limit exceeded": a tsvector over 1 MB, a statement
-too complex) as an OperationalError, but it is the request's size, not an outage: retrying
-fails the same way. Both hooks answer it 413 `payload_too_large` instead of a 503 or a 500.
+A statement over one of the database's limits (SQLSTATE class 54, core.db_errors) is the
+request's size, not an outage: both hooks answer it 413 `payload_too_large` instead of a
+503 or a 500.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ import sys
 
 from django.http import HttpResponse, JsonResponse
 from django.views import defaults
+
+from core.db_errors import PROGRAM_LIMIT_MESSAGE, exception_chain, is_program_limit_exceeded
+
+__all__ = ["is_backend_unavailable", "is_program_limit_exceeded", "server_error", "BackendUnavailableMiddleware"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,23 +55,7 @@ def _unavailable_types() -> tuple[type[BaseException], ...]:
 
 
 TOO_LARGE_CODE = "payload_too_large"
-TOO_LARGE_MESSAGE = "The request is too large for the database to process; send less."
-_PROGRAM_LIMIT_CLASS = "54"
-
-
-def _chain(exc: BaseException | None) -> list[BaseException]:
-    """`exc` and the exceptions it was raised from (Django wraps the driver's error)."""
-    found: list[BaseException] = []
-    while exc is not None and all(exc is not seen for seen in found):
-        found.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return found
-
-
-def is_program_limit_exceeded(exc: BaseException | None) -> bool:
-    """True when the database refused a statement for exceeding one of its limits
-    (SQLSTATE class 54): caused by what the request sent, not by the database's state."""
-    return any(str(getattr(e, "sqlstate", "") or "").startswith(_PROGRAM_LIMIT_CLASS) for e in _chain(exc))
+TOO_LARGE_MESSAGE = PROGRAM_LIMIT_MESSAGE
 
 
 def is_backend_unavailable(exc: BaseException | None) -> bool:
@@ -76,7 +64,7 @@ def is_backend_unavailable(exc: BaseException | None) -> bool:
     if is_program_limit_exceeded(exc):
         return False
     types = _unavailable_types()
-    return any(isinstance(e, types) for e in _chain(exc))
+    return any(isinstance(e, types) for e in exception_chain(exc))
 
 
 def _wants_json(path: str, accept: str) -> bool:

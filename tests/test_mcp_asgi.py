@@ -80,3 +80,25 @@ def test_no_token_is_401_in_process():
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "unauthenticated"
     assert "resource_metadata=" in response.headers["www-authenticate"]
+
+
+def test_a_statement_over_a_database_limit_is_a_coded_413_not_an_outage(alice, monkeypatch):
+    """SQLSTATE class 54 (here a real one: to_tsvector over 1 MB) is the request's size:
+    the tool answers payload_too_large, as REST and the proxy do, not "retry later"."""
+    from memories import operations
+    from tests.test_proxy_review20 import _program_limit_error
+
+    error = _program_limit_error()
+
+    def over_a_limit(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(operations, "memory_search", over_a_limit)
+    token = api_key_issue(user=alice, name="alice-agent")[1]
+
+    async def work(client):
+        return await client.call_tool("search_memory", {"query": "sourdough"})
+
+    answered = _run(token, work)
+    assert answered.is_error
+    assert json.loads(answered.content[0].text)["error"]["code"] == "payload_too_large"

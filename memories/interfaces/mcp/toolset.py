@@ -41,6 +41,7 @@ from audit.services import auth_failure_record
 from core.asgi_body import asgi_body_buffered
 from core.calls import call_context_from_request
 from core.choices import Channel
+from core.db_errors import PROGRAM_LIMIT_MESSAGE, is_program_limit_exceeded
 from core.errors import ErrorCode, ServiceError
 from core.scope import CallContext
 from memories.auth import Principal, authenticate_bearer
@@ -185,7 +186,9 @@ class Toolset:
             data = await _in_mcp_thread(_run_in_thread)(principal, operation, params.arguments, call)
         except ServiceError as exc:
             return self._error(exc)
-        except Exception:
+        except Exception as exc:
+            if is_program_limit_exceeded(exc):  # the request's size: a retry fails the same way
+                return self._error(ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, PROGRAM_LIMIT_MESSAGE))
             logger.exception("tool %s failed unexpectedly", params.name)
             return self._error(ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "The memory service failed; retry later."))
         return _result(data)
