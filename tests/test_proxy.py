@@ -24,8 +24,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 @pytest.fixture(scope="module")
 def proxy_url(django_db_setup):  # noqa: ARG001 - the server uses the test database
-    """uvicorn serving memsite.asgi in a thread of this process (settings and monkeypatches apply)."""
-    yield from serve_in_thread("memsite.asgi:application", lifespan="on")
+    """uvicorn serving memsite.asgi in a thread of this process (settings and monkeypatches
+    apply). A fresh app (factory): an app's MCP lifespan runs once, and under pytest-xdist's
+    work stealing this module's tests may come to one worker in two rounds."""
+    yield from serve_in_thread("memsite.asgi:build_application", factory=True, lifespan="on")
 
 
 def client(url: str, key: str, **headers: str) -> openai.OpenAI:
