@@ -148,7 +148,7 @@ class AuditEventAdmin(ReadOnlyAdmin):
         ("occurred_at", admin.DateFieldListFilter),
     )
     search_fields = ("actor_username",)
-    search_help_text = "A request id, memory id, turn id, user id (digits) or username."
+    search_help_text = "A request id, memory id, turn id, user id (digits), username or credential (key:<key id>)."
     ordering = ("-id",)
     paginator = EstimatedCountPaginator
     show_full_result_count = False
@@ -191,7 +191,7 @@ class AuditEventAdmin(ReadOnlyAdmin):
 
     def lookup_allowed(self, lookup, value, request=None):
         # Links from timelines and turns filter on these directly.
-        if lookup in ("subject_user_id", "actor_user_id", "turn_id", "request_id", "staff_user_id"):
+        if lookup in ("subject_user_id", "actor_user_id", "turn_id", "request_id", "staff_user_id", "actor_credential"):
             return True
         return super().lookup_allowed(lookup, value, request)
 
@@ -205,6 +205,8 @@ class AuditEventAdmin(ReadOnlyAdmin):
         if _UUID.match(term):
             canonical = _canonical_uuid(term)
             return queryset.filter(Q(request_id=canonical) | Q(memory_ids__contains=[canonical])), False
+        if term.startswith(("key:", "oidc:")):  # one credential's calls, e.g. a leaked key's
+            return queryset.filter(actor_credential=term), False
         return queryset.filter(Q(actor_username=term) | Q(staff_username=term) | Q(turn_id=term)), False
 
     @admin.display(description="actor")

@@ -82,6 +82,9 @@ class AuditEvent(models.Model):
     actor_username = models.CharField(max_length=150, blank=True)
     actor_auth = models.CharField(max_length=16, blank=True)
     actor_client_app = models.CharField(max_length=200, blank=True)
+    # Which of the actor's credentials made the call: "key:<key id>" (two keys may share a
+    # name), "oidc:<client>"; empty for web sessions, staff and operators.
+    actor_credential = models.CharField(max_length=100, blank=True, default="")
     # Issue 12: the actor's role (user, tenant_admin, platform). actor_user_id differs from
     # subject_user_id when a service acted for the subject.
     actor_role = models.CharField(max_length=16, blank=True)

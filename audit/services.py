@@ -93,6 +93,7 @@ def audit_record(
         actor_auth=call.actor_auth,
         actor_role=call.actor_role,
         actor_client_app=(scope.client_app or "") if scope else "",
+        actor_credential=call.actor_credential[:100],
         staff_user_id=call.staff_user_id,
         staff_username=call.staff_username,
         tenant=scope.tenant if scope else "",

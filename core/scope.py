@@ -64,6 +64,7 @@ class CallContext:
     # its role, and the subject it named (`X-Memory-Subject: <tenant>/<username>`).
     actor_user_id: int | None = None
     actor_role: str = ""
+    actor_credential: str = ""  # "key:<key id>" or "oidc:<client>": which credential called
     subject: str = ""
     staff_user_id: int | None = None
     staff_username: str = ""

@@ -399,6 +399,7 @@ def operation_execute(
         actor_auth=principal.method,
         actor_user_id=principal.acting_user.pk,
         actor_role=principal.role,
+        actor_credential=principal.credential,
         turn_id=call.turn_id or _turn_id(arguments),
         # Whom the call claims to act for, on its audit row even when refused: the header,
         # or else seed 001's scope claim.

@@ -59,6 +59,7 @@ class ProxyTurn(models.Model):
     actor_username = models.CharField(max_length=150, blank=True, default="")
     actor_auth = models.CharField(max_length=16, blank=True, default="")
     actor_role = models.CharField(max_length=16, blank=True, default="")
+    actor_credential = models.CharField(max_length=100, blank=True, default="")
     # The turn's messages, cleared once extracted (the session log keeps the turn).
     messages = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)

@@ -116,6 +116,7 @@ def chat_call_context(call: CallContext, *, caller: ChatCaller) -> CallContext:
         actor_auth=principal.method,
         actor_user_id=principal.acting_user.pk,
         actor_role=principal.role,
+        actor_credential=principal.credential,
     )
 
 
@@ -234,6 +235,7 @@ def chat_call_finish(
                 actor_username=call.actor_username,
                 actor_auth=call.actor_auth,
                 actor_role=call.actor_role,
+                actor_credential=call.actor_credential,
                 messages=[{"role": m["role"], "content": _plain(m["content"])} for m in extract[-2:]],
             )
             turn_pk = turn.pk
@@ -341,6 +343,7 @@ def proxy_turn_extract(*, turn_pk: int) -> str:
         actor_username=turn.actor_username,
         actor_auth=turn.actor_auth,
         actor_role=turn.actor_role,
+        actor_credential=turn.actor_credential,
     )
     try:
         _run_with_deadline(

@@ -185,6 +185,8 @@ def test_the_extraction_of_a_delegated_chat_call_names_the_service(llm, settings
     assert ingest_row.memory_ids, "the extraction stored a memory"
     assert _who(chat_row) == _who(ingest_row) == (ann.pk, bot.pk, "acme-bot", "tenant_admin")
     assert ingest_row.actor_auth == chat_row.actor_auth == "api_key"
+    # The service's own key, carried by the queued turn to the later extraction.
+    assert ingest_row.actor_credential == chat_row.actor_credential == f"key:{caller.api_key.key_id}"
 
 
 # --- 5. the proxy's conversation logs are listed, maintained and cleared ----------------------

@@ -66,6 +66,7 @@ def web_call(request) -> CallContext:
         actor_auth=principal.method,
         actor_user_id=request.user.pk,
         actor_role=principal.role,
+        actor_credential=principal.credential,
     )
 
 
