@@ -38,6 +38,11 @@ TURN_EVENTS: dict[str, str] = {
     Operation.CHECK_CACHE: AuditEvent.TurnEvent.RECALL,
     Operation.RECALL_DECISION: AuditEvent.TurnEvent.RECALL,
     Operation.STORE_MEMORY: AuditEvent.TurnEvent.WRITE,
+    # An agent's cached answers and decisions are what it keeps about the user too.
+    Operation.STORE_CACHE: AuditEvent.TurnEvent.WRITE,
+    Operation.STORE_DECISION: AuditEvent.TurnEvent.WRITE,
+    Operation.CACHE_INVALIDATE: AuditEvent.TurnEvent.FORGET,
+    Operation.DELETE_DECISION: AuditEvent.TurnEvent.FORGET,
 }
 MAX_MEMORY_IDS = 10_000
 

@@ -144,6 +144,9 @@ def test_toolkit_searches_and_stores_inside_a_turn_are_turn_events(alice):
                 "store_memory",
                 {"conversation_id": "c1", "messages": [{"role": "user", "content": "I moved to Lyon last spring"}]},
             ),
+            ("store_decision", {"key": "editor", "value": "helix"}),
+            ("store_cache", {"query": "what do I drink?", "response": "green tea"}),
+            ("cache_invalidate", {"pattern": "drink"}),
         )
     }
     assert events == {
@@ -152,6 +155,9 @@ def test_toolkit_searches_and_stores_inside_a_turn_are_turn_events(alice):
         "check_cache": "memory_recall",
         "recall_decision": "memory_recall",
         "store_memory": "memory_write",
+        "store_decision": "memory_write",
+        "store_cache": "memory_write",
+        "cache_invalidate": "memory_forget",
     }
 
 
