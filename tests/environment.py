@@ -58,7 +58,8 @@ def _is_xdist_controller(config) -> bool:
 def pytest_configure(config):
     global _postgres
     if _is_xdist_controller(config):
-        # Only the workers run tests; their logs are cleared when each worker starts.
+        # Only the workers run tests. Each clears its own log when it starts; this clears
+        # those an earlier run's workers left that this run may not start.
         for log in BASE_TEST_DATA_DIR.glob("gw*/netguard.log"):
             log.unlink()
         return
@@ -77,9 +78,11 @@ def pytest_configure(config):
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001
-    # The controller reads every worker's log: a worker's own exit status does not decide
-    # the run's.
-    logs = [NETGUARD_LOG, *BASE_TEST_DATA_DIR.glob("gw*/netguard.log")] if not WORKER else [NETGUARD_LOG]
+    logs = [NETGUARD_LOG]
+    if _is_xdist_controller(session.config):
+        # Each worker logs in its own data dir, and a worker's exit status does not decide
+        # the run's: the controller reads them all.
+        logs += sorted(BASE_TEST_DATA_DIR.glob("gw*/netguard.log"))
     attempts = "".join(log.read_text() for log in logs if log.exists())
     if attempts.strip():
         sys.stderr.write("\nnetguard: non-loopback network access was attempted:\n" + attempts)
