@@ -1074,7 +1074,8 @@ def _restore_locked(
     except RuntimeError as exc:
         raise failed(str(exc)) from None
     except psycopg.Error as exc:
-        raise BackupError(f"recovery failed: {type(exc).__name__} (see {final.paths.log_file})") from None
+        # The server died under our poll (a failed recovery exits): its log says why.
+        raise failed(type(exc).__name__) from None
     finally:
         staging.stop()
     if stop_at is None:
