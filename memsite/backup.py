@@ -856,9 +856,26 @@ def _fatal_from_log(log_file: Path, since: int) -> str | None:
             lines = fh.read().decode(errors="replace").splitlines()
     except FileNotFoundError:
         return None
-    fatal = [line for line in lines if "FATAL" in line or "PANIC" in line]
-    last = fatal or lines[-3:]
+    # A client refused while the server recovers or dies logs a FATAL of its own; that says
+    # nothing about why recovery failed, and under load it can be the last one.
+    fatal = [
+        line
+        for line in lines
+        if ("FATAL" in line or "PANIC" in line) and not any(noise in line for noise in _CONNECTION_REFUSALS)
+    ]
+    cause = [line for line in fatal if "could not restore file" in line]
+    last = cause or fatal or lines[-3:]
     return last[-1] if last else None
+
+
+_CONNECTION_REFUSALS = (
+    "the database system is in recovery mode",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
+    "terminating connection because of crash of another server process",
+)
 
 
 def _last_transaction(log_file: Path, since: int) -> str | None:

@@ -248,6 +248,23 @@ def test_a_server_that_failed_without_a_log_is_explained_by_its_error(tmp_path):
 
 
 # -- 5. a damaged backup.json ----------------------------------------------------------------------
+def test_a_client_refused_during_the_failed_recovery_does_not_hide_its_cause(tmp_path):
+    """Seen in CI: our progress poll was refused after the restore_command failed, and that FATAL came last."""
+    log = tmp_path / "postgres.log"
+    log.write_text(
+        "LOG:  walarchive ['fetch'] failed: EOFError: Compressed file ended\n"
+        'FATAL:  could not restore file "000000010000000000000006" from archive: '
+        "child process exited with exit code 200\n"
+        "LOG:  startup process (PID 25490) exited with exit code 1\n"
+        "FATAL:  the database system is in recovery mode\n"
+        "LOG:  database system is shut down\n"
+    )
+    error = backup._recovery_failed(log, 0, "OperationalError", None, tmp_path / "kept.log")
+    assert 'could not restore file "000000010000000000000006"' in str(error)
+    assert "(EOFError: Compressed file ended)" in str(error)
+    assert "recovery mode" not in str(error)
+
+
 def test_a_damaged_backup_json_skips_that_backup_and_keeps_the_others_usable(archive, copy, workdir, caplog):
     from memsite.tasks import backup_base_if_due as scheduled
 
