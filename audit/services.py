@@ -43,6 +43,7 @@ TURN_EVENTS: dict[str, str] = {
     Operation.STORE_DECISION: AuditEvent.TurnEvent.WRITE,
     Operation.CACHE_INVALIDATE: AuditEvent.TurnEvent.FORGET,
     Operation.DELETE_DECISION: AuditEvent.TurnEvent.FORGET,
+    Operation.DELETE_CACHE_ENTRY: AuditEvent.TurnEvent.FORGET,
 }
 MAX_MEMORY_IDS = 10_000
 

@@ -66,6 +66,8 @@ class Operation(models.TextChoices):
     # Background enrichment of long-term candidates; a person deleting a decision in the UI.
     ENRICH_MEMORY = "enrich_memory"
     DELETE_DECISION = "delete_decision"
+    # A person deleting cached answers in the web UI (one, or all of them): audited, not billed.
+    DELETE_CACHE_ENTRY = "delete_cache_entry"
     # Support handling an erasure request in the admin; a user account deleted there (after
     # the same erasure).
     ADMIN_WIPE_USER_DATA = "admin_wipe_user_data"

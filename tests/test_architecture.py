@@ -208,6 +208,8 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
         toolkit_selectors: {
             "decision_list": lambda: list(toolkit_selectors.decision_list(alice_scope)),
             "decision_count": lambda: toolkit_selectors.decision_count(alice_scope),
+            "cache_entry_list": lambda: list(toolkit_selectors.cache_entry_list(alice_scope)),
+            "cache_entry_count": lambda: toolkit_selectors.cache_entry_count(alice_scope),
         },
         sessions: {
             "session_events_recent": lambda: sessions.session_events_recent(alice_scope, session_id="s1", limit=5)

@@ -1,4 +1,4 @@
-"""Pure reads of the toolkit's tables (the web UI's decisions page)."""
+"""Pure reads of the toolkit's tables (the web UI's decisions and cached answers pages)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core.scope import MemoryScope
-from memories.toolkit.models import Decision
+from memories.toolkit.models import CacheEntry, Decision
 
 
 def _decisions_live(scope: MemoryScope) -> QuerySet[Decision]:
@@ -23,3 +23,19 @@ def decision_list(scope: MemoryScope, *, limit: int = 500, offset: int = 0) -> Q
 def decision_count(scope: MemoryScope) -> int:
     """How many live decisions the scope has (all of decision_list's pages)."""
     return _decisions_live(scope).count()
+
+
+def _cache_entries_live(scope: MemoryScope) -> QuerySet[CacheEntry]:
+    """Expired entries are gone for every reader (the purge job deletes them later)."""
+    return CacheEntry.objects.filter(user_id=scope.user_pk, expires_at__gt=timezone.now())
+
+
+def cache_entry_list(scope: MemoryScope, *, limit: int = 500, offset: int = 0) -> QuerySet[CacheEntry]:
+    """The scope's live cached answers, newest first: `limit` of them after the first `offset`.
+    The embedding is left out: nobody reads it here."""
+    return _cache_entries_live(scope).defer("embedding").order_by("-created_at", "id")[offset : offset + limit]
+
+
+def cache_entry_count(scope: MemoryScope) -> int:
+    """How many live cached answers the scope has (all of cache_entry_list's pages)."""
+    return _cache_entries_live(scope).count()

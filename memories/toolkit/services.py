@@ -625,6 +625,38 @@ def toolkit_cache_invalidate(
     return {"user_id": _user_label(scope, call=call), "deleted_count": deleted}
 
 
+def toolkit_cache_entry_delete(scope: MemoryScope, *, entry_id: str, call: CallContext) -> bool:
+    """A person deleting one of their cached answers in the web UI (audited, not billed).
+    Another user's id, an expired entry's and a malformed one are all "no such entry"."""
+    try:
+        entry_uuid = uuid.UUID(entry_id)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    with transaction.atomic():
+        deleted, _ = CacheEntry.objects.filter(
+            user_id=scope.user_pk, id=entry_uuid, expires_at__gt=timezone.now()
+        ).delete()
+        audit_record(
+            scope,
+            call=call,
+            operation=Operation.DELETE_CACHE_ENTRY,
+            detail={"cache_id": str(entry_uuid), "deleted": bool(deleted)},
+        )
+    return bool(deleted)
+
+
+def toolkit_cache_entries_clear(scope: MemoryScope, *, call: CallContext) -> int:
+    """A person deleting all of their cached answers in the web UI (audited, not billed);
+    how many live ones there were. Expired ones go too, uncounted, as in cache_invalidate."""
+    with transaction.atomic():
+        entries = CacheEntry.objects.filter(user_id=scope.user_pk)
+        now = timezone.now()
+        deleted, _ = entries.filter(expires_at__gt=now).delete()
+        entries.filter(expires_at__lte=now).delete()
+        audit_record(scope, call=call, operation=Operation.DELETE_CACHE_ENTRY, detail={"all": True, "deleted": deleted})
+    return deleted
+
+
 def toolkit_expired_purge(*, now: datetime | None = None) -> dict[str, int]:
     """The periodic purge of expired cache entries and decisions (hidden already)."""
     now = now or timezone.now()

@@ -1,4 +1,4 @@
-"""Issue 14 in the web UI: my decisions (view, delete) and "erase all my data"."""
+"""Issue 14 in the web UI: my decisions and cached answers (view, delete) and "erase all my data"."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from core.errors import ErrorCode, ServiceError
 from memories.interfaces.web.views import _execute, _scope, page_of, web_call
 from memories.toolkit.schemas import DECISION_KEY_MAX_CHARS
-from memories.toolkit.selectors import decision_count, decision_list
-from memories.toolkit.services import toolkit_decision_delete
+from memories.toolkit.selectors import cache_entry_count, cache_entry_list, decision_count, decision_list
+from memories.toolkit.services import toolkit_cache_entries_clear, toolkit_cache_entry_delete, toolkit_decision_delete
 
 ERASE_PHRASE = "erase all my data"
 DECISIONS_PAGE_SIZE = 200
+CACHE_PAGE_SIZE = 100
 
 
 @login_required
@@ -38,6 +39,34 @@ def decision_delete(request):
     else:
         messages.error(request, "No such decision.")
     return redirect("web-decisions")
+
+
+@login_required
+@require_GET
+def cache_entries(request):
+    """The answers agents cached for you (seed 003's store_cache), until they expire."""
+    scope = _scope(request)
+    page = page_of(request, total=cache_entry_count(scope), page_size=CACHE_PAGE_SIZE)
+    shown = cache_entry_list(scope, limit=CACHE_PAGE_SIZE, offset=page.object_list.start)
+    return render(request, "web/cache.html", {"entries": shown, "page": page})
+
+
+@login_required
+@require_POST
+def cache_entry_delete(request):
+    if toolkit_cache_entry_delete(_scope(request), entry_id=request.POST.get("id", ""), call=web_call(request)):
+        messages.success(request, "Deleted the cached answer.")
+    else:
+        messages.error(request, "No such cached answer.")
+    return redirect("web-cache")
+
+
+@login_required
+@require_POST
+def cache_entries_clear(request):
+    deleted = toolkit_cache_entries_clear(_scope(request), call=web_call(request))
+    messages.success(request, f"Deleted {deleted} cached answers.")
+    return redirect("web-cache")
 
 
 @login_required

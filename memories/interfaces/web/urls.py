@@ -32,6 +32,9 @@ urlpatterns = [
     # Issue 14: decisions and erasure.
     path("decisions/", toolkit_views.decisions, name="web-decisions"),
     path("decisions/delete/", toolkit_views.decision_delete, name="web-decision-delete"),
+    path("cache/", toolkit_views.cache_entries, name="web-cache"),
+    path("cache/delete/", toolkit_views.cache_entry_delete, name="web-cache-delete"),
+    path("cache/clear/", toolkit_views.cache_entries_clear, name="web-cache-clear"),
     path("erase/", toolkit_views.erase_all, name="web-erase"),
     path("activity/", web.activity, name="web-activity"),
 ]

@@ -1,0 +1,105 @@
+"""The web UI's "Cached answers" page: a person sees the answers agents cached for them
+(seed 003's store_cache), deletes one or all of them, and never sees, counts or deletes
+anyone else's. Deletions are audited (with the actor), never billed."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from billing.models import UsageEvent
+from memories.auth import Principal
+from memories.interfaces.web import toolkit_views
+from memories.operations import operation_execute
+from memories.toolkit.models import CacheEntry
+from tests.conftest import internal_call
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+
+def cache(user, query: str, response: str) -> str:
+    principal = Principal(user=user, method="api_key", client_app="cache-agent")
+    arguments = {"query": query, "response": response}
+    return operation_execute(principal, "store_cache", arguments, call=internal_call())["cache_id"]
+
+
+def test_the_page_shows_only_my_live_cached_answers(alice, bob, client):
+    cache(alice, "When is the dentist?", "Tuesday at 9 - bring the x-rays")
+    gone = cache(alice, "Old question", "stale-answer")
+    CacheEntry.objects.filter(id=gone).update(expires_at=timezone.now() - timedelta(seconds=1))
+    cache(bob, "What is bob's locker code?", "bob-4711")
+    client.force_login(alice)
+    page = client.get("/cache/").content.decode()
+    assert "When is the dentist?" in page and "Tuesday at 9 - bring the x-rays" in page
+    assert "stale-answer" not in page  # expired: gone for every reader
+    assert "bob-4711" not in page and "locker" not in page
+    assert "Delete all cached answers (1)" in page
+    assert 'href="/cache/"' in client.get("/memories/").content.decode()  # in the menu
+
+
+def test_the_page_pages_through_every_entry(alice, client, settings, monkeypatch):
+    monkeypatch.setattr(toolkit_views, "CACHE_PAGE_SIZE", 3)
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "store_cache": (0, 60)}
+    for n in range(5):
+        cache(alice, f"question {n}", f"answer {n}")
+    client.force_login(alice)
+    first = client.get("/cache/").content.decode()
+    assert first.count('name="id"') == 3 and "Showing 1–3 of 5 cached answers" in first
+    second = client.get("/cache/?page=2").content.decode()
+    assert second.count('name="id"') == 2 and "answer 0" in second  # newest first
+
+
+def test_deleting_one_is_audited_and_not_billed(alice, client):
+    keep = cache(alice, "keep me", "kept")
+    drop = cache(alice, "drop me", "dropped")
+    billed = UsageEvent.objects.count()
+    client.force_login(alice)
+    response = client.post("/cache/delete/", {"id": drop}, follow=True)
+    assert "Deleted the cached answer." in response.content.decode()
+    assert set(CacheEntry.objects.values_list("id", flat=True)) == {uuid.UUID(keep)}
+    row = AuditEvent.objects.get(operation="delete_cache_entry")
+    assert row.actor_user_id == alice.pk and row.channel == "ui"
+    assert row.detail == {"cache_id": drop, "deleted": True}
+    assert UsageEvent.objects.count() == billed
+
+
+def test_another_users_entry_is_exactly_like_a_missing_one(alice, bob, client):
+    bobs = cache(bob, "bob's question", "bob's answer")
+    client.force_login(alice)
+    for entry_id in (bobs, str(uuid.uuid4()), "not-a-uuid", ""):
+        response = client.post("/cache/delete/", {"id": entry_id}, follow=True)
+        assert response.status_code == 200
+        assert "No such cached answer." in response.content.decode()
+    assert CacheEntry.objects.filter(id=bobs).exists()
+    # Nothing in alice's audit tells her whether bob's id exists.
+    rows = AuditEvent.objects.filter(operation="delete_cache_entry", actor_user_id=alice.pk)
+    assert [r.detail["deleted"] for r in rows] == [False, False]  # the two well-formed ids
+    assert all(r.subject_user_id == alice.pk for r in rows)
+
+
+def test_delete_all_deletes_only_mine(alice, bob, client):
+    cache(alice, "one", "1")
+    cache(alice, "two", "2")
+    bobs = cache(bob, "bob's", "b")
+    client.force_login(alice)
+    response = client.post("/cache/clear/", follow=True)
+    assert "Deleted 2 cached answers." in response.content.decode()
+    assert list(CacheEntry.objects.values_list("id", flat=True)) == [uuid.UUID(bobs)]
+    row = AuditEvent.objects.get(operation="delete_cache_entry")
+    assert row.detail == {"all": True, "deleted": 2} and row.actor_user_id == alice.pk
+    assert "No cached answers." in client.get("/cache/").content.decode()
+
+
+def test_the_pages_need_a_login_and_changes_need_post(alice, client):
+    assert client.get("/cache/").status_code == 302
+    assert client.post("/cache/clear/").status_code == 302
+    assert client.post("/cache/delete/", {"id": str(uuid.uuid4())}).status_code == 302
+    client.force_login(alice)
+    cache(alice, "q", "r")
+    assert client.get("/cache/clear/").status_code == 405
+    assert client.get("/cache/delete/").status_code == 405
+    assert CacheEntry.objects.count() == 1
