@@ -68,6 +68,8 @@ class Operation(models.TextChoices):
     DELETE_DECISION = "delete_decision"
     # A person deleting cached answers in the web UI (one, or all of them): audited, not billed.
     DELETE_CACHE_ENTRY = "delete_cache_entry"
+    # A person downloading their decisions and cached answers in the web UI: audited, not billed.
+    EXPORT_DECISIONS_AND_CACHE = "export_decisions_and_cache"
     # Support handling an erasure request in the admin; a user account deleted there (after
     # the same erasure).
     ADMIN_WIPE_USER_DATA = "admin_wipe_user_data"

@@ -1,6 +1,7 @@
 """The web UI's "Cached answers" page: a person sees the answers agents cached for them
 (seed 003's store_cache), deletes one or all of them, and never sees, counts or deletes
-anyone else's. Deletions are audited (with the actor), never billed."""
+anyone else's. Deletions are audited (with the actor), never billed. "Your data" also
+downloads the decisions and cached answers."""
 
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ def test_delete_all_deletes_only_mine(alice, bob, client):
 
 def test_the_pages_need_a_login_and_changes_need_post(alice, client):
     assert client.get("/cache/").status_code == 302
+    assert client.get("/data/export/decisions-and-cache/").status_code == 302
     assert client.post("/cache/clear/").status_code == 302
     assert client.post("/cache/delete/", {"id": str(uuid.uuid4())}).status_code == 302
     client.force_login(alice)
@@ -103,3 +105,25 @@ def test_the_pages_need_a_login_and_changes_need_post(alice, client):
     assert client.get("/cache/clear/").status_code == 405
     assert client.get("/cache/delete/").status_code == 405
     assert CacheEntry.objects.count() == 1
+
+
+def test_your_data_downloads_my_decisions_and_cached_answers_only(alice, bob, client):
+    principal = Principal(user=alice, method="api_key", client_app="cache-agent")
+    operation_execute(principal, "store_decision", {"key": "tone", "value": "short-answers"}, call=internal_call())
+    cache(alice, "When is the dentist?", "Tuesday")
+    bobs = Principal(user=bob, method="api_key", client_app="cache-agent")
+    operation_execute(bobs, "store_decision", {"key": "bob-key", "value": "bob-value"}, call=internal_call())
+    cache(bob, "bob's question", "bob-answer")
+    billed = UsageEvent.objects.count()
+    client.force_login(alice)
+    assert "/data/export/decisions-and-cache/" in client.get("/data/").content.decode()
+    response = client.get("/data/export/decisions-and-cache/")
+    assert response.status_code == 200 and "attachment" in response["Content-Disposition"]
+    document = response.json()
+    assert document["format"] == "memsite.decisions_and_cache" and document["version"] == 1
+    assert [(d["key"], d["value"]) for d in document["decisions"]] == [("tone", "short-answers")]
+    assert [(c["query"], c["response"]) for c in document["cached_answers"]] == [("When is the dentist?", "Tuesday")]
+    assert "bob" not in response.content.decode()
+    row = AuditEvent.objects.get(operation="export_decisions_and_cache")
+    assert row.actor_user_id == alice.pk and row.detail == {"decisions": 1, "cached_answers": 1}
+    assert UsageEvent.objects.count() == billed

@@ -75,6 +75,7 @@ from memories.services import (
 from memories.sessions import session_data_erase
 from memories.toolkit import enrichment
 from memories.toolkit.models import CacheEntry, Decision
+from memories.toolkit.selectors import cache_entry_count, cache_entry_list, decision_count, decision_list
 from memories.toolkit.tasks import enrich_memories as enrich_memories_task
 from memories.toolkit.websearch import WebSearchUnavailable, web_search_provider
 
@@ -740,6 +741,41 @@ def toolkit_decision_delete(scope: MemoryScope, *, key: str, call: CallContext) 
             scope, call=call, operation=Operation.DELETE_DECISION, detail={"key": key, "deleted": bool(deleted)}
         )
     return bool(deleted)
+
+
+AGENT_DATA_FORMAT = "memsite.decisions_and_cache"
+
+
+def toolkit_data_export(scope: MemoryScope, *, call: CallContext) -> dict[str, Any]:
+    """Everything the toolkit keeps about the person besides memories: their live
+    decisions and cached answers, as one JSON document (the web UI's "Your data"
+    download; the memory export covers memories). Audited with the counts, not billed."""
+    user = _user_label(scope, call=call)
+    decisions = [decision_as_dict(d, user=user) for d in decision_list(scope, limit=decision_count(scope))]
+    cached = [
+        {
+            "id": str(entry.id),
+            "query": entry.query,
+            "response": entry.response,
+            "created_at": _iso(entry.created_at),
+            "expires_at": _iso(entry.expires_at),
+        }
+        for entry in cache_entry_list(scope, limit=cache_entry_count(scope))
+    ]
+    with transaction.atomic():
+        audit_record(
+            scope,
+            call=call,
+            operation=Operation.EXPORT_DECISIONS_AND_CACHE,
+            detail={"decisions": len(decisions), "cached_answers": len(cached)},
+        )
+    return {
+        "format": AGENT_DATA_FORMAT,
+        "version": 1,
+        "exported_at": timezone.now().astimezone(UTC).isoformat(),
+        "decisions": decisions,
+        "cached_answers": cached,
+    }
 
 
 # --- search_web -----------------------------------------------------------------------------

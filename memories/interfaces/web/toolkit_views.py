@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -11,7 +12,12 @@ from core.errors import ErrorCode, ServiceError
 from memories.interfaces.web.views import _execute, _scope, page_of, web_call
 from memories.toolkit.schemas import DECISION_KEY_MAX_CHARS
 from memories.toolkit.selectors import cache_entry_count, cache_entry_list, decision_count, decision_list
-from memories.toolkit.services import toolkit_cache_entries_clear, toolkit_cache_entry_delete, toolkit_decision_delete
+from memories.toolkit.services import (
+    toolkit_cache_entries_clear,
+    toolkit_cache_entry_delete,
+    toolkit_data_export,
+    toolkit_decision_delete,
+)
 
 ERASE_PHRASE = "erase all my data"
 DECISIONS_PAGE_SIZE = 200
@@ -67,6 +73,16 @@ def cache_entries_clear(request):
     deleted = toolkit_cache_entries_clear(_scope(request), call=web_call(request))
     messages.success(request, f"Deleted {deleted} cached answers.")
     return redirect("web-cache")
+
+
+@login_required
+@require_GET
+def decisions_and_cache_export(request):
+    """The "Your data" page's second download: decisions and cached answers as JSON."""
+    document = toolkit_data_export(_scope(request), call=web_call(request))
+    response = JsonResponse(document, json_dumps_params={"ensure_ascii": False, "indent": 1})
+    response["Content-Disposition"] = 'attachment; filename="decisions-and-cached-answers.json"'
+    return response
 
 
 @login_required

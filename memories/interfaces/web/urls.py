@@ -22,6 +22,11 @@ urlpatterns = [
     path("memories/<uuid:memory_id>/delete/", web.memory_delete_view, name="web-memory-delete"),
     path("data/", web.data_page, name="web-data"),
     path("data/export/", web.data_export, name="web-data-export"),
+    path(
+        "data/export/decisions-and-cache/",
+        toolkit_views.decisions_and_cache_export,
+        name="web-data-export-decisions-and-cache",
+    ),
     path("data/import/", web.data_import, name="web-data-import"),
     path("keys/", web.api_keys, name="web-keys"),
     path("keys/<str:key_id>/revoke/", web.api_key_revoke_view, name="web-key-revoke"),
