@@ -187,6 +187,9 @@ EMBEDDER_TIMEOUT_S = env_float("EMBEDDER_TIMEOUT_S", 10.0, minimum=0.1)
 # Recent single-text vectors kept per process (digest keys; 2048 MiniLM vectors are 3 MiB,
 # Gemini's 1536-d ones 12 MiB). 0 turns the cache off.
 EMBEDDER_CACHE_SIZE = env_int("EMBEDDER_CACHE_SIZE", 2048, minimum=0)
+# How long one of them is kept at most (from when it was embedded): the bound on how long a
+# vector of an erased text stays in another process's memory. 0 turns the cache off too.
+EMBEDDER_CACHE_TTL_S = env_float("EMBEDDER_CACHE_TTL_S", 900.0, minimum=0.0)
 GEMINI_LLM_MODEL = env_str("GEMINI_LLM_MODEL", "gemini-2.5-flash")
 if EMBEDDER == "gemini" and not GOOGLE_API_KEY:
     raise ConfigError("EMBEDDER=gemini needs GOOGLE_API_KEY")

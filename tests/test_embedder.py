@@ -106,6 +106,29 @@ def test_the_least_recently_used_vector_goes_first_and_size_zero_keeps_none(mini
     assert embed_cached(embed, size=0) is embed
 
 
+def test_no_vector_is_kept_longer_than_its_ttl_even_unasked(minilm):
+    """The bound on how long a vector of an erased text stays in a process: expired ones
+    are not served, and the next call (of any text) sweeps them all out."""
+    from memories.engine.embedders import _vector_caches, embed_cached
+
+    now = [1000.0]
+    embed, calls = _counted(minilm)
+    cached = embed_cached(embed, size=8, ttl_s=60, clock=lambda: now[0])
+    (cache,) = [c for c in _vector_caches if c.clock() == 1000.0 and c.ttl_s == 60]
+    cached("erased later")
+    cached("kept")
+    now[0] += 30
+    cached("kept")  # a hit does not make it younger
+    cached("fresh")
+    assert calls == ["erased later", "kept", "fresh"]
+    now[0] += 31  # "erased later" and "kept" are 61 s old, "fresh" 31 s
+    cached("fresh")  # a hit, and the sweep of everything expired
+    assert calls == ["erased later", "kept", "fresh"] and len(cache.vectors) == 1
+    cached("kept")
+    assert calls[-1] == "kept"
+    assert embed_cached(embed, size=8, ttl_s=0) is embed
+
+
 @pytest.mark.django_db
 def test_the_engines_embedder_runs_once_for_a_repeated_query(settings):
     """Through the instrumented engine embedder: a repeat is neither embedded nor timed."""

@@ -320,7 +320,11 @@ def test_wipe_user_data_needs_confirm_and_erases_only_the_caller(alice, bob):
     error = fails(alice, "wipe_user_data", {})
     assert error.code == ErrorCode.CONFIRMATION_REQUIRED
     assert error.message == "wipe_user_data requires confirm=true. This will permanently delete ALL user data."
+    from memories.engine.embedders import _vector_caches
+
+    assert any(cache.vectors for cache in _vector_caches)  # alice's texts' vectors, among others
     wiped = run(alice, "wipe_user_data", {"confirm": True})
+    assert not any(cache.vectors for cache in _vector_caches)  # this process keeps none of them
     assert wiped["user_id"] == alice.username
     assert wiped["memories_deleted"] == 3 and wiped["cache_deleted"] == 1 and wiped["decisions_deleted"] == 1
     health = run(alice, "memory_health")

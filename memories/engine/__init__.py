@@ -4,6 +4,7 @@ The rest of the code imports from here (`from memories.engine import ...`), neve
 mem0 and never a payload key; import-linter holds that line (pyproject.toml)."""
 
 from memories.engine.embedders import EmbedderSpec, embedder_spec_active, embedder_spec_configured
+from memories.engine.embedders import embed_caches_clear as engine_vector_cache_clear
 from memories.engine.history_store import history_attribution
 from memories.engine.lifecycle import (
     engine_expired_owned,
@@ -90,6 +91,7 @@ __all__ = [
     "EmbedderSpec",
     "embedder_spec_active",
     "embedder_spec_configured",
+    "engine_vector_cache_clear",
     "ReembedError",
     "ReembedProgress",
     "engine_reembed_abort",

@@ -116,24 +116,47 @@ def embedder_active() -> Any:
 
 
 class _VectorCache:
-    """The last `size` vectors by key, least recently used out first."""
+    """The last `size` vectors by key, least recently used out first, none older than
+    `ttl_s` (counted from when it was embedded): a vector of a text that has since been
+    erased leaves this process's memory within that time of its next call."""
 
-    def __init__(self, size: int) -> None:
+    SWEEP_EVERY_S = 1.0
+
+    def __init__(self, size: int, *, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.size = size
-        self.vectors: OrderedDict[tuple[bytes, str | None], np.ndarray] = OrderedDict()
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self.vectors: OrderedDict[tuple[bytes, str | None], tuple[float, np.ndarray]] = OrderedDict()
         self.lock = threading.Lock()
+        self.swept_at = clock()
+
+    def _sweep(self, now: float) -> None:
+        # At most once a second: a pass over the entries (~2048) is about a tenth of a millisecond.
+        if now - self.swept_at < self.SWEEP_EVERY_S:
+            return
+        self.swept_at = now
+        for key in [k for k, (stored_at, _) in self.vectors.items() if now - stored_at >= self.ttl_s]:
+            del self.vectors[key]
 
     def get(self, key: tuple[bytes, str | None]) -> list[float] | None:
+        now = self.clock()
         with self.lock:
+            self._sweep(now)
             hit = self.vectors.get(key)
             if hit is None:
                 return None
+            if now - hit[0] >= self.ttl_s:
+                del self.vectors[key]
+                return None
             self.vectors.move_to_end(key)
-        return cast(list[float], hit.tolist())
+        return cast(list[float], hit[1].tolist())
 
     def put(self, key: tuple[bytes, str | None], vector: list[float]) -> None:
+        now = self.clock()
         with self.lock:
-            self.vectors[key] = np.asarray(vector, dtype=np.float32)
+            self._sweep(now)
+            self.vectors[key] = (now, np.asarray(vector, dtype=np.float32))
+            self.vectors.move_to_end(key)
             if len(self.vectors) > self.size:
                 self.vectors.popitem(last=False)
 
@@ -147,21 +170,24 @@ _vector_caches: weakref.WeakSet[_VectorCache] = weakref.WeakSet()
 
 
 def embed_caches_clear() -> None:
-    """Forget every vector this process keeps (tests start from none)."""
+    """Forget every vector this process keeps (an erasure does, for its own process; tests
+    start from none)."""
     for cache in list(_vector_caches):
         cache.clear()
 
 
-def embed_cached(embed: Callable[..., list[float]], *, size: int) -> Callable[..., list[float]]:
+def embed_cached(
+    embed: Callable[..., list[float]], *, size: int, ttl_s: float = 900.0, clock: Callable[[], float] = time.monotonic
+) -> Callable[..., list[float]]:
     """`embed` (an embedder's one-text call) with its last `size` vectors kept in this
-    process. Agents ask the same things again (the turn prefetch, a cache check before a
-    recall) and store the same lines in many users' memories; a repeat then costs a
-    lookup instead of a model run or a paid Gemini request. Keys are digests, not the
-    text; vectors are kept as float32 (what the vector column holds) and each caller
-    gets its own list."""
-    if size <= 0:
+    process for at most `ttl_s` seconds. Agents ask the same things again (the turn
+    prefetch, a cache check before a recall) and store the same lines in many users'
+    memories; a repeat then costs a lookup instead of a model run or a paid Gemini request.
+    Keys are digests, not the text; vectors are kept as float32 (what the vector column
+    holds) and each caller gets its own list."""
+    if size <= 0 or ttl_s <= 0:
         return embed
-    cache = _VectorCache(size)
+    cache = _VectorCache(size, ttl_s=ttl_s, clock=clock)
     _vector_caches.add(cache)
 
     def cached(text: str, memory_action: str | None = None) -> list[float]:

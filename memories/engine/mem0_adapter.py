@@ -295,7 +295,7 @@ def _embedder_instrument(embedder: Any, *, name: str | None = None) -> None:
 
     name = name or settings.EMBEDDER
     timed = embedder_timed(embedder.embed, embedder=name, kind="one")
-    embedder.embed = embed_cached(timed, size=settings.EMBEDDER_CACHE_SIZE)
+    embedder.embed = embed_cached(timed, size=settings.EMBEDDER_CACHE_SIZE, ttl_s=settings.EMBEDDER_CACHE_TTL_S)
     if hasattr(embedder, "embed_batch"):
         embedder.embed_batch = embedder_timed(embedder.embed_batch, embedder=name, kind="batch")
 

@@ -50,6 +50,7 @@ from memories.engine import (
     engine_purge_messages,
     engine_rows_with_metadata,
     engine_timestamp,
+    engine_vector_cache_clear,
     hybrid_search,
 )
 from memories.models import ContentHash, IngestIntent
@@ -897,6 +898,9 @@ def toolkit_user_data_wipe(scope: MemoryScope, *, confirm: bool, call: CallConte
             call_succeeded(scope, call=call, operation=operation, memory_ids=memory_ids, detail=counts)
         else:
             audit_record(scope, call=call, operation=operation, memory_ids=memory_ids, detail=counts)
+        # This process's recent vectors (of any user: which are this one's is not known from
+        # digests) go once the erasure holds; other processes' expire (EMBEDDER_CACHE_TTL_S).
+        transaction.on_commit(engine_vector_cache_clear)
     return {
         "user_id": _user_label(scope, call=call),
         "memories_deleted": len(memory_ids),
