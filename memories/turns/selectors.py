@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,68 @@ def sessions_of_user(scope: MemoryScope, *, limit: int = 200, offset: int = 0) -
 def session_count(scope: MemoryScope) -> int:
     """How many sessions the user has (all of sessions_of_user's pages)."""
     return SessionState.objects.filter(engine_user_id=scope.engine_user_id).count()
+
+
+def session_exists(scope: MemoryScope, *, project: str, session_id: str) -> bool:
+    """Whether the user has this session (another user's is as missing as an unknown one)."""
+    return SessionState.objects.filter(
+        engine_user_id=scope.engine_user_id, project=project, session_id=session_id
+    ).exists()
+
+
+@dataclass(frozen=True)
+class SessionItem:
+    """One raw item of a session's log as a person reads it."""
+
+    kind: str  # message, function_call, function_call_output, or the item's own type
+    role: str
+    text: str
+    turn_id: str
+    created_at: Any
+
+
+def _item_text(item: dict[str, Any]) -> str:
+    """The readable part of a Responses-style item: a message's text (its content parts'
+    texts, joined), a tool call's name and arguments, a tool output; else the item as JSON."""
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if parts:
+            return "\n".join(parts)
+    if item.get("type") == "function_call":
+        return f"{item.get('name', '')}({item.get('arguments', '')})"
+    if "output" in item:
+        output = item["output"]
+        return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, default=str)
+    return json.dumps(item, ensure_ascii=False, default=str)
+
+
+def session_items(
+    scope: MemoryScope, *, project: str, session_id: str, limit: int = 200, offset: int = 0
+) -> list[SessionItem]:
+    """The session's raw log in order: `limit` items after the first `offset`."""
+    rows = SessionEvent.objects.filter(
+        engine_user_id=scope.engine_user_id, project=project, session_id=session_id
+    ).order_by("id")[offset : offset + limit]
+    return [
+        SessionItem(
+            kind=str(row.item.get("type") or "message") if isinstance(row.item, dict) else "item",
+            role=str(row.item.get("role") or "") if isinstance(row.item, dict) else "",
+            text=_item_text(row.item) if isinstance(row.item, dict) else json.dumps(row.item, default=str),
+            turn_id=row.turn_id,
+            created_at=row.created_at,
+        )
+        for row in rows
+    ]
+
+
+def session_item_count(scope: MemoryScope, *, project: str, session_id: str) -> int:
+    """How many raw items the session's log holds (all of session_items' pages)."""
+    return SessionEvent.objects.filter(
+        engine_user_id=scope.engine_user_id, project=project, session_id=session_id
+    ).count()
 
 
 def _facts_of_tier(scope: MemoryScope, tier: str) -> Any:

@@ -5,16 +5,28 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import Http404
 from django.shortcuts import redirect, render
+from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from core.errors import ServiceError
 from memories.interfaces.web.views import _execute, _scope, page_of
 from memories.turns.extraction import FACT_TAG, TIERS, tier_tag
-from memories.turns.selectors import fact_counts_by_tier, facts_by_tier, session_count, sessions_of_user
+from memories.turns.selectors import (
+    fact_counts_by_tier,
+    facts_by_tier,
+    session_count,
+    session_exists,
+    session_item_count,
+    session_items,
+    sessions_of_user,
+)
 
 TIER_TITLES = {"l1": "Today (L1)", "l2": "This week (L2)", "long_term": "Long-term"}
 SESSIONS_PAGE_SIZE = 50
+SESSION_ITEMS_PAGE_SIZE = 200
+SESSION_KEY_MAX_CHARS = 128  # SessionState's project and session_id columns
 FACTS_PER_TIER = 100  # the newest; the rest are a link to My memories filtered by the tier's tags
 
 
@@ -36,6 +48,33 @@ def sessions(request):
     page = page_of(request, total=session_count(scope), page_size=SESSIONS_PAGE_SIZE)
     shown = sessions_of_user(scope, limit=SESSIONS_PAGE_SIZE, offset=page.object_list.start)
     return render(request, "web/sessions.html", {"sessions": shown, "tiers": tiers, "page": page})
+
+
+@login_required
+@require_GET
+def session_log(request):
+    """One session's raw log, in order, paged: what the agent or the chat proxy kept of the
+    conversation. The session is named by query parameters (ids are free text); another
+    user's session is a 404 like an unknown one."""
+    session_id, project = request.GET.get("session_id", ""), request.GET.get("project", "")
+    if not session_id or len(session_id) > SESSION_KEY_MAX_CHARS or len(project) > SESSION_KEY_MAX_CHARS:
+        raise Http404("No such session.")
+    scope = _scope(request)
+    if not session_exists(scope, project=project, session_id=session_id):
+        raise Http404("No such session.")
+    total = session_item_count(scope, project=project, session_id=session_id)
+    page = page_of(request, total=total, page_size=SESSION_ITEMS_PAGE_SIZE)
+    items = session_items(
+        scope, project=project, session_id=session_id, limit=SESSION_ITEMS_PAGE_SIZE, offset=page.object_list.start
+    )
+    context = {
+        "session_id": session_id,
+        "project": project,
+        "items": items,
+        "page": page,
+        "query": urlencode({"session_id": session_id, "project": project}) + "&",
+    }
+    return render(request, "web/session_log.html", context)
 
 
 @login_required

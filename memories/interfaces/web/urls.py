@@ -33,6 +33,7 @@ urlpatterns = [
     path("usage/", web.usage, name="web-usage"),
     # Issue 13: agent sessions.
     path("sessions/", web_sessions.sessions, name="web-sessions"),
+    path("sessions/log/", web_sessions.session_log, name="web-session-log"),
     path("sessions/delete-events/", web_sessions.session_events_delete, name="web-session-events-delete"),
     # Issue 14: decisions and erasure.
     path("decisions/", toolkit_views.decisions, name="web-decisions"),

@@ -1,0 +1,86 @@
+"""The web UI shows a session's raw log (what the agent or the chat proxy kept of the
+conversation), in order and paged, to its owner only: another user's session, with the
+same id or not, is a 404 like an unknown one."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import transaction
+
+from memories import sessions
+from memories.interfaces.web import sessions as web_sessions
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+
+def log(scope, session_id: str, items: list[dict], *, project: str = "") -> None:
+    with transaction.atomic():
+        sessions.session_events_append(scope, session_id=session_id, project=project, items=items, turn_id="t-1")
+
+
+def link_of(page: str) -> str:
+    return re.search(r'href="(/sessions/log/[^"]+)"', page).group(1).replace("&amp;", "&")
+
+
+def test_the_owner_reads_the_log_in_order_from_the_sessions_page(alice, alice_scope, bob_scope, client):
+    log(
+        alice_scope,
+        "trip/planning",
+        [
+            {"type": "message", "role": "user", "content": "I fly to Lisbon on <b>Friday</b>"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Noted: Friday."}]},
+            {"type": "function_call", "name": "book", "arguments": '{"city": "Lisbon"}', "call_id": "c1"},
+            {"type": "function_call_output", "call_id": "c1", "output": "booked-ok"},
+        ],
+        project="travel",
+    )
+    log(
+        bob_scope,
+        "trip/planning",
+        [{"type": "message", "role": "user", "content": "bob-secret-plan"}],
+        project="travel",
+    )
+    client.force_login(alice)
+    page = client.get(link_of(client.get("/sessions/").content.decode())).content.decode()
+    assert "travel / trip/planning" in page
+    texts = [
+        "I fly to Lisbon on &lt;b&gt;Friday&lt;/b&gt;",
+        "Noted: Friday.",
+        "book({&quot;city&quot;: &quot;Lisbon&quot;})",
+        "booked-ok",
+    ]
+    positions = [page.index(text) for text in texts]
+    assert positions == sorted(positions)  # oldest first, escaped
+    assert "bob-secret-plan" not in page
+    assert "Delete all 4 raw events" in page
+
+
+def test_another_users_session_is_a_404_like_an_unknown_one(alice, bob_scope, client):
+    log(bob_scope, "bobs-session", [{"type": "message", "role": "user", "content": "bob-secret"}])
+    client.force_login(alice)
+    for query in (
+        "session_id=bobs-session",
+        "session_id=nobody-has-this",
+        "session_id=bobs-session&project=x",
+        "",
+        "session_id=" + "s" * 129,
+        "session_id=s&project=" + "p" * 129,
+    ):
+        response = client.get(f"/sessions/log/?{query}")
+        assert response.status_code == 404, query
+        assert "bob-secret" not in response.content.decode()
+    client.logout()
+    assert client.get("/sessions/log/?session_id=bobs-session").status_code == 302
+
+
+def test_a_long_log_pages_and_the_links_keep_the_session(alice, alice_scope, client, monkeypatch):
+    monkeypatch.setattr(web_sessions, "SESSION_ITEMS_PAGE_SIZE", 3)
+    log(alice_scope, "a b&c", [{"type": "message", "role": "user", "content": f"line-{n}-"} for n in range(7)])
+    client.force_login(alice)
+    first = client.get("/sessions/log/", {"session_id": "a b&c"}).content.decode()
+    assert "Showing 1–3 of 7 raw events" in first and "line-0-" in first and "line-3-" not in first
+    following = re.search(r'rel="next" href="([^"]+)"', first).group(1).replace("&amp;", "&")
+    second = client.get(f"/sessions/log/{following}").content.decode()
+    assert "line-3-" in second and "line-5-" in second and "line-2-" not in second
