@@ -70,6 +70,8 @@ class Operation(models.TextChoices):
     DELETE_CACHE_ENTRY = "delete_cache_entry"
     # A person downloading their decisions and cached answers in the web UI: audited, not billed.
     EXPORT_DECISIONS_AND_CACHE = "export_decisions_and_cache"
+    # ...and their agent sessions' logs (summaries, raw events, archives).
+    EXPORT_SESSION_LOGS = "export_session_logs"
     # Support handling an erasure request in the admin; a user account deleted there (after
     # the same erasure).
     ADMIN_WIPE_USER_DATA = "admin_wipe_user_data"

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from core.scope import MemoryScope
+from django.db import transaction
+from django.utils import timezone
+
+from core.scope import CallContext, MemoryScope
 from memories.models import SessionEvent
 
 # What an item's identity is made of: two items equal here are the same event to dedupe.
@@ -149,3 +152,67 @@ _CLEARERS: list[Callable[[MemoryScope], int]] = []
 def clear_all_register(clearer: Callable[[MemoryScope], int]) -> None:
     if clearer not in _CLEARERS:
         _CLEARERS.append(clearer)
+
+
+SESSION_LOGS_FORMAT = "memsite.session_logs"
+
+
+def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[str]:
+    """Every session log the user has, as JSONL lines to stream (the web UI's "Your data"):
+    a header with the counts, then one `session` line per session (its summary), one
+    `event` line per raw item in order, and one `archive` line per compacted run of items.
+    Audited with the counts before the first line; not billed. A download cut short is
+    told by the header's counts."""
+    from audit.services import audit_record
+    from core.choices import Operation
+    from memories.models import SessionArchive, SessionState
+
+    owned = {"engine_user_id": scope.engine_user_id}
+    states = SessionState.objects.filter(**owned).order_by("project", "session_id")
+    events = SessionEvent.objects.filter(**owned).order_by("project", "session_id", "id")
+    archives = SessionArchive.objects.filter(**owned).order_by("project", "session_id", "first_event_id")
+    counts = {"sessions": states.count(), "events": events.count(), "archives": archives.count()}
+    with transaction.atomic():
+        audit_record(scope, call=call, operation=Operation.EXPORT_SESSION_LOGS, detail=counts)
+    header = {"format": SESSION_LOGS_FORMAT, "version": 1, "exported_at": timezone.now().isoformat(), **counts}
+
+    def line(kind: str, data: dict[str, Any]) -> str:
+        return json.dumps({kind: data}, ensure_ascii=False, default=str) + "\n"
+
+    def lines() -> Iterator[str]:
+        yield json.dumps(header, ensure_ascii=False) + "\n"
+        for state in states.iterator(chunk_size=500):
+            yield line(
+                "session",
+                {
+                    "project": state.project,
+                    "session_id": state.session_id,
+                    "abstract": state.abstract,
+                    "overview": state.overview,
+                    "created_at": state.created_at,
+                    "last_active_at": state.last_active_at,
+                },
+            )
+        for event in events.iterator(chunk_size=500):
+            yield line(
+                "event",
+                {
+                    "project": event.project,
+                    "session_id": event.session_id,
+                    "turn_id": event.turn_id,
+                    "created_at": event.created_at,
+                    "item": event.item,
+                },
+            )
+        for archive in archives.iterator(chunk_size=50):
+            yield line(
+                "archive",
+                {
+                    "project": archive.project,
+                    "session_id": archive.session_id,
+                    "created_at": archive.created_at,
+                    "items": archive.items,
+                },
+            )
+
+    return lines()

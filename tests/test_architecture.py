@@ -237,6 +237,7 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
         "erasure_register",
         "session_logs_delete",
         "session_data_clear_all",
+        "session_logs_export",
         "clear_all_register",
     }
     results = {}

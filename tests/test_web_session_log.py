@@ -4,6 +4,7 @@ same id or not, is a 404 like an unknown one."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -84,3 +85,47 @@ def test_a_long_log_pages_and_the_links_keep_the_session(alice, alice_scope, cli
     following = re.search(r'rel="next" href="([^"]+)"', first).group(1).replace("&amp;", "&")
     second = client.get(f"/sessions/log/{following}").content.decode()
     assert "line-3-" in second and "line-5-" in second and "line-2-" not in second
+
+
+def test_your_data_streams_every_session_log_of_mine_only(alice, alice_scope, bob_scope, client):
+    from audit.models import AuditEvent
+    from billing.models import UsageEvent
+    from memories.models import SessionArchive
+
+    log(alice_scope, "s1", [{"type": "message", "role": "user", "content": f"alice-{n}"} for n in range(3)])
+    log(alice_scope, "s2", [{"type": "message", "role": "user", "content": "alice-other"}], project="p")
+    SessionArchive.objects.create(
+        engine_user_id=alice_scope.engine_user_id,
+        session_id="s1",
+        first_event_id=1,
+        last_event_id=2,
+        items=[{"type": "message", "role": "user", "content": "alice-archived"}],
+    )
+    log(bob_scope, "s1", [{"type": "message", "role": "user", "content": "bob-secret"}])
+    billed = UsageEvent.objects.count()
+    client.force_login(alice)
+    assert "/data/export/session-logs/" in client.get("/data/").content.decode()
+    response = client.get("/data/export/session-logs/")
+    assert response.status_code == 200 and "attachment" in response["Content-Disposition"]
+    body = b"".join(response.streaming_content).decode()
+    lines = [json.loads(line) for line in body.splitlines()]
+    header, rest = lines[0], lines[1:]
+    assert header["format"] == "memsite.session_logs" and (
+        header["sessions"],
+        header["events"],
+        header["archives"],
+    ) == (2, 4, 1)
+    assert [line["session"]["session_id"] for line in rest if "session" in line] == ["s1", "s2"]
+    assert [line["event"]["item"]["content"] for line in rest if "event" in line] == [
+        "alice-0",
+        "alice-1",
+        "alice-2",
+        "alice-other",
+    ]
+    assert [line["archive"]["items"][0]["content"] for line in rest if "archive" in line] == ["alice-archived"]
+    assert "bob-secret" not in body
+    row = AuditEvent.objects.get(operation="export_session_logs")
+    assert row.actor_user_id == alice.pk and row.detail == {"sessions": 2, "events": 4, "archives": 1}
+    assert UsageEvent.objects.count() == billed
+    client.logout()
+    assert client.get("/data/export/session-logs/").status_code == 302

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
+from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from core.errors import ServiceError
-from memories.interfaces.web.views import _execute, _scope, page_of
+from memories.interfaces.web.views import _execute, _scope, page_of, web_call
+from memories.sessions import session_logs_export
 from memories.turns.extraction import FACT_TAG, TIERS, tier_tag
 from memories.turns.selectors import (
     fact_counts_by_tier,
@@ -87,3 +88,13 @@ def session_events_delete(request):
     except ServiceError as exc:
         messages.error(request, exc.message)
     return redirect("web-sessions")
+
+
+@login_required
+@require_GET
+def session_logs_download(request):
+    """The "Your data" page's download of every session log, streamed as JSONL."""
+    lines = session_logs_export(_scope(request), call=web_call(request))
+    response = StreamingHttpResponse(lines, content_type="application/x-ndjson; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="session-logs.jsonl"'
+    return response
