@@ -279,6 +279,10 @@ class SessionState(models.Model):
     summary_updated_at = models.DateTimeField(null=True, blank=True)
     last_active_at = models.DateTimeField(default=timezone.now)
     created_at = models.DateTimeField(default=timezone.now)
+    # The log is sent back to a model as conversation history (the chat proxy's sessions):
+    # a clear-all deletes it, or the next call would teach the cleared facts again. Set by
+    # such a writer, never unset by another.
+    replayed = models.BooleanField(default=False)
 
     class Meta:
         constraints = [

@@ -41,14 +41,17 @@ def session_events_append(
     project: str = "",
     turn_id: str = "",
     dedupe_window: int = 0,
+    replayed: bool = False,
 ) -> int:
     """Append `items` to the session's log in order; returns how many were stored. With
     `dedupe_window > 0`, an item whose hash equals one of the session's last
     `dedupe_window` items (including ones appended earlier in this call) is skipped.
     The session's SessionState row is created or touched too, whoever writes (the turn
     tools, the chat proxy): the Sessions page lists, and nightly maintenance visits, only
-    sessions that have one. Runs in the caller's transaction (no commit of its own)."""
-    _session_state_touch(scope, session_id=session_id, project=project)
+    sessions that have one. `replayed`: the writer sends this log back to a model as
+    conversation history (SessionState.replayed). Runs in the caller's transaction (no
+    commit of its own)."""
+    _session_state_touch(scope, session_id=session_id, project=project, replayed=replayed)
     recent: list[str] = []
     if dedupe_window > 0:
         recent = list(
@@ -78,15 +81,27 @@ def session_events_append(
     return len(rows)
 
 
-def _session_state_touch(scope: MemoryScope, *, session_id: str, project: str) -> None:
+def _session_state_touch(scope: MemoryScope, *, session_id: str, project: str, replayed: bool) -> None:
     from memories.models import SessionState
 
-    # One upsert: concurrent writers of the same session never collide on the unique row.
+    # One upsert: concurrent writers of the same session never collide on the unique row. A
+    # writer that does not replay the log leaves `replayed` as another one set it.
     SessionState.objects.bulk_create(
-        [SessionState(engine_user_id=scope.engine_user_id, project=project, session_id=session_id)],
+        [SessionState(engine_user_id=scope.engine_user_id, project=project, session_id=session_id, replayed=replayed)],
         update_conflicts=True,
         unique_fields=["engine_user_id", "project", "session_id"],
-        update_fields=["last_active_at"],
+        update_fields=["last_active_at", "replayed"] if replayed else ["last_active_at"],
+    )
+
+
+def sessions_replayed(scope: MemoryScope, *, project: str = "") -> list[str]:
+    """The ids of the user's sessions whose log a writer replays to a model (clear-all)."""
+    from memories.models import SessionState
+
+    return list(
+        SessionState.objects.filter(engine_user_id=scope.engine_user_id, project=project, replayed=True)
+        .order_by("session_id")
+        .values_list("session_id", flat=True)
     )
 
 

@@ -552,6 +552,9 @@ PROXY_KEY_UPSTREAM_ALLOW_LOOPBACK = env_bool("PROXY_KEY_UPSTREAM_ALLOW_LOOPBACK"
 # Session messages compared for duplicates before a turn is stored (seed 004: 200).
 PROXY_DEDUPE_WINDOW = env_int("PROXY_DEDUPE_WINDOW", 200, minimum=0)
 CELERY_BEAT_SCHEDULE["proxy-turns-sweep"] = {"task": "proxy.turns_sweep", "schedule": 60.0}
+# Closed chat turns (their messages already blanked) are deleted after this many days.
+PROXY_TURN_RETENTION_DAYS = env_int("PROXY_TURN_RETENTION_DAYS", 30, minimum=1)
+CELERY_BEAT_SCHEDULE["proxy-turns-prune"] = {"task": "proxy.turns_prune", "schedule": crontab(hour=5, minute=7)}
 # --- Seed 003's toolkit (issue 14: /engines/memory-toolkit/mcp) -------------------------------
 # store_memory: one short-term memory per message, expiring after STM_TTL_HOURS.
 STM_TTL_HOURS = env_float("STM_TTL_HOURS", 24.0, minimum=0.001)

@@ -11,7 +11,7 @@ import logging
 import threading
 import uuid
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,7 +34,7 @@ from memories.models import ApiKey, IngestIntent
 from memories.operations import principal_effective
 from memories.rate_limits import rate_limit_consume
 from memories.services import api_key_authenticate, memory_ingest, user_write_locks
-from memories.sessions import session_events_append, session_events_recent, session_logs_delete
+from memories.sessions import session_events_append, session_events_recent, session_logs_delete, sessions_replayed
 from proxy.crypto import secret_encrypt
 from proxy.errors import ProxyError, unauthenticated
 from proxy.messages import turn_items
@@ -220,6 +220,7 @@ def chat_call_finish(
             items=turn_items(new_messages),
             turn_id=call.turn_id or call.request_id,
             dedupe_window=settings.PROXY_DEDUPE_WINDOW,
+            replayed=True,  # the next call sends it upstream as the conversation so far
         )
         detail["session_items_stored"] = stored
         extract = [m for m in turn_items(new_messages) if m.get("type") == "message"]
@@ -595,11 +596,28 @@ def proxy_turns_clear(scope: MemoryScope) -> int:
     closed = ProxyTurn.objects.filter(user_id=scope.user_pk, state=ProxyTurn.State.PENDING).update(
         state=ProxyTurn.State.FAILED, closed_at=timezone.now(), messages=[], last_error=CLEARED_REASON
     )
-    # The proxy's sessions: every one it recorded a turn in (turns stay, blanked, once
-    # extracted), each of the user's keys' default stream, and a login's.
-    sessions = set(
-        ProxyTurn.objects.filter(user_id=scope.user_pk, tenant=scope.tenant).values_list("session_id", flat=True)
-    )
+    # The proxy's sessions: every one it wrote (marked replayed: its turn rows are pruned
+    # after PROXY_TURN_RETENTION_DAYS, the mark stays), each of the user's keys' default
+    # stream, and a login's.
+    sessions = set(sessions_replayed(scope, project=""))
     keys = ApiKey.objects.filter(user_id=scope.user_pk).values_list("key_id", flat=True)
     sessions |= {f"key:{key_id}" for key_id in keys} | {"default"}
     return closed + session_logs_delete(scope, project="", session_ids=sorted(sessions))
+
+
+PRUNE_BATCH = 5000
+
+
+def proxy_turns_prune(*, now: datetime | None = None) -> int:
+    """Closed chat turns (extracted, failed or cleared; their messages are blanked already)
+    older than PROXY_TURN_RETENTION_DAYS: the audit trail and the session log keep what
+    they recorded. Pending turns are never pruned (the sweep still owes them an
+    extraction). In batches, so the table is never locked long."""
+    cutoff = (now or timezone.now()) - timedelta(days=settings.PROXY_TURN_RETENTION_DAYS)
+    closed = ProxyTurn.objects.exclude(state=ProxyTurn.State.PENDING).filter(closed_at__lt=cutoff)
+    deleted = 0
+    while True:
+        batch = list(closed.order_by("pk").values_list("pk", flat=True)[:PRUNE_BATCH])
+        if not batch:
+            return deleted
+        deleted += ProxyTurn.objects.filter(pk__in=batch).exclude(state=ProxyTurn.State.PENDING).delete()[0]

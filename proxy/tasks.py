@@ -17,3 +17,10 @@ def turns_sweep() -> int:
     from proxy.services import proxy_turns_sweep
 
     return proxy_turns_sweep()
+
+
+@shared_task(name="proxy.turns_prune", ignore_result=True)
+def turns_prune() -> int:
+    from proxy.services import proxy_turns_prune
+
+    return proxy_turns_prune()

@@ -215,7 +215,8 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
             "cache_entry_count": lambda: toolkit_selectors.cache_entry_count(alice_scope),
         },
         sessions: {
-            "session_events_recent": lambda: sessions.session_events_recent(alice_scope, session_id="s1", limit=5)
+            "session_events_recent": lambda: sessions.session_events_recent(alice_scope, session_id="s1", limit=5),
+            "sessions_replayed": lambda: sessions.sessions_replayed(alice_scope),
         },
         oauth_selectors: {
             "oauth_grants_connected": lambda: oauth_selectors.oauth_grants_connected(user=alice),
