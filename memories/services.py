@@ -1172,7 +1172,7 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
         engine_purge_messages(scope)
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
         ingest_intents_supersede(scope, call=call, erased=False)  # their facts join this clear-all's trash
-        session_data_clear_all(scope)  # what other apps keep that could re-teach it (the proxy's queued turns, logs)
+        session_data_clear_all(scope)  # what other apps keep that could re-teach it (chat turns and logs, cache)
         call_succeeded(
             scope,
             call=call,

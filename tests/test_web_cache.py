@@ -127,3 +127,14 @@ def test_your_data_downloads_my_decisions_and_cached_answers_only(alice, bob, cl
     row = AuditEvent.objects.get(operation="export_decisions_and_cache")
     assert row.actor_user_id == alice.pk and row.detail == {"decisions": 1, "cached_answers": 1}
     assert UsageEvent.objects.count() == billed
+
+
+def test_clear_all_memories_drops_the_cached_answers_too(alice, bob):
+    """A cached answer was worked out from the memories: a hit would hand cleared facts back."""
+    cache(alice, "What is my bank PIN?", "pin-4321")
+    bobs = cache(bob, "bob's question", "b")
+    principal = Principal(user=alice, method="api_key", client_app="cache-agent")
+    operation_execute(principal, "clear_all_memory", {"confirm": True}, call=internal_call())
+    assert list(CacheEntry.objects.values_list("id", flat=True)) == [uuid.UUID(bobs)]
+    hit = operation_execute(principal, "check_cache", {"query": "What is my bank PIN?"}, call=internal_call())
+    assert hit == {"cache_hit": False}

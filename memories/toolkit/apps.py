@@ -8,3 +8,9 @@ class ToolkitConfig(AppConfig):
     name = "memories.toolkit"
     label = "toolkit"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from memories.sessions import clear_all_register
+        from memories.toolkit.services import toolkit_cache_clear_all
+
+        clear_all_register(toolkit_cache_clear_all)  # a cached answer would hand cleared facts back

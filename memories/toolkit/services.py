@@ -659,6 +659,14 @@ def toolkit_cache_entries_clear(scope: MemoryScope, *, call: CallContext) -> int
     return deleted
 
 
+def toolkit_cache_clear_all(scope: MemoryScope) -> int:
+    """Clear all (registered with memories.sessions): the user's cached answers go too. They
+    were worked out from the memories being cleared, and a cache hit would hand the cleared
+    facts back; a cache is not restored by undoing the clear-all, it fills again. In the
+    clear-all's transaction, under its erasure lock."""
+    return CacheEntry.objects.filter(user_id=scope.user_pk).delete()[0]
+
+
 def toolkit_expired_purge(*, now: datetime | None = None) -> dict[str, int]:
     """The periodic purge of expired cache entries and decisions (hidden already)."""
     now = now or timezone.now()
