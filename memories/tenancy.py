@@ -90,15 +90,6 @@ def tenant_user_create(*, tenant: str, username: str, email: str = "") -> Any:
     return user
 
 
-def tenant_user_assign(*, user: Any, tenant: str) -> None:
-    """Put a user that has no memories yet into `tenant` (its partition key changes)."""
-    if tenant == DEFAULT_TENANT:
-        tenant_ensure(name=tenant)
-    elif not Tenant.objects.filter(name=tenant).exists():
-        raise ServiceError(ErrorCode.NOT_FOUND, f"No tenant {tenant[:63]!r}.")
-    TenantMembership.objects.update_or_create(user=user, defaults={"tenant_id": tenant})
-
-
 # --- selectors ----------------------------------------------------------------------------
 def tenant_user_get(*, tenant: str, username: str) -> Any | None:
     """The active user `username` of `tenant`, or None."""
