@@ -460,11 +460,15 @@ def oidc(settings):
 
 @pytest.fixture
 def fake_gemini(settings, monkeypatch):
+    from memories.engine.embedders import embedder_instances_clear
+
     fake = FakeGemini().start()
     monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake.url)
     settings.GOOGLE_API_KEY = "fake-gemini-key"
+    embedder_instances_clear()  # none made for an earlier test's fake (stopped; its port is gone)
     yield fake
     fake.stop()
+    embedder_instances_clear()
     # Put the table back as every other test expects it (384-d, no shadow column).
     from memories.engine import engine_reembed_abort
     from memories.engine.embedders import embedder_spec_refresh

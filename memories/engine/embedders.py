@@ -76,6 +76,14 @@ def embedder_spec_refresh() -> None:
         _cache.update(spec=None, at=0.0)
 
 
+def embedder_instances_clear() -> None:
+    """Forget the embedders made for specs other than the configured one, so the next call
+    makes them again from the current settings (their clients keep the endpoint and key
+    they were made with: tests start a fake Gemini on a new port each time)."""
+    with _lock:
+        _cache["embedders"].clear()
+
+
 def embedder_for(spec: EmbedderSpec) -> Any:
     """An embedder making `spec`'s vectors (mem0's interface: embed, embed_batch); one
     instance per process and spec. The configured one is mem0's own."""
