@@ -12,6 +12,7 @@ from django.db import transaction
 
 from memories import sessions
 from memories.interfaces.web import sessions as web_sessions
+from memories.models import SessionArchive
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -56,6 +57,17 @@ def test_the_owner_reads_the_log_in_order_from_the_sessions_page(alice, alice_sc
     assert positions == sorted(positions)  # oldest first, escaped
     assert "bob-secret-plan" not in page
     assert "Delete all 4 raw events" in page
+    assert "archive" not in page
+    SessionArchive.objects.create(
+        engine_user_id=alice_scope.engine_user_id,
+        project="travel",
+        session_id="trip/planning",
+        first_event_id=1,
+        last_event_id=2,
+        items=[],
+    )
+    again = client.get(link_of(client.get("/sessions/").content.decode())).content.decode()
+    assert "compacted by maintenance into 1 archive," in again
 
 
 def test_another_users_session_is_a_404_like_an_unknown_one(alice, bob_scope, client):
@@ -90,7 +102,6 @@ def test_a_long_log_pages_and_the_links_keep_the_session(alice, alice_scope, cli
 def test_your_data_streams_every_session_log_of_mine_only(alice, alice_scope, bob_scope, client):
     from audit.models import AuditEvent
     from billing.models import UsageEvent
-    from memories.models import SessionArchive
 
     log(alice_scope, "s1", [{"type": "message", "role": "user", "content": f"alice-{n}"} for n in range(3)])
     log(alice_scope, "s2", [{"type": "message", "role": "user", "content": "alice-other"}], project="p")

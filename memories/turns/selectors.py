@@ -113,6 +113,13 @@ def session_item_count(scope: MemoryScope, *, project: str, session_id: str) -> 
     ).count()
 
 
+def session_archive_count(scope: MemoryScope, *, project: str, session_id: str) -> int:
+    """How many runs of the session's older events maintenance compacted into archives."""
+    return SessionArchive.objects.filter(
+        engine_user_id=scope.engine_user_id, project=project, session_id=session_id
+    ).count()
+
+
 def _facts_of_tier(scope: MemoryScope, tier: str) -> Any:
     return engine_rows_owned(scope, containment=attrs_containment(tags=[FACT_TAG, tier_tag(tier)]))
 

@@ -17,6 +17,7 @@ from memories.turns.extraction import FACT_TAG, TIERS, tier_tag
 from memories.turns.selectors import (
     fact_counts_by_tier,
     facts_by_tier,
+    session_archive_count,
     session_count,
     session_exists,
     session_item_count,
@@ -73,6 +74,7 @@ def session_log(request):
         "project": project,
         "items": items,
         "page": page,
+        "archives": session_archive_count(scope, project=project, session_id=session_id),
         "query": urlencode({"session_id": session_id, "project": project}) + "&",
     }
     return render(request, "web/session_log.html", context)
