@@ -176,11 +176,20 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
     """Every session log the user has, as JSONL lines to stream (the web UI's "Your data"):
     a header with the counts, then one `session` line per session (its summary), one
     `event` line per raw item in order, and one `archive` line per compacted run of items.
-    Audited with the counts before the first line; not billed. A download cut short is
-    told by the header's counts."""
-    from audit.services import audit_record
+    Audited with the counts before the first line (a refusal too); rate limited, not
+    billed. A download cut short is told by the header's counts."""
+    from audit.services import audit_failure, audit_record
     from core.choices import Operation
+    from core.errors import ServiceError
     from memories.models import SessionArchive, SessionState
+    from memories.rate_limits import rate_limit_consume
+
+    try:
+        rate_limit_consume(scope, operation=Operation.EXPORT_SESSION_LOGS)
+    except ServiceError as error:
+        with transaction.atomic():
+            audit_failure(scope, call=call, operation=Operation.EXPORT_SESSION_LOGS, error=error)
+        raise
 
     owned = {"engine_user_id": scope.engine_user_id}
     states = SessionState.objects.filter(**owned).order_by("project", "session_id")

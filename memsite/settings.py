@@ -287,6 +287,9 @@ _RATE_DEFAULTS = {
     Operation.LIST_MEMORY: "120/minute",
     Operation.CLEAR_ALL_MEMORY: "5/hour",
     Operation.EXPORT_MEMORIES: "30/hour",
+    # The web UI's other downloads ("Your data"): a session log export can be large.
+    Operation.EXPORT_DECISIONS_AND_CACHE: "30/hour",
+    Operation.EXPORT_SESSION_LOGS: "30/hour",
     Operation.IMPORT_MEMORIES: "20/hour",
     Operation.CHAT_COMPLETION: "120/minute",
 }

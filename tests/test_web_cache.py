@@ -138,3 +138,16 @@ def test_clear_all_memories_drops_the_cached_answers_too(alice, bob):
     assert list(CacheEntry.objects.values_list("id", flat=True)) == [uuid.UUID(bobs)]
     hit = operation_execute(principal, "check_cache", {"query": "What is my bank PIN?"}, call=internal_call())
     assert hit == {"cache_hit": False}
+
+
+def test_the_decisions_and_cache_download_is_rate_limited(alice, client, settings):
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "export_decisions_and_cache": (1, 60)}
+    client.force_login(alice)
+    assert client.get("/data/export/decisions-and-cache/").status_code == 200
+    refused = client.get("/data/export/decisions-and-cache/", follow=True)
+    assert (
+        refused.redirect_chain[-1][0] == "/data/"
+        and "Too many export_decisions_and_cache calls" in refused.content.decode()
+    )
+    rows = AuditEvent.objects.filter(operation="export_decisions_and_cache").order_by("id")
+    assert [(r.outcome, r.error_code) for r in rows] == [("ok", ""), ("error", "rate_limited")]

@@ -140,3 +140,18 @@ def test_your_data_streams_every_session_log_of_mine_only(alice, alice_scope, bo
     assert UsageEvent.objects.count() == billed
     client.logout()
     assert client.get("/data/export/session-logs/").status_code == 302
+
+
+def test_the_download_is_rate_limited_and_a_refusal_is_audited(alice, alice_scope, client, settings):
+    from audit.models import AuditEvent
+
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "export_session_logs": (1, 60)}
+    log(alice_scope, "s1", [{"type": "message", "role": "user", "content": "hello"}])
+    client.force_login(alice)
+    assert client.get("/data/export/session-logs/").status_code == 200
+    refused = client.get("/data/export/session-logs/", follow=True)
+    assert (
+        refused.redirect_chain[-1][0] == "/data/" and "Too many export_session_logs calls" in refused.content.decode()
+    )
+    rows = AuditEvent.objects.filter(operation="export_session_logs").order_by("id")
+    assert [(r.outcome, r.error_code) for r in rows] == [("ok", ""), ("error", "rate_limited")]

@@ -752,13 +752,26 @@ def toolkit_decision_delete(scope: MemoryScope, *, key: str, call: CallContext) 
     return bool(deleted)
 
 
+def _web_rate_limit(scope: MemoryScope, *, operation: str, call: CallContext) -> None:
+    """rate_limit_consume for a web UI action outside the dispatcher: a refusal is audited
+    as the dispatcher audits one, then raised."""
+    try:
+        rate_limit_consume(scope, operation=operation)
+    except ServiceError as error:
+        with transaction.atomic():
+            audit_failure(scope, call=call, operation=operation, error=error)
+        raise
+
+
 AGENT_DATA_FORMAT = "memsite.decisions_and_cache"
 
 
 def toolkit_data_export(scope: MemoryScope, *, call: CallContext) -> dict[str, Any]:
     """Everything the toolkit keeps about the person besides memories: their live
     decisions and cached answers, as one JSON document (the web UI's "Your data"
-    download; the memory export covers memories). Audited with the counts, not billed."""
+    download; the memory export covers memories). Audited with the counts (a refusal too),
+    rate limited, not billed."""
+    _web_rate_limit(scope, operation=Operation.EXPORT_DECISIONS_AND_CACHE, call=call)
     user = _user_label(scope, call=call)
     decisions = [decision_as_dict(d, user=user) for d in decision_list(scope, limit=decision_count(scope))]
     cached = [

@@ -96,7 +96,11 @@ def session_events_delete(request):
 @require_GET
 def session_logs_download(request):
     """The "Your data" page's download of every session log, streamed as JSONL."""
-    lines = session_logs_export(_scope(request), call=web_call(request))
+    try:
+        lines = session_logs_export(_scope(request), call=web_call(request))
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+        return redirect("web-data")
     response = StreamingHttpResponse(lines, content_type="application/x-ndjson; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="session-logs.jsonl"'
     return response

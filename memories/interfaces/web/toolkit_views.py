@@ -79,7 +79,11 @@ def cache_entries_clear(request):
 @require_GET
 def decisions_and_cache_export(request):
     """The "Your data" page's second download: decisions and cached answers as JSON."""
-    document = toolkit_data_export(_scope(request), call=web_call(request))
+    try:
+        document = toolkit_data_export(_scope(request), call=web_call(request))
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+        return redirect("web-data")
     response = JsonResponse(document, json_dumps_params={"ensure_ascii": False, "indent": 1})
     response["Content-Disposition"] = 'attachment; filename="decisions-and-cached-answers.json"'
     return response
