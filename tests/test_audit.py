@@ -206,6 +206,13 @@ def test_search_by_user_id_or_username_is_exact_and_index_served(admin_client, a
     delegated = row(operation="remember", actor_user_id=bob.pk, actor_username="bob", subject_user_id=alice.pk)
     by_staff = row(operation="admin_view_memory", staff_user_id=bob.pk, staff_username="sam", subject_user_id=bob.pk)
     row(operation="remember", actor_user_id=bob.pk, actor_username="alicex", subject_user_id=bob.pk)
+    leaked = row(
+        operation="search_memory",
+        actor_user_id=bob.pk,
+        actor_username="bob",
+        subject_user_id=bob.pk,
+        actor_credential="key:k-leaked",
+    )
 
     def found(term):
         page = admin_client.get("/admin/audit/auditevent/", {"q": term})
@@ -230,6 +237,10 @@ def test_search_by_user_id_or_username_is_exact_and_index_served(admin_client, a
             plan = found(term)[1].explain()
             scans = set(re.findall(r"Bitmap Index Scan on (\w+)", plan))
             assert scans == indexes and "Filter" not in plan and "Seq Scan" not in plan, plan
+        # One credential's calls (a leaked key's): its own partial index, newest first.
+        plan = found("key:k-leaked")[1].explain()
+        assert "audit_credential_recent" in plan and "Seq Scan" not in plan, plan
+    assert found("key:k-leaked")[0] == {leaked.pk}
 
 
 def test_rows_are_append_only(transactional_db, alice):
