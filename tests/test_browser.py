@@ -296,3 +296,46 @@ def engine_row_missing(memory_id: str) -> bool:
     from memories.engine import engine_get
 
     return engine_get(memory_id) is None
+
+
+def test_the_user_reads_a_session_log_and_curates_cached_answers(browser, memsite_server, alice, bob):
+    """What agents keep besides memories, seen and deleted by the person in the UI."""
+    from django.db import transaction
+
+    from memories import sessions
+    from memories.auth import Principal
+    from memories.operations import operation_execute
+    from memories.toolkit.models import CacheEntry
+
+    def cache(user, query: str, response: str) -> None:
+        principal = Principal(user=user, method="api_key", client_app="travel-agent")
+        operation_execute(principal, "store_cache", {"query": query, "response": response}, call=internal_call())
+
+    cache(alice, "Which airline does Alice prefer?", "TAP, aisle seat")
+    cache(alice, "When is Alice's flight to Lisbon?", "Friday 9:40 from Gate 12")
+    cache(bob, "Bob's question", "bob-private-answer")
+    with transaction.atomic():
+        sessions.session_events_append(
+            MemoryScope.for_user(alice),
+            session_id="trip-planning",
+            items=[
+                {"type": "message", "role": "user", "content": "Book me on the Friday flight to Lisbon"},
+                {"type": "message", "role": "assistant", "content": "Done: Friday 9:40, aisle seat."},
+            ],
+        )
+
+    page = Page(browser, memsite_server)
+    _login(page, "alice")
+    page.open("/sessions/")
+    page.click_text("Read the 2 raw events")
+    assert "Book me on the Friday flight to Lisbon" in page.text and "Done: Friday 9:40" in page.text
+    page.shot("12-session-log")
+
+    page.open("/cache/")
+    assert "TAP, aisle seat" in page.text and "Gate 12" in page.text and "bob-private-answer" not in page.text
+    page.shot("13-cached-answers")
+    page.click("button[aria-label^='Delete the cached answer to Which airline']")
+    assert "Deleted the cached answer." in page.text and "TAP, aisle seat" not in page.text
+    page.click("#clear-cache")
+    assert "Deleted 1 cached answer." in page.text and "No cached answers." in page.text
+    assert list(CacheEntry.objects.values_list("response", flat=True)) == ["bob-private-answer"]

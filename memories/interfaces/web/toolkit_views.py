@@ -71,7 +71,7 @@ def cache_entry_delete(request):
 @require_POST
 def cache_entries_clear(request):
     deleted = toolkit_cache_entries_clear(_scope(request), call=web_call(request))
-    messages.success(request, f"Deleted {deleted} cached answers.")
+    messages.success(request, f"Deleted {deleted} cached answer{'' if deleted == 1 else 's'}.")
     return redirect("web-cache")
 
 
