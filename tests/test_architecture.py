@@ -206,6 +206,7 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
             "session_archive_count": lambda: turns_selectors.session_archive_count(
                 alice_scope, project="", session_id="s1"
             ),
+            "session_archives": lambda: turns_selectors.session_archives(alice_scope, project="", session_id="s1"),
             "fact_counts_by_tier": lambda: turns_selectors.fact_counts_by_tier(alice_scope),
             "memory_tree": lambda: turns_selectors.memory_tree(
                 alice_scope, project="", session_id="", path="/memory", depth=2, limit=50

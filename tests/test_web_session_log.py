@@ -67,7 +67,7 @@ def test_the_owner_reads_the_log_in_order_from_the_sessions_page(alice, alice_sc
         items=[],
     )
     again = client.get(link_of(client.get("/sessions/").content.decode())).content.decode()
-    assert "compacted by maintenance into 1 archive," in again
+    assert "compacted by maintenance into 1 archive:" in again
 
 
 def test_another_users_session_is_a_404_like_an_unknown_one(alice, bob_scope, client):
@@ -155,3 +155,43 @@ def test_the_download_is_rate_limited_and_a_refusal_is_audited(alice, alice_scop
     )
     rows = AuditEvent.objects.filter(operation="export_session_logs").order_by("id")
     assert [(r.outcome, r.error_code) for r in rows] == [("ok", ""), ("error", "rate_limited")]
+
+
+def test_archived_runs_are_readable_oldest_first_and_only_by_their_owner(
+    alice, alice_scope, bob, bob_scope, client, monkeypatch
+):
+    monkeypatch.setattr(web_sessions, "SESSION_ARCHIVES_PAGE_SIZE", 2)
+    log(alice_scope, "long", [{"type": "message", "role": "user", "content": "still-raw"}])
+    for n in range(3):
+        SessionArchive.objects.create(
+            engine_user_id=alice_scope.engine_user_id,
+            session_id="long",
+            first_event_id=100 * n + 1,
+            last_event_id=100 * n + 2,
+            items=[
+                {"type": "message", "role": "user", "content": f"archived-{n}-a"},
+                {"type": "function_call", "name": "lookup", "arguments": f'{{"n": {n}}}'},
+            ],
+        )
+    log(bob_scope, "bobs", [{"type": "message", "role": "user", "content": "x"}])
+    SessionArchive.objects.create(
+        engine_user_id=bob_scope.engine_user_id,
+        session_id="bobs",
+        first_event_id=1,
+        last_event_id=1,
+        items=[{"type": "message", "role": "user", "content": "bob-archived-secret"}],
+    )
+    client.force_login(alice)
+    raw = client.get("/sessions/log/", {"session_id": "long"}).content.decode()
+    assert "compacted by maintenance into 3 archives:" in raw and "archived-0-a" not in raw
+    archives_link = re.search(r'href="(/sessions/log/archives/[^"]+)"', raw).group(1).replace("&amp;", "&")
+    first = client.get(archives_link).content.decode()
+    assert "Showing 1–2 of 3 archived runs" in first
+    assert first.index("archived-0-a") < first.index("archived-1-a") and "archived-2-a" not in first
+    assert "lookup({&quot;n&quot;: 0})" in first and "Run 1: 2 events" in first
+    following = re.search(r'rel="next" href="([^"]+)"', first).group(1).replace("&amp;", "&")
+    second = client.get(f"/sessions/log/archives/{following}").content.decode()
+    assert "archived-2-a" in second and "Run 3: 2 events" in second
+    for query in ("session_id=bobs", "session_id=nobody", ""):
+        response = client.get(f"/sessions/log/archives/?{query}")
+        assert response.status_code == 404 and "bob-archived-secret" not in response.content.decode()

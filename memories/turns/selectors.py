@@ -87,6 +87,20 @@ def _item_text(item: dict[str, Any]) -> str:
     return json.dumps(item, ensure_ascii=False, default=str)
 
 
+def _session_item(item: Any, *, turn_id: str, created_at: Any) -> SessionItem:
+    if not isinstance(item, dict):
+        return SessionItem(
+            kind="item", role="", text=json.dumps(item, default=str), turn_id=turn_id, created_at=created_at
+        )
+    return SessionItem(
+        kind=str(item.get("type") or "message"),
+        role=str(item.get("role") or ""),
+        text=_item_text(item),
+        turn_id=turn_id,
+        created_at=created_at,
+    )
+
+
 def session_items(
     scope: MemoryScope, *, project: str, session_id: str, limit: int = 200, offset: int = 0
 ) -> list[SessionItem]:
@@ -94,15 +108,31 @@ def session_items(
     rows = SessionEvent.objects.filter(
         engine_user_id=scope.engine_user_id, project=project, session_id=session_id
     ).order_by("id")[offset : offset + limit]
+    return [_session_item(row.item, turn_id=row.turn_id, created_at=row.created_at) for row in rows]
+
+
+@dataclass(frozen=True)
+class SessionArchiveView:
+    """One run of a session's older events that maintenance compacted (at most 200)."""
+
+    compacted_at: Any
+    items: list[SessionItem]
+
+
+def session_archives(
+    scope: MemoryScope, *, project: str, session_id: str, limit: int = 5, offset: int = 0
+) -> list[SessionArchiveView]:
+    """The session's archived runs, oldest first: `limit` after the first `offset`. Archived
+    items keep no time or turn of their own: the run's compaction time stands for them."""
+    archives = SessionArchive.objects.filter(
+        engine_user_id=scope.engine_user_id, project=project, session_id=session_id
+    ).order_by("first_event_id", "id")[offset : offset + limit]
     return [
-        SessionItem(
-            kind=str(row.item.get("type") or "message") if isinstance(row.item, dict) else "item",
-            role=str(row.item.get("role") or "") if isinstance(row.item, dict) else "",
-            text=_item_text(row.item) if isinstance(row.item, dict) else json.dumps(row.item, default=str),
-            turn_id=row.turn_id,
-            created_at=row.created_at,
+        SessionArchiveView(
+            compacted_at=archive.created_at,
+            items=[_session_item(item, turn_id="", created_at=None) for item in archive.items or []],
         )
-        for row in rows
+        for archive in archives
     ]
 
 

@@ -3,6 +3,8 @@ session's raw events. Reads are selectors; the delete goes through the dispatche
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, StreamingHttpResponse
@@ -18,6 +20,7 @@ from memories.turns.selectors import (
     fact_counts_by_tier,
     facts_by_tier,
     session_archive_count,
+    session_archives,
     session_count,
     session_exists,
     session_item_count,
@@ -28,6 +31,7 @@ from memories.turns.selectors import (
 TIER_TITLES = {"l1": "Today (L1)", "l2": "This week (L2)", "long_term": "Long-term"}
 SESSIONS_PAGE_SIZE = 50
 SESSION_ITEMS_PAGE_SIZE = 200
+SESSION_ARCHIVES_PAGE_SIZE = 5  # runs of up to 200 items each
 SESSION_KEY_MAX_CHARS = 128  # SessionState's project and session_id columns
 FACTS_PER_TIER = 100  # the newest; the rest are a link to My memories filtered by the tier's tags
 
@@ -52,18 +56,25 @@ def sessions(request):
     return render(request, "web/sessions.html", {"sessions": shown, "tiers": tiers, "page": page})
 
 
-@login_required
-@require_GET
-def session_log(request):
-    """One session's raw log, in order, paged: what the agent or the chat proxy kept of the
-    conversation. The session is named by query parameters (ids are free text); another
-    user's session is a 404 like an unknown one."""
+def _session_of(request) -> tuple[Any, str, str]:
+    """The signed-in user's scope and the session the query names; a 404 for one they do
+    not have (another user's, with the same id or not, is as missing as an unknown one)."""
     session_id, project = request.GET.get("session_id", ""), request.GET.get("project", "")
     if not session_id or len(session_id) > SESSION_KEY_MAX_CHARS or len(project) > SESSION_KEY_MAX_CHARS:
         raise Http404("No such session.")
     scope = _scope(request)
     if not session_exists(scope, project=project, session_id=session_id):
         raise Http404("No such session.")
+    return scope, session_id, project
+
+
+@login_required
+@require_GET
+def session_log(request):
+    """One session's raw log, in order, paged: what the agent or the chat proxy kept of the
+    conversation. The session is named by query parameters (ids are free text); another
+    user's session is a 404 like an unknown one."""
+    scope, session_id, project = _session_of(request)
     total = session_item_count(scope, project=project, session_id=session_id)
     page = page_of(request, total=total, page_size=SESSION_ITEMS_PAGE_SIZE)
     items = session_items(
@@ -104,3 +115,25 @@ def session_logs_download(request):
     response = StreamingHttpResponse(lines, content_type="application/x-ndjson; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="session-logs.jsonl"'
     return response
+
+
+@login_required
+@require_GET
+def session_log_archives(request):
+    """A session's archived runs (older events maintenance compacted), oldest first, paged."""
+    scope, session_id, project = _session_of(request)
+    total = session_archive_count(scope, project=project, session_id=session_id)
+    page = page_of(request, total=total, page_size=SESSION_ARCHIVES_PAGE_SIZE)
+    archives = session_archives(
+        scope, project=project, session_id=session_id, limit=SESSION_ARCHIVES_PAGE_SIZE, offset=page.object_list.start
+    )
+    session_query = urlencode({"session_id": session_id, "project": project})
+    context = {
+        "session_id": session_id,
+        "project": project,
+        "archives": archives,
+        "page": page,
+        "session_query": session_query,
+        "query": session_query + "&",
+    }
+    return render(request, "web/session_archives.html", context)

@@ -34,6 +34,7 @@ urlpatterns = [
     # Issue 13: agent sessions.
     path("sessions/", web_sessions.sessions, name="web-sessions"),
     path("sessions/log/", web_sessions.session_log, name="web-session-log"),
+    path("sessions/log/archives/", web_sessions.session_log_archives, name="web-session-log-archives"),
     path("data/export/session-logs/", web_sessions.session_logs_download, name="web-data-export-session-logs"),
     path("sessions/delete-events/", web_sessions.session_events_delete, name="web-session-events-delete"),
     # Issue 14: decisions and erasure.
