@@ -25,7 +25,7 @@ from django.db import connection, transaction
 
 from core.errors import ErrorCode, ServiceError
 from core.metrics import rate_limit_rejection_record
-from core.scope import MemoryScope
+from core.scope import CallContext, MemoryScope
 from memories.models import RateEvent, RateWindow
 
 SLIDING_WINDOW_FROM_S = 3600
@@ -80,6 +80,19 @@ def rate_limit_consume(scope: MemoryScope, *, operation: str) -> None:
     with nullcontext() if single else transaction.atomic():
         for user_pk, key, key_limit in keys:
             _consume(user_pk, operation=key, shown=operation, limit=key_limit, window=window)
+
+
+def rate_limit_consume_audited(scope: MemoryScope, *, operation: str, call: CallContext) -> None:
+    """rate_limit_consume for a web UI action outside the dispatcher (which audits its own
+    refusals): a refusal is audited the same way, then raised."""
+    from audit.services import audit_failure
+
+    try:
+        rate_limit_consume(scope, operation=operation)
+    except ServiceError as error:
+        with transaction.atomic():
+            audit_failure(scope, call=call, operation=operation, error=error)
+        raise
 
 
 def _consume(user_pk: int, *, operation: str, shown: str, limit: int, window: int) -> None:

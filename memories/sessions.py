@@ -178,18 +178,12 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
     `event` line per raw item in order, and one `archive` line per compacted run of items.
     Audited with the counts before the first line (a refusal too); rate limited, not
     billed. A download cut short is told by the header's counts."""
-    from audit.services import audit_failure, audit_record
+    from audit.services import audit_record
     from core.choices import Operation
-    from core.errors import ServiceError
     from memories.models import SessionArchive, SessionState
-    from memories.rate_limits import rate_limit_consume
+    from memories.rate_limits import rate_limit_consume_audited
 
-    try:
-        rate_limit_consume(scope, operation=Operation.EXPORT_SESSION_LOGS)
-    except ServiceError as error:
-        with transaction.atomic():
-            audit_failure(scope, call=call, operation=Operation.EXPORT_SESSION_LOGS, error=error)
-        raise
+    rate_limit_consume_audited(scope, operation=Operation.EXPORT_SESSION_LOGS, call=call)
 
     owned = {"engine_user_id": scope.engine_user_id}
     states = SessionState.objects.filter(**owned).order_by("project", "session_id")

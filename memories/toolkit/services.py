@@ -54,7 +54,7 @@ from memories.engine import (
     hybrid_search,
 )
 from memories.models import ContentHash, IngestIntent
-from memories.rate_limits import rate_limit_consume
+from memories.rate_limits import rate_limit_consume, rate_limit_consume_audited
 from memories.selectors import memory_get_owned
 from memories.services import (
     STM_LINK_KEY,
@@ -752,17 +752,6 @@ def toolkit_decision_delete(scope: MemoryScope, *, key: str, call: CallContext) 
     return bool(deleted)
 
 
-def _web_rate_limit(scope: MemoryScope, *, operation: str, call: CallContext) -> None:
-    """rate_limit_consume for a web UI action outside the dispatcher: a refusal is audited
-    as the dispatcher audits one, then raised."""
-    try:
-        rate_limit_consume(scope, operation=operation)
-    except ServiceError as error:
-        with transaction.atomic():
-            audit_failure(scope, call=call, operation=operation, error=error)
-        raise
-
-
 AGENT_DATA_FORMAT = "memsite.decisions_and_cache"
 
 
@@ -771,7 +760,7 @@ def toolkit_data_export(scope: MemoryScope, *, call: CallContext) -> dict[str, A
     decisions and cached answers, as one JSON document (the web UI's "Your data"
     download; the memory export covers memories). Audited with the counts (a refusal too),
     rate limited, not billed."""
-    _web_rate_limit(scope, operation=Operation.EXPORT_DECISIONS_AND_CACHE, call=call)
+    rate_limit_consume_audited(scope, operation=Operation.EXPORT_DECISIONS_AND_CACHE, call=call)
     user = _user_label(scope, call=call)
     decisions = [decision_as_dict(d, user=user) for d in decision_list(scope, limit=decision_count(scope))]
     cached = [
