@@ -177,7 +177,8 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
     a header with the counts, then one `session` line per session (its summary), one
     `event` line per raw item in order, and one `archive` line per compacted run of items.
     Audited with the counts before the first line (a refusal too); rate limited, not
-    billed. A download cut short is told by the header's counts."""
+    billed. A download cut short is told by the header's counts (taken first: a session
+    written during the download can only add lines, never take any away)."""
     from audit.services import audit_record
     from core.choices import Operation
     from memories.models import SessionArchive, SessionState
