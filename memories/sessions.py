@@ -178,7 +178,7 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
     `event` line per raw item in order, and one `archive` line per compacted run of items.
     Audited with the counts before the first line (a refusal too); rate limited, not
     billed. A download cut short is told by the header's counts (taken first: a session
-    written during the download can only add lines, never take any away)."""
+    written or deleted while the lines are read can make them differ a little)."""
     from audit.services import audit_record
     from core.choices import Operation
     from memories.models import SessionArchive, SessionState
