@@ -129,6 +129,33 @@ def test_no_vector_is_kept_longer_than_its_ttl_even_unasked(minilm):
     assert embed_cached(embed, size=8, ttl_s=0) is embed
 
 
+def test_an_idle_process_drops_expired_vectors_too(minilm, monkeypatch):
+    """No call after the erasure: the cache's own sweeper drops them, then stops."""
+    import time
+
+    from memories.engine.embedders import _VectorCache, embed_cached
+
+    monkeypatch.setattr(_VectorCache, "IDLE_SWEEP_S", 0.05)
+    now = [5000.0]
+    embed, _ = _counted(minilm)
+    cached = embed_cached(embed, size=8, ttl_s=60, clock=lambda: now[0])
+    cached("erased later")
+    (cache,) = [c for c in _vector_caches_now() if c.clock() == 5000.0]
+    sweeper = cache.sweeper
+    assert sweeper is not None and sweeper.is_alive() and len(cache.vectors) == 1
+    now[0] += 61  # expired; nothing embeds in this process any more
+    deadline = time.monotonic() + 10
+    while (cache.vectors or sweeper.is_alive()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not cache.vectors and not sweeper.is_alive() and cache.sweeper is None
+
+
+def _vector_caches_now() -> list:
+    from memories.engine.embedders import _vector_caches
+
+    return list(_vector_caches)
+
+
 @pytest.mark.django_db
 def test_the_engines_embedder_runs_once_for_a_repeated_query(settings):
     """Through the instrumented engine embedder: a repeat is neither embedded nor timed."""

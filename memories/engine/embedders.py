@@ -126,9 +126,11 @@ def embedder_active() -> Any:
 class _VectorCache:
     """The last `size` vectors by key, least recently used out first, none older than
     `ttl_s` (counted from when it was embedded): a vector of a text that has since been
-    erased leaves this process's memory within that time of its next call."""
+    erased leaves this process's memory within that time, plus IDLE_SWEEP_S for a process
+    that embeds nothing meanwhile (a daemon thread sweeps while the cache holds vectors)."""
 
     SWEEP_EVERY_S = 1.0
+    IDLE_SWEEP_S = 60.0
 
     def __init__(self, size: int, *, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.size = size
@@ -137,6 +139,7 @@ class _VectorCache:
         self.vectors: OrderedDict[tuple[bytes, str | None], tuple[float, np.ndarray]] = OrderedDict()
         self.lock = threading.Lock()
         self.swept_at = clock()
+        self.sweeper: threading.Thread | None = None
 
     def _sweep(self, now: float) -> None:
         # At most once a second: a pass over the entries (~2048) is about a tenth of a millisecond.
@@ -167,10 +170,41 @@ class _VectorCache:
             self.vectors.move_to_end(key)
             if len(self.vectors) > self.size:
                 self.vectors.popitem(last=False)
+            if self.sweeper is None or not self.sweeper.is_alive():  # none yet, or not in this (forked) process
+                self.sweeper = threading.Thread(
+                    target=_idle_sweep, args=(weakref.ref(self),), name="memsite-vector-sweep", daemon=True
+                )
+                self.sweeper.start()
+
+    def sweep_idle(self) -> bool:
+        """Drop every expired vector now; whether any are left (the sweeper stops when none are)."""
+        with self.lock:
+            self.swept_at = float("-inf")
+            self._sweep(self.clock())
+            if not self.vectors:
+                self.sweeper = None
+            return bool(self.vectors)
 
     def clear(self) -> None:
         with self.lock:
             self.vectors.clear()
+
+
+def _idle_sweep(cache_ref: weakref.ReferenceType[_VectorCache]) -> None:
+    """Sweeps one cache every IDLE_SWEEP_S while it holds vectors; ends with the cache (a
+    weak reference: an engine rebuilt drops it) or when it is empty (the next put starts
+    another)."""
+    while True:
+        cache = cache_ref()
+        if cache is None:
+            return
+        interval = cache.IDLE_SWEEP_S
+        del cache
+        time.sleep(interval)
+        cache = cache_ref()
+        if cache is None or not cache.sweep_idle():
+            return
+        del cache
 
 
 # Weak: an engine rebuilt (after a fork, in tests) drops its embedder and that cache.
