@@ -99,7 +99,7 @@ from memories.selectors import (
     memory_trash_list,
     memory_view,
 )
-from memories.sessions import session_data_clear_all
+from memories.sessions import derived_answers_forget, session_data_clear_all
 from memories.turns.extraction import FACT_TAG, tags_made_durable
 
 logger = logging.getLogger(__name__)
@@ -929,7 +929,8 @@ def memory_update(
             existing_id = _hash_owner(scope, digest=digest)
             if existing_id is not None and existing_id != memory_id:
                 raise _duplicate_text(existing_id)
-        if digest is not None and SUMMARY_KEY in current.metadata and content_sha256(current.text) != digest:
+        text_changed = digest is not None and content_sha256(current.text) != digest
+        if text_changed and SUMMARY_KEY in current.metadata:
             # The enrichment's summary describes the old text (recall returns it): it goes,
             # and the candidate is pending again, so the sweep enriches the new text.
             engine_metadata_merge(
@@ -951,8 +952,19 @@ def memory_update(
             memory_ids=[memory_id],
             before=_snapshot(current),
             after=_snapshot(updated),
+            # The old text is forgotten: answers worked out from it go.
+            detail=_derived_answers_forgotten(scope) if text_changed else None,
         )
     return memory_view(updated)
+
+
+def _derived_answers_forgotten(scope: MemoryScope) -> dict[str, int]:
+    """In the transaction of a delete or a text change: what other apps worked out from the
+    user's memories goes (memories.sessions.derived_answers_forget: the toolkit's cached
+    answers), so no cache hit hands the forgotten fact back. For the audit row's detail: the
+    count, when there was any."""
+    dropped = derived_answers_forget(scope)
+    return {"derived_answers_deleted": dropped} if dropped else {}
 
 
 def _metadata_merge_check(current: EngineMemory, *, metadata: dict[str, Any]) -> None:
@@ -1029,7 +1041,7 @@ def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, c
     # The text locks for the hashes a trashed row may hand over (read before the locks,
     # checked again after them).
     digests = {content_sha256(row.text) for row in (item, *twins)}
-    detail = {"forget": True} if forget else {}
+    detail: dict[str, Any] = {"forget": True} if forget else {}
     with _engine_errors(), transaction.atomic():
         # Their history rows are the user's too.
         user_write_locks(
@@ -1061,6 +1073,7 @@ def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, c
         # mem0's raw messages feed the next extraction (it would bring the fact back); the
         # facts are extracted, not verbatim, so all of the user's go, as clear-all's do.
         engine_purge_messages(scope)
+        detail |= _derived_answers_forgotten(scope)
         call_succeeded(
             scope,
             call=call,
@@ -1231,16 +1244,24 @@ def memory_forget_bulk(
                 detail={"bulk": criteria, "dry_run": True, "count": len(memory_ids)},
             )
             return ForgetResult(deleted_count=len(memory_ids), dry_run=True)
+        forgotten: dict[str, int] = {}
         if memory_ids:
             memory_ids = _trash_or_delete(scope, memory_ids=memory_ids, call=call, operation=Operation.DELETE_MEMORY)
             engine_purge_messages(scope)  # as memory_delete: the next extraction must not bring them back
+            forgotten = _derived_answers_forgotten(scope)
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=memory_ids).delete()
         call_succeeded(
             scope,
             call=call,
             operation=Operation.DELETE_MEMORY,
             memory_ids=memory_ids,
-            detail={"bulk": criteria, "dry_run": False, "count": len(memory_ids), "trashed": _trash_enabled()},
+            detail={
+                "bulk": criteria,
+                "dry_run": False,
+                "count": len(memory_ids),
+                "trashed": _trash_enabled(),
+                **forgotten,
+            },
         )
     return ForgetResult(deleted_count=len(memory_ids), dry_run=False)
 

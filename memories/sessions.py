@@ -169,6 +169,24 @@ def clear_all_register(clearer: Callable[[MemoryScope], int]) -> None:
         _CLEARERS.append(clearer)
 
 
+def derived_answers_forget(scope: MemoryScope) -> int:
+    """A memory of the user was deleted, or its text changed (memories.services): what apps
+    above this one keep that was worked out from the user's memories and could hand the
+    forgotten fact back (registered with `derived_answers_register`, e.g. the toolkit's
+    cached answers), in the caller's transaction. Such rows do not say which memories they
+    came from, so all of the user's go, as mem0's raw messages do on a delete. Returns how
+    many rows went."""
+    return sum(forgetter(scope) for forgetter in _FORGETTERS)
+
+
+_FORGETTERS: list[Callable[[MemoryScope], int]] = []
+
+
+def derived_answers_register(forgetter: Callable[[MemoryScope], int]) -> None:
+    if forgetter not in _FORGETTERS:
+        _FORGETTERS.append(forgetter)
+
+
 SESSION_LOGS_FORMAT = "memsite.session_logs"
 
 

@@ -310,10 +310,10 @@ def test_search_web_through_a_fake_tavily(alice):
 # --- wipe_user_data --------------------------------------------------------------------------
 def test_wipe_user_data_needs_confirm_and_erases_only_the_caller(alice, bob):
     store(alice, ("human", HUMAN_LONG))
-    run(alice, "store_cache", {"query": "q", "response": "r"})
     run(alice, "store_decision", {"key": "k", "value": "v"})
     trashed = store(alice, ("ai", AI_REPLY))["stm_ids"][0]
     run(alice, "toolkit_delete_memory", {"memory_id": trashed})
+    run(alice, "store_cache", {"query": "q", "response": "r"})  # after the delete, which drops cached answers
     store(bob, ("human", "Bob likes his coffee black and strong every morning"))
     run(bob, "store_cache", {"query": "q", "response": "r"})
     run(bob, "store_decision", {"key": "k", "value": "v"})

@@ -10,7 +10,9 @@ class ToolkitConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from memories.sessions import clear_all_register
-        from memories.toolkit.services import toolkit_cache_clear_all
+        from memories.sessions import clear_all_register, derived_answers_register
+        from memories.toolkit.services import toolkit_cache_user_drop
 
-        clear_all_register(toolkit_cache_clear_all)  # a cached answer would hand cleared facts back
+        # A cached answer would hand cleared, deleted or replaced facts back.
+        clear_all_register(toolkit_cache_user_drop)
+        derived_answers_register(toolkit_cache_user_drop)

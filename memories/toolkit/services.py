@@ -659,11 +659,12 @@ def toolkit_cache_entries_clear(scope: MemoryScope, *, call: CallContext) -> int
     return deleted
 
 
-def toolkit_cache_clear_all(scope: MemoryScope) -> int:
-    """Clear all (registered with memories.sessions): the user's cached answers go too. They
-    were worked out from the memories being cleared, and a cache hit would hand the cleared
-    facts back; a cache is not restored by undoing the clear-all, it fills again. In the
-    clear-all's transaction, under its erasure lock."""
+def toolkit_cache_user_drop(scope: MemoryScope) -> int:
+    """All of the user's cached answers, in the caller's transaction (registered with
+    memories.sessions): on clear-all, and when one of the user's memories is deleted or its
+    text changes. An answer was worked out from the memories, does not say from which, and
+    a cache hit would hand the cleared or forgotten fact back. Undoing the change does not
+    restore them: a cache fills again."""
     return CacheEntry.objects.filter(user_id=scope.user_pk).delete()[0]
 
 
