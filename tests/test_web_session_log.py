@@ -4,6 +4,7 @@ same id or not, is a 404 like an unknown one."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -11,6 +12,7 @@ import pytest
 from django.db import transaction
 
 from memories import sessions
+from memories.interfaces.web import downloads
 from memories.interfaces.web import sessions as web_sessions
 from memories.models import SessionArchive
 
@@ -140,6 +142,87 @@ def test_your_data_streams_every_session_log_of_mine_only(alice, alice_scope, bo
     assert UsageEvent.objects.count() == billed
     client.logout()
     assert client.get("/data/export/session-logs/").status_code == 302
+
+
+def _asgi_get(path: str, *, cookie: str, produced: list[str]) -> tuple[int, bytes, list[int]]:
+    """GET through Django's ASGI handler, as the web process serves it: the status, the
+    body, and how many lines had been produced when each body message went out."""
+    from django.core.asgi import get_asgi_application
+
+    async def main() -> tuple[int, bytes, list[int]]:
+        app = get_asgi_application()
+        started: list[int] = []
+        chunks: list[bytes] = []
+        sent_at: list[int] = []
+        requested = False
+
+        async def receive() -> dict:
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await asyncio.Event().wait()  # the client stays until the response ends
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                started.append(message["status"])
+            elif message["type"] == "http.response.body" and message.get("body"):
+                sent_at.append(len(produced))
+                chunks.append(message["body"])
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"host", b"localhost"), (b"cookie", cookie.encode())],
+            "client": ("127.0.0.1", 40000),
+            "server": ("localhost", 80),
+        }
+        await app(scope, receive, send)
+        return started[0], b"".join(chunks), sent_at
+
+    return asyncio.run(main())
+
+
+def test_the_download_streams_under_asgi_without_reading_it_all_first(
+    alice, alice_scope, bob_scope, client, monkeypatch
+):
+    """Django reads a sync streaming iterator whole before sending under ASGI; the download
+    is sent in batches as its lines are read, on the request's own database connection."""
+    monkeypatch.setattr(downloads, "DOWNLOAD_BATCH_LINES", 40)
+    for n in range(4):
+        log(alice_scope, f"s{n}", [{"type": "message", "role": "user", "content": f"alice-{n}-{i}"} for i in range(50)])
+    log(bob_scope, "s0", [{"type": "message", "role": "user", "content": "bob-secret"}])
+    produced: list[str] = []
+    export = web_sessions.session_logs_export
+
+    def counted(scope, *, call):
+        lines = export(scope, call=call)
+
+        def each():
+            for line in lines:
+                produced.append(line)
+                yield line
+
+        return each()
+
+    monkeypatch.setattr(web_sessions, "session_logs_export", counted)
+    client.force_login(alice)
+    status, body, sent_at = _asgi_get(
+        "/data/export/session-logs/", cookie=f"sessionid={client.cookies['sessionid'].value}", produced=produced
+    )
+    lines = [json.loads(line) for line in body.decode().splitlines()]
+    assert status == 200 and len(lines) == 1 + 4 + 200 == len(produced)
+    assert (lines[0]["sessions"], lines[0]["events"]) == (4, 200) and b"bob-secret" not in body
+    assert [line["event"]["item"]["content"] for line in lines if "event" in line][:2] == ["alice-0-0", "alice-0-1"]
+    assert sent_at[0] <= 40 < len(produced) and len(sent_at) >= len(produced) // 40
 
 
 def test_the_download_is_rate_limited_and_a_refusal_is_audited(alice, alice_scope, client, settings):

@@ -7,12 +7,13 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, StreamingHttpResponse
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from core.errors import ServiceError
+from memories.interfaces.web.downloads import streaming_download
 from memories.interfaces.web.views import _execute, _scope, page_of, web_call
 from memories.sessions import session_logs_export
 from memories.turns.extraction import FACT_TAG, TIERS, tier_tag
@@ -112,9 +113,9 @@ def session_logs_download(request):
     except ServiceError as exc:
         messages.error(request, exc.message)
         return redirect("web-data")
-    response = StreamingHttpResponse(lines, content_type="application/x-ndjson; charset=utf-8")
-    response["Content-Disposition"] = 'attachment; filename="session-logs.jsonl"'
-    return response
+    return streaming_download(
+        request, lines, content_type="application/x-ndjson; charset=utf-8", filename="session-logs.jsonl"
+    )
 
 
 @login_required
