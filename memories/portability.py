@@ -464,11 +464,19 @@ def _record_line(record: ExportRecord) -> str:
     return json.dumps(data, ensure_ascii=False, default=str)
 
 
+def export_jsonl_header(*, count: int, exported_at: str) -> str:
+    header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "count": count, "exported_at": exported_at}
+    return json.dumps(header, ensure_ascii=False) + "\n"
+
+
+def export_jsonl_line(record: ExportRecord) -> str:
+    return _record_line(record) + "\n"
+
+
 def export_jsonl(records: list[ExportRecord], *, exported_at: str) -> str:
-    header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "count": len(records), "exported_at": exported_at}
-    lines = [json.dumps(header, ensure_ascii=False)]
-    lines += [_record_line(r) for r in records]
-    return "\n".join(lines) + "\n"
+    return export_jsonl_header(count=len(records), exported_at=exported_at) + "".join(
+        export_jsonl_line(r) for r in records
+    )
 
 
 def _md_line(text: str) -> str:
@@ -476,31 +484,39 @@ def _md_line(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\n", "\n  ")
 
 
+def export_markdown_title(*, count: int, exported_at: str, username: str) -> str:
+    return f"# Memories of {username}\n\n{count} memories, exported {exported_at}.\n"
+
+
+def export_markdown_section(pinned: bool) -> str:
+    """The heading of a group: pinned memories come first, then the others."""
+    return "\n## Pinned\n\n" if pinned else "\n## Memories\n\n"
+
+
+def export_markdown_item(r: ExportRecord) -> str:
+    facts = [f"created {r.created_at or '?'}"]
+    if r.updated_at and r.updated_at != r.created_at:
+        facts.append(f"updated {r.updated_at}")
+    if r.client_app:
+        facts.append(f"via {r.client_app}")
+    if r.memory_type != "user":
+        facts.append(f"type {r.memory_type}")
+    if r.tags:
+        facts.append("tags " + ", ".join(r.tags))
+    if r.expires_at:
+        facts.append(f"expires {r.expires_at}")
+    if r.history_omitted:
+        facts.append(f"{len(r.history)} newest of {len(r.history) + r.history_omitted} versions")
+    elif len(r.history) > 1:
+        facts.append(f"{len(r.history)} versions")
+    facts += [f"{k}: {v}" for k, v in sorted(r.metadata.items())]
+    return f"- {_md_line(r.text)}\n  ({'; '.join(facts)})\n"
+
+
 def export_markdown(records: list[ExportRecord], *, exported_at: str, username: str) -> str:
-    out = [f"# Memories of {username}", "", f"{len(records)} memories, exported {exported_at}.", ""]
-    pinned, others = [r for r in records if r.pinned], [r for r in records if not r.pinned]
-    for title, group in (("Pinned", pinned), ("Memories", others)):
-        if not group:
-            continue
-        out += [f"## {title}", ""]
-        for r in group:
-            out.append(f"- {_md_line(r.text)}")
-            facts = [f"created {r.created_at or '?'}"]
-            if r.updated_at and r.updated_at != r.created_at:
-                facts.append(f"updated {r.updated_at}")
-            if r.client_app:
-                facts.append(f"via {r.client_app}")
-            if r.memory_type != "user":
-                facts.append(f"type {r.memory_type}")
-            if r.tags:
-                facts.append("tags " + ", ".join(r.tags))
-            if r.expires_at:
-                facts.append(f"expires {r.expires_at}")
-            if r.history_omitted:
-                facts.append(f"{len(r.history)} newest of {len(r.history) + r.history_omitted} versions")
-            elif len(r.history) > 1:
-                facts.append(f"{len(r.history)} versions")
-            facts += [f"{k}: {v}" for k, v in sorted(r.metadata.items())]
-            out.append(f"  ({'; '.join(facts)})")
-        out.append("")
-    return "\n".join(out)
+    out = [export_markdown_title(count=len(records), exported_at=exported_at, username=username)]
+    for pinned in (True, False):
+        group = [r for r in records if r.pinned is pinned]
+        if group:
+            out += [export_markdown_section(pinned), *(export_markdown_item(r) for r in group)]
+    return "".join(out)

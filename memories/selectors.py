@@ -163,11 +163,13 @@ class MemoryHistoryView:
 
 
 def memory_histories(
-    scope: MemoryScope, *, memory_ids: list[str], newest: int | None = None
+    scope: MemoryScope, *, memory_ids: list[str], newest: int | None = None, owned_ids: set[str] | None = None
 ) -> dict[str, MemoryHistoryView]:
     """The versions of the scope's memories (ids from the scope's own rows), oldest first;
-    with `newest`, only that many of each memory's latest, and how many older ones there are."""
-    owned = set(memory_ids) & set(engine_memory_ids(scope))
+    with `newest`, only that many of each memory's latest, and how many older ones there are.
+    `owned_ids`: the scope's ids, when the caller read them already (a streamed export asks
+    page by page, and would otherwise read every id of the user for each page)."""
+    owned = set(memory_ids) & (owned_ids if owned_ids is not None else set(engine_memory_ids(scope)))
     versions: dict[str, list[dict[str, Any]]] = {memory_id: [] for memory_id in owned}
     totals: dict[str, int] = {}
     rows = MemoryHistory.objects.filter(memory_id__in=list(owned))

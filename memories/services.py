@@ -28,7 +28,7 @@ from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
 from core.inputs import text_problem
 from core.locks import advisory_xact_lock
 from core.scope import CallContext, MemoryScope
-from memories.call_record import call_succeeded
+from memories.call_record import call_succeeded, failures_audited
 from memories.cursors import CursorError, cursor_decode, cursor_encode
 from memories.engine import (
     DEFAULT_IMPORTANCE,
@@ -74,7 +74,12 @@ from memories.portability import (
     ExportRecord,
     ImportItem,
     export_jsonl,
+    export_jsonl_header,
+    export_jsonl_line,
     export_markdown,
+    export_markdown_item,
+    export_markdown_section,
+    export_markdown_title,
     import_items_parse,
 )
 from memories.rate_limits import rate_limit_consume
@@ -96,6 +101,7 @@ from memories.selectors import (
     decayed_score,
     memory_get_owned,
     memory_histories,
+    memory_ids_owned,
     memory_trash_list,
     memory_view,
 )
@@ -1645,11 +1651,33 @@ def memory_export(
             after = (page[-1].created_at or "", page[-1].id)
     except EngineError as exc:
         raise backend_unavailable() from exc
+    records = _export_records(scope, views)
+    exported_at = datetime.now(UTC).isoformat()
+    if file_format == "jsonl":
+        content = export_jsonl(records, exported_at=exported_at)
+    else:
+        content = export_markdown(records, exported_at=exported_at, username=call.actor_username or "you")
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.EXPORT_MEMORIES,
+            memory_ids=[r.id for r in records],
+            detail={"format": file_format, "memories": len(records)},
+        )
+    return MemoryExport(content=content, format=file_format, count=len(records))
+
+
+def _export_records(
+    scope: MemoryScope, views: list[MemoryView], *, owned_ids: set[str] | None = None
+) -> list[ExportRecord]:
     # The newest versions the import takes, so a memory changed more often still comes
     # back; each record says how many older ones it leaves out.
-    histories = memory_histories(scope, memory_ids=[v.id for v in views], newest=HISTORY_MAX_VERSIONS)
+    histories = memory_histories(
+        scope, memory_ids=[v.id for v in views], newest=HISTORY_MAX_VERSIONS, owned_ids=owned_ids
+    )
     no_history = MemoryHistoryView(versions=[])
-    records = [
+    return [
         ExportRecord(
             id=v.id,
             text=v.memory,
@@ -1673,20 +1701,62 @@ def memory_export(
         )
         for v in views
     ]
+
+
+def memory_export_stream(scope: MemoryScope, *, file_format: str, call: CallContext) -> Iterator[str]:
+    """memory_export's file as lines to stream (the web UI's download), read
+    EXPORT_PAGE_SIZE memories at a time instead of built whole in memory. The same call:
+    rate limited, billed and audited with every exported id before the first line (a
+    refusal is audited too). The ids are read first; a memory stored while the lines are
+    read is left out, and one deleted meanwhile is skipped, so the count in the first line
+    is of what the audit row names. Markdown reads the pages twice: pinned memories first."""
+    with failures_audited(scope, call=call, operation=Operation.EXPORT_MEMORIES):
+        if file_format not in EXPORT_FORMATS:
+            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"format must be one of {', '.join(EXPORT_FORMATS)}")
+        rate_limit_consume(scope, operation=Operation.EXPORT_MEMORIES)
+        try:
+            ids = memory_ids_owned(scope)
+        except EngineError as exc:
+            raise backend_unavailable() from exc
+        with transaction.atomic():
+            call_succeeded(
+                scope,
+                call=call,
+                operation=Operation.EXPORT_MEMORIES,
+                memory_ids=ids,
+                detail={"format": file_format, "memories": len(ids)},
+            )
     exported_at = datetime.now(UTC).isoformat()
-    if file_format == "jsonl":
-        content = export_jsonl(records, exported_at=exported_at)
-    else:
-        content = export_markdown(records, exported_at=exported_at, username=call.actor_username or "you")
-    with transaction.atomic():
-        call_succeeded(
-            scope,
-            call=call,
-            operation=Operation.EXPORT_MEMORIES,
-            memory_ids=[r.id for r in records],
-            detail={"format": file_format, "memories": len(records)},
-        )
-    return MemoryExport(content=content, format=file_format, count=len(records))
+    owned = set(ids)
+
+    def records(pinned: bool | None) -> Iterator[ExportRecord]:
+        after: tuple[str, str] | None = None
+        while True:
+            page = engine_memories_page(scope, after=after, limit=EXPORT_PAGE_SIZE)
+            views = [memory_view(item) for item in page if item.id in owned]
+            yield from _export_records(
+                scope, [v for v in views if pinned is None or v.pinned is pinned], owned_ids=owned
+            )
+            if len(page) < EXPORT_PAGE_SIZE:
+                return
+            after = (page[-1].created_at or "", page[-1].id)
+
+    def lines() -> Iterator[str]:
+        if file_format == "jsonl":
+            yield export_jsonl_header(count=len(ids), exported_at=exported_at)
+            yield from (export_jsonl_line(record) for record in records(None))
+            return
+        username = call.actor_username or "you"
+        yield export_markdown_title(count=len(ids), exported_at=exported_at, username=username)
+        for pinned in (True, False):
+            group = records(pinned)
+            first = next(group, None)
+            if first is not None:
+                yield export_markdown_section(pinned)
+                yield export_markdown_item(first)
+                yield from (export_markdown_item(record) for record in group)
+
+    return lines()
 
 
 @dataclass(frozen=True)

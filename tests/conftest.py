@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -481,3 +482,50 @@ def fake_gemini(settings, monkeypatch):
             cursor.execute(f'ALTER TABLE "{table}" ALTER COLUMN vector TYPE vector(384)')
     EmbedderState.objects.all().delete()
     embedder_spec_refresh()
+
+
+def asgi_get(path: str, *, cookie: str, produced: list[str]) -> tuple[int, bytes, list[int]]:
+    """GET through Django's ASGI handler, as the web process serves it: the status, the
+    body, and how many lines had been produced when each body message went out."""
+    from django.core.asgi import get_asgi_application
+
+    async def main() -> tuple[int, bytes, list[int]]:
+        app = get_asgi_application()
+        started: list[int] = []
+        chunks: list[bytes] = []
+        sent_at: list[int] = []
+        requested = False
+
+        async def receive() -> dict:
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await asyncio.Event().wait()  # the client stays until the response ends
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                started.append(message["status"])
+            elif message["type"] == "http.response.body" and message.get("body"):
+                sent_at.append(len(produced))
+                chunks.append(message["body"])
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": path.partition("?")[0],
+            "raw_path": path.partition("?")[0].encode(),
+            "query_string": path.partition("?")[2].encode(),
+            "root_path": "",
+            "headers": [(b"host", b"localhost"), (b"cookie", cookie.encode())],
+            "client": ("127.0.0.1", 40000),
+            "server": ("localhost", 80),
+        }
+        await app(scope, receive, send)
+        return started[0], b"".join(chunks), sent_at
+
+    return asyncio.run(main())

@@ -354,7 +354,7 @@ def test_web_download_and_upload(client, alice, bob, alice_memories):
     download = client.get("/data/export/?format=jsonl")
     assert download.status_code == 200 and "attachment" in download["Content-Disposition"]
     client.force_login(bob)
-    upload = io.BytesIO(download.content)
+    upload = io.BytesIO(b"".join(download.streaming_content))
     upload.name = "memories.jsonl"
     page = client.post("/data/import/", {"source": "memsite", "file": upload}, follow=True)
     assert b"Imported 4 memories; 0 you already had were skipped." in page.content

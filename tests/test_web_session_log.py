@@ -4,7 +4,6 @@ same id or not, is a 404 like an unknown one."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 
@@ -15,6 +14,7 @@ from memories import sessions
 from memories.interfaces.web import downloads
 from memories.interfaces.web import sessions as web_sessions
 from memories.models import SessionArchive
+from tests.conftest import asgi_get
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -144,53 +144,6 @@ def test_your_data_streams_every_session_log_of_mine_only(alice, alice_scope, bo
     assert client.get("/data/export/session-logs/").status_code == 302
 
 
-def _asgi_get(path: str, *, cookie: str, produced: list[str]) -> tuple[int, bytes, list[int]]:
-    """GET through Django's ASGI handler, as the web process serves it: the status, the
-    body, and how many lines had been produced when each body message went out."""
-    from django.core.asgi import get_asgi_application
-
-    async def main() -> tuple[int, bytes, list[int]]:
-        app = get_asgi_application()
-        started: list[int] = []
-        chunks: list[bytes] = []
-        sent_at: list[int] = []
-        requested = False
-
-        async def receive() -> dict:
-            nonlocal requested
-            if not requested:
-                requested = True
-                return {"type": "http.request", "body": b"", "more_body": False}
-            await asyncio.Event().wait()  # the client stays until the response ends
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                started.append(message["status"])
-            elif message["type"] == "http.response.body" and message.get("body"):
-                sent_at.append(len(produced))
-                chunks.append(message["body"])
-
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "GET",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"host", b"localhost"), (b"cookie", cookie.encode())],
-            "client": ("127.0.0.1", 40000),
-            "server": ("localhost", 80),
-        }
-        await app(scope, receive, send)
-        return started[0], b"".join(chunks), sent_at
-
-    return asyncio.run(main())
-
-
 def test_the_download_streams_under_asgi_without_reading_it_all_first(
     alice, alice_scope, bob_scope, client, monkeypatch
 ):
@@ -215,7 +168,7 @@ def test_the_download_streams_under_asgi_without_reading_it_all_first(
 
     monkeypatch.setattr(web_sessions, "session_logs_export", counted)
     client.force_login(alice)
-    status, body, sent_at = _asgi_get(
+    status, body, sent_at = asgi_get(
         "/data/export/session-logs/", cookie=f"sessionid={client.cookies['sessionid'].value}", produced=produced
     )
     lines = [json.loads(line) for line in body.decode().splitlines()]

@@ -12,7 +12,7 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Page, Paginator
-from django.http import Http404, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -25,6 +25,7 @@ from core.inputs import digits_int
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
+from memories.interfaces.web.downloads import streaming_download
 from memories.interfaces.wellknown import MEMORY_MCP_PATH
 from memories.models import ApiKey
 from memories.operations import operation_execute
@@ -39,7 +40,7 @@ from memories.selectors import (
     memory_versions,
     usage_by_day,
 )
-from memories.services import api_key_issue, api_key_revoke
+from memories.services import api_key_issue, api_key_revoke, memory_export_stream
 
 PAGE_SIZE = 25
 SEARCH_RESULTS = 50
@@ -518,15 +519,16 @@ def data_page(request):
 @login_required
 @require_GET
 def data_export(request):
+    """The memories as a file, streamed (memory_export_stream: the same file and the same
+    billed, audited call as the API's export_memories, never held whole in memory)."""
+    file_format = request.GET.get("format", "jsonl")
     try:
-        result = _execute(request, "export_memories", {"format": request.GET.get("format", "jsonl")})
+        lines = memory_export_stream(_scope(request), file_format=file_format, call=web_call(request))
     except ServiceError as exc:
         messages.error(request, exc.message)
         return redirect("web-data")
-    content_type, filename = EXPORT_DOWNLOADS[result["format"]]
-    response = HttpResponse(result["content"], content_type=f"{content_type}; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{filename}"'
-    return response
+    content_type, filename = EXPORT_DOWNLOADS[file_format]
+    return streaming_download(request, lines, content_type=f"{content_type}; charset=utf-8", filename=filename)
 
 
 @login_required

@@ -1,0 +1,122 @@
+"""The web UI's memory download is streamed: the same file and the same billed, audited
+call as the API's export_memories, read a page at a time and sent in batches under ASGI,
+never built whole in memory. Only the signed-in person's memories are in it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from audit.models import AuditEvent
+from billing.models import UsageEvent
+from core.scope import CallContext, MemoryScope
+from memories import services
+from memories.interfaces.web import downloads
+from memories.interfaces.web import views as web_views
+from memories.services import memory_delete, memory_export, memory_export_stream, memory_remember, memory_update
+from tests.conftest import asgi_get, internal_call
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+
+@pytest.fixture
+def alices(alice_scope, bob_scope) -> list[str]:
+    ids = [memory_remember(alice_scope, memory=f"Alice fact number {n}", call=internal_call()).id for n in range(7)]
+    memory_update(alice_scope, memory_id=ids[2], pinned=True, call=internal_call())
+    memory_update(alice_scope, memory_id=ids[3], memory="Alice fact number three, edited", call=internal_call())
+    memory_remember(bob_scope, memory="bob-private-fact", call=internal_call())
+    return ids
+
+
+def body_of(response) -> str:
+    return b"".join(response.streaming_content).decode()
+
+
+def without_time(text: str, exported_at: str) -> str:
+    return text.replace(exported_at, "<time>")
+
+
+@pytest.mark.parametrize("file_format", ["jsonl", "markdown"])
+def test_the_download_is_the_api_export_of_the_person_billed_and_audited_once(
+    alice, alice_scope, alices, client, monkeypatch, file_format
+):
+    monkeypatch.setattr(services, "EXPORT_PAGE_SIZE", 3)  # several pages, both passes of Markdown
+    billed = UsageEvent.objects.count()
+    client.force_login(alice)
+    response = client.get(f"/data/export/?format={file_format}")
+    assert response.status_code == 200 and response.streaming
+    streamed = body_of(response)
+    assert "bob-private-fact" not in streamed
+    row = AuditEvent.objects.filter(operation="export_memories").latest("id")
+    assert row.outcome == "ok" and row.detail == {"format": file_format, "memories": 7}
+    assert row.actor_user_id == alice.pk and row.channel == "ui"
+    assert sorted(row.memory_ids) == sorted(alices)
+    assert UsageEvent.objects.count() == billed + 1
+    built = memory_export(
+        alice_scope, file_format=file_format, call=CallContext(channel="internal", actor_username="alice")
+    ).content
+    if file_format == "jsonl":
+        exported_at = json.loads(streamed.splitlines()[0])["exported_at"]
+        assert json.loads(built.splitlines()[0])["count"] == 7
+        built_at = json.loads(built.splitlines()[0])["exported_at"]
+        assert without_time(streamed, exported_at) == without_time(built, built_at)
+        assert len(streamed.splitlines()) == 8
+    else:
+        assert streamed.index("## Pinned") < streamed.index("Alice fact number 2") < streamed.index("## Memories")
+        exported_at = streamed.split("exported ")[1].split(".\n")[0]
+        built_at = built.split("exported ")[1].split(".\n")[0]
+        assert without_time(streamed, exported_at) == without_time(built, built_at)
+
+
+def test_a_bad_format_or_the_rate_limit_is_refused_audited_and_not_billed(alice, alices, client, settings):
+    client.force_login(alice)
+    billed = UsageEvent.objects.count()
+    refused = client.get("/data/export/?format=pdf", follow=True)
+    assert refused.redirect_chain[-1][0] == "/data/" and "format must be one of" in refused.content.decode()
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "export_memories": (1, 60)}
+    assert client.get("/data/export/").status_code == 200
+    limited = client.get("/data/export/", follow=True)
+    assert "Too many export_memories calls" in limited.content.decode()
+    rows = AuditEvent.objects.filter(operation="export_memories").order_by("id")
+    assert [(r.outcome, r.error_code) for r in rows] == [
+        ("error", "invalid_argument"),
+        ("ok", ""),
+        ("error", "rate_limited"),
+    ]
+    assert UsageEvent.objects.count() == billed + 1
+
+
+def test_what_changes_while_it_is_read_is_left_out_as_the_audit_row_says(alice_scope, alices):
+    lines = memory_export_stream(alice_scope, file_format="jsonl", call=internal_call())
+    memory_remember(alice_scope, memory="Stored while the download ran", call=internal_call())
+    memory_delete(alice_scope, memory_id=alices[0], call=internal_call())
+    records = [json.loads(line) for line in lines]
+    assert records[0]["count"] == 7  # what the audit row names
+    assert sorted(r["id"] for r in records[1:]) == sorted(alices[1:])
+
+
+def test_under_asgi_it_is_sent_while_it_is_read(alice, alice_scope, alices, client, monkeypatch):
+    monkeypatch.setattr(services, "EXPORT_PAGE_SIZE", 2)
+    monkeypatch.setattr(downloads, "DOWNLOAD_BATCH_LINES", 2)
+    produced: list[str] = []
+    export = web_views.memory_export_stream
+
+    def counted(scope: MemoryScope, *, file_format: str, call):
+        lines = export(scope, file_format=file_format, call=call)
+
+        def each():
+            for line in lines:
+                produced.append(line)
+                yield line
+
+        return each()
+
+    monkeypatch.setattr(web_views, "memory_export_stream", counted)
+    client.force_login(alice)
+    status, body, sent_at = asgi_get(
+        "/data/export/?format=jsonl", cookie=f"sessionid={client.cookies['sessionid'].value}", produced=produced
+    )
+    assert status == 200 and len(body.decode().splitlines()) == 8 == len(produced)
+    assert b"bob-private-fact" not in body
+    assert sent_at[0] <= 2 < len(produced) and len(sent_at) >= 4
