@@ -45,6 +45,7 @@ TURN_EVENTS: dict[str, str] = {
     Operation.DELETE_DECISION: AuditEvent.TurnEvent.FORGET,
     Operation.DELETE_CACHE_ENTRY: AuditEvent.TurnEvent.FORGET,
 }
+# The ids one audit row lists; a call that touched more says how many it left out.
 MAX_MEMORY_IDS = 10_000
 
 
@@ -81,6 +82,10 @@ def audit_record(
         actor_user_id = scope.user_pk if scope and not call.staff_username else None
     if call.subject:
         detail = {**(detail or {}), "subject_claim": call.subject}
+    if len(memory_ids) > MAX_MEMORY_IDS:
+        # The row keeps the first MAX_MEMORY_IDS ids (a bounded row); it says how many more
+        # the call touched, so a reader never takes the list for all of them.
+        detail = {**(detail or {}), "memory_ids_omitted": len(memory_ids) - MAX_MEMORY_IDS}
     detail = detail or {}
     if scope is not None:
         # Content is sealed with the subject's data key (crypto-shredding, issue 14):

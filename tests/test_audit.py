@@ -288,3 +288,22 @@ def test_redaction_keeps_content_out(settings, alice_scope, transactional_db, cl
     after = content_open(row.after)
     assert after["memory"]["length"] == len("My PIN is 8841")
     assert "8841" not in str(after) and len(after["memory"]["sha256"]) == 64
+
+
+def test_a_row_over_the_id_cap_says_how_many_ids_it_left_out(transactional_db, alice_scope, monkeypatch):
+    """A call that touched more memories than one row lists (a bulk forget, an export of a
+    large user) keeps the first ids and counts the rest, so nobody reads the list as all."""
+    from audit import services as audit_services
+
+    monkeypatch.setattr(audit_services, "MAX_MEMORY_IDS", 3)
+    ids = [str(uuid.uuid4()) for _ in range(5)]
+    with transaction.atomic():
+        row = audit_services.audit_record(
+            alice_scope, call=internal_call(), operation="export_memories", memory_ids=ids, detail={"memories": 5}
+        )
+        under = audit_services.audit_record(
+            alice_scope, call=internal_call(), operation="export_memories", memory_ids=ids[:3]
+        )
+    row.refresh_from_db()
+    assert row.memory_ids == ids[:3] and row.detail == {"memories": 5, "memory_ids_omitted": 2}
+    assert "memory_ids_omitted" not in AuditEvent.objects.get(pk=under.pk).detail
