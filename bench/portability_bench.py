@@ -1,5 +1,7 @@
 """Export and import throughput for one user (issue 17): `memory_export` (JSONL and
-Markdown) of a user with N memories, then `memory_import_file` of that JSONL into an empty
+Markdown) of a user with N memories, the web UI's streamed download of the same file
+(`memory_export_stream`, every line read and dropped), the peak of Python memory each
+export allocates (tracemalloc, one extra run each), then `memory_import_file` of that JSONL into an empty
 user (embeds every text, then one transaction), then the same import again (every text
 already there: nothing written). In-process, the same services `manage.py
 export_memories` / `import_memories`, the REST routes and the web UI call.
@@ -16,6 +18,7 @@ import argparse
 import statistics
 import sys
 import time
+import tracemalloc
 
 from bench.common import bench_database, write_results
 from bench.search_bench import fill
@@ -33,12 +36,22 @@ def _seconds(fn) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
+def _peak_mb(fn) -> float:
+    """The most Python memory `fn` held at once, in MiB (tracemalloc slows it: not timed)."""
+    tracemalloc.start()
+    try:
+        fn()
+        return round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
+    finally:
+        tracemalloc.stop()
+
+
 def run(memories: int, runs: int) -> dict:
     from django.conf import settings
     from django.contrib.auth import get_user_model
 
     from core.scope import MemoryScope
-    from memories.services import memory_export, memory_import_file
+    from memories.services import memory_export, memory_export_stream, memory_import_file
     from memories.toolkit.services import toolkit_user_data_wipe
 
     settings.RATE_LIMITS = {op: (0, 60) for op in settings.RATE_LIMITS}
@@ -47,7 +60,17 @@ def run(memories: int, runs: int) -> dict:
     source = fill(1, memories)[0]
     target_user, _ = get_user_model().objects.get_or_create(username="bench-portability-target")
     target = MemoryScope.for_user(target_user, client_app="bench")
-    figures: dict[str, list[float]] = {"export_jsonl": [], "export_markdown": [], "import": [], "reimport": []}
+    figures: dict[str, list[float]] = {
+        "export_jsonl": [],
+        "export_markdown": [],
+        "export_jsonl_streamed": [],
+        "import": [],
+        "reimport": [],
+    }
+
+    def streamed() -> int:
+        return sum(len(line) for line in memory_export_stream(source, file_format="jsonl", call=_call()))
+
     size = 0
     for n in range(runs):
         toolkit_user_data_wipe(target, confirm=True, call=_call())
@@ -56,6 +79,8 @@ def run(memories: int, runs: int) -> dict:
         size = len(exported.content.encode())
         seconds, _ = _seconds(lambda: memory_export(source, file_format="markdown", call=_call()))
         figures["export_markdown"].append(seconds)
+        seconds, _ = _seconds(streamed)
+        figures["export_jsonl_streamed"].append(seconds)
         data = exported.content.encode()
         seconds, imported = _seconds(lambda d=data: memory_import_file(target, data=d, source="memsite", call=_call()))
         figures["import"].append(seconds)
@@ -67,9 +92,14 @@ def run(memories: int, runs: int) -> dict:
             raise SystemExit(f"the re-import added {again.imported}")
         print(f"  run {n + 1}/{runs}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in figures.items()), file=sys.stderr)
     toolkit_user_data_wipe(target, confirm=True, call=_call())
+    peak = {
+        "built_jsonl": _peak_mb(lambda: memory_export(source, file_format="jsonl", call=_call())),
+        "streamed_jsonl": _peak_mb(streamed),
+    }
     return {
         "memories": memories,
         "jsonl_bytes": size,
+        "python_peak_mib": peak,
         **{
             name: {"median_s": round(statistics.median(v), 2), "memories_per_s": round(memories / statistics.median(v))}
             for name, v in figures.items()
