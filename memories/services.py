@@ -1706,10 +1706,13 @@ def _export_records(
 def memory_export_stream(scope: MemoryScope, *, file_format: str, call: CallContext) -> Iterator[str]:
     """memory_export's file as lines to stream (the web UI's download), read
     EXPORT_PAGE_SIZE memories at a time instead of built whole in memory. The same call:
-    rate limited, billed and audited with every exported id before the first line (a
-    refusal is audited too). The ids are read first; a memory stored while the lines are
-    read is left out, and one deleted meanwhile is skipped, so the count in the first line
-    is of what the audit row names. Markdown reads the pages twice: pinned memories first."""
+    rate limited, billed and audited with the ids of the scope's live memories before the
+    first line (a refusal is audited too). The file is then read in one snapshot
+    (REPEATABLE READ, read only, from the first line to the last), so its header's count,
+    its pages and Markdown's two passes (pinned memories first) all see the same memories
+    and it imports whole whatever is written meanwhile: those of the audited memories
+    still live when the snapshot starts (a memory stored after the audit row is left
+    out)."""
     with failures_audited(scope, call=call, operation=Operation.EXPORT_MEMORIES):
         if file_format not in EXPORT_FORMATS:
             raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"format must be one of {', '.join(EXPORT_FORMATS)}")
@@ -1727,34 +1730,42 @@ def memory_export_stream(scope: MemoryScope, *, file_format: str, call: CallCont
                 detail={"format": file_format, "memories": len(ids)},
             )
     exported_at = datetime.now(UTC).isoformat()
-    owned = set(ids)
+    audited = set(ids)
 
-    def records(pinned: bool | None) -> Iterator[ExportRecord]:
+    def records(live: set[str], pinned: bool | None) -> Iterator[ExportRecord]:
         after: tuple[str, str] | None = None
         while True:
             page = engine_memories_page(scope, after=after, limit=EXPORT_PAGE_SIZE)
-            views = [memory_view(item) for item in page if item.id in owned]
+            views = [memory_view(item) for item in page if item.id in live]
             yield from _export_records(
-                scope, [v for v in views if pinned is None or v.pinned is pinned], owned_ids=owned
+                scope, [v for v in views if pinned is None or v.pinned is pinned], owned_ids=live
             )
             if len(page) < EXPORT_PAGE_SIZE:
                 return
             after = (page[-1].created_at or "", page[-1].id)
 
-    def lines() -> Iterator[str]:
+    def file_lines(live: set[str]) -> Iterator[str]:
         if file_format == "jsonl":
-            yield export_jsonl_header(count=len(ids), exported_at=exported_at)
-            yield from (export_jsonl_line(record) for record in records(None))
+            yield export_jsonl_header(count=len(live), exported_at=exported_at)
+            yield from (export_jsonl_line(record) for record in records(live, None))
             return
         username = call.actor_username or "you"
-        yield export_markdown_title(count=len(ids), exported_at=exported_at, username=username)
+        yield export_markdown_title(count=len(live), exported_at=exported_at, username=username)
         for pinned in (True, False):
-            group = records(pinned)
+            group = records(live, pinned)
             first = next(group, None)
             if first is not None:
                 yield export_markdown_section(pinned)
                 yield export_markdown_item(first)
                 yield from (export_markdown_item(record) for record in group)
+
+    def lines() -> Iterator[str]:
+        snapshot = not connection.in_atomic_block  # a caller's transaction is its own snapshot
+        with transaction.atomic():
+            if snapshot:
+                with connection.cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield from file_lines(audited & set(memory_ids_owned(scope)))
 
     return lines()
 

@@ -87,13 +87,54 @@ def test_a_bad_format_or_the_rate_limit_is_refused_audited_and_not_billed(alice,
     assert UsageEvent.objects.count() == billed + 1
 
 
-def test_what_changes_while_it_is_read_is_left_out_as_the_audit_row_says(alice_scope, alices):
+def elsewhere(change) -> None:
+    """A change made by another request meanwhile: its own thread and connection."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    def run():
+        try:
+            change()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(run).result()
+
+
+def test_the_file_is_one_snapshot_and_imports_whole_whatever_is_written_meanwhile(
+    alice_scope, bob_scope, alices, monkeypatch
+):
+    """The audit row names the memories live at the call; the file is read in one snapshot
+    taken at its first line, so its count always matches its lines (the import refuses a
+    file whose count does not) and no memory is in it twice or missing."""
+    monkeypatch.setattr(services, "EXPORT_PAGE_SIZE", 2)
+    for file_format, pinned, deleted, count in (("jsonl", 4, 5, 7), ("markdown", 1, 6, 7)):
+        lines = memory_export_stream(alice_scope, file_format=file_format, call=internal_call())
+        first = next(lines)  # the snapshot starts here
+        stored = f"Stored while the {file_format} download ran"
+        elsewhere(lambda text=stored: memory_remember(alice_scope, memory=text, call=internal_call()))
+        elsewhere(lambda i=pinned: memory_update(alice_scope, memory_id=alices[i], pinned=True, call=internal_call()))
+        elsewhere(lambda i=deleted: memory_delete(alice_scope, memory_id=alices[i], call=internal_call()))
+        text = first + "".join(lines)
+        assert stored not in text
+        if file_format == "jsonl":
+            records = [json.loads(line) for line in text.splitlines()]
+            assert records[0]["count"] == count and sorted(r["id"] for r in records[1:]) == sorted(alices)
+            imported = services.memory_import_file(
+                bob_scope, data=text.encode(), source="memsite", call=internal_call()
+            )
+            assert imported.imported == count
+        else:  # one memory pinned between the two passes (pinned first, then the rest): once
+            assert f"{count} memories" in text and text.count("- Alice fact number 1\n") == 1
+            assert text.count("\n- ") == count
+    # A memory deleted between the audit row and the first line is left out of the file
+    # (the audit row still names it: it may have been read), and the count says so.
     lines = memory_export_stream(alice_scope, file_format="jsonl", call=internal_call())
-    memory_remember(alice_scope, memory="Stored while the download ran", call=internal_call())
     memory_delete(alice_scope, memory_id=alices[0], call=internal_call())
     records = [json.loads(line) for line in lines]
-    assert records[0]["count"] == 7  # what the audit row names
-    assert sorted(r["id"] for r in records[1:]) == sorted(alices[1:])
+    assert records[0]["count"] == len(records) - 1 == 6
 
 
 def test_under_asgi_it_is_sent_while_it_is_read(alice, alice_scope, alices, client, monkeypatch):
