@@ -28,6 +28,7 @@ from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
 from core.inputs import text_problem
 from core.locks import advisory_xact_lock
 from core.scope import CallContext, MemoryScope
+from core.snapshots import read_only_snapshot
 from memories.call_record import call_succeeded, failures_audited
 from memories.cursors import CursorError, cursor_decode, cursor_encode
 from memories.engine import (
@@ -1760,11 +1761,7 @@ def memory_export_stream(scope: MemoryScope, *, file_format: str, call: CallCont
                 yield from (export_markdown_item(record) for record in group)
 
     def lines() -> Iterator[str]:
-        snapshot = not connection.in_atomic_block  # a caller's transaction is its own snapshot
-        with transaction.atomic():
-            if snapshot:
-                with connection.cursor() as cursor:
-                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        with read_only_snapshot():
             yield from file_lines(audited & set(memory_ids_owned(scope)))
 
     return lines()

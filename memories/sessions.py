@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.scope import CallContext, MemoryScope
+from core.snapshots import read_only_snapshot
 from memories.models import SessionEvent
 
 # What an item's identity is made of: two items equal here are the same event to dedupe.
@@ -195,8 +196,9 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
     a header with the counts, then one `session` line per session (its summary), one
     `event` line per raw item in order, and one `archive` line per compacted run of items.
     Audited with the counts before the first line (a refusal too); rate limited, not
-    billed. A download cut short is told by the header's counts (taken first: a session
-    written or deleted while the lines are read can make them differ a little)."""
+    billed. The file is read in one snapshot from its header to its last line, so the
+    header's counts are exactly its lines whatever agents write meanwhile, and a download
+    cut short is told by them. (The audit row's counts are from the call's start.)"""
     from audit.services import audit_record
     from core.choices import Operation
     from memories.models import SessionArchive, SessionState
@@ -217,7 +219,12 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
         return json.dumps({kind: data}, ensure_ascii=False, default=str) + "\n"
 
     def lines() -> Iterator[str]:
-        yield json.dumps(header, ensure_ascii=False) + "\n"
+        with read_only_snapshot():
+            yield from snapshot_lines()
+
+    def snapshot_lines() -> Iterator[str]:
+        counted = {"sessions": states.count(), "events": events.count(), "archives": archives.count()}
+        yield json.dumps({**header, **counted}, ensure_ascii=False) + "\n"
         for state in states.iterator(chunk_size=500):
             yield line(
                 "session",
