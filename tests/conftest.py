@@ -529,3 +529,19 @@ def asgi_get(path: str, *, cookie: str, produced: list[str]) -> tuple[int, bytes
         return started[0], b"".join(chunks), sent_at
 
     return asyncio.run(main())
+
+
+def elsewhere(change) -> None:
+    """A change made by another request meanwhile: its own thread and connection."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    def run():
+        try:
+            change()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(run).result()

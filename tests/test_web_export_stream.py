@@ -15,7 +15,7 @@ from memories import services
 from memories.interfaces.web import downloads
 from memories.interfaces.web import views as web_views
 from memories.services import memory_delete, memory_export, memory_export_stream, memory_remember, memory_update
-from tests.conftest import asgi_get, internal_call
+from tests.conftest import asgi_get, elsewhere, internal_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -85,22 +85,6 @@ def test_a_bad_format_or_the_rate_limit_is_refused_audited_and_not_billed(alice,
         ("error", "rate_limited"),
     ]
     assert UsageEvent.objects.count() == billed + 1
-
-
-def elsewhere(change) -> None:
-    """A change made by another request meanwhile: its own thread and connection."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from django.db import connection
-
-    def run():
-        try:
-            change()
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(run).result()
 
 
 def test_the_file_is_one_snapshot_and_imports_whole_whatever_is_written_meanwhile(

@@ -236,25 +236,13 @@ def test_archived_runs_are_readable_oldest_first_and_only_by_their_owner(
 def test_the_download_is_one_snapshot_its_counts_exactly_its_lines(alice_scope):
     """An agent writing to a session while the log is downloaded: the header's counts are
     always the lines that follow, so a short file is told from a complete one."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from django.db import connection
-
-    from tests.conftest import internal_call
+    from tests.conftest import elsewhere, internal_call
 
     log(alice_scope, "s1", [{"type": "message", "role": "user", "content": f"alice-{n}"} for n in range(3)])
     lines = sessions.session_logs_export(alice_scope, call=internal_call())
     header = json.loads(next(lines))  # the snapshot starts here
-
-    def agent_writes():
-        try:
-            log(alice_scope, "s1", [{"type": "message", "role": "user", "content": "written meanwhile"}])
-            log(alice_scope, "s2", [{"type": "message", "role": "user", "content": "a new session"}])
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(agent_writes).result()
+    elsewhere(lambda: log(alice_scope, "s1", [{"type": "message", "role": "user", "content": "written meanwhile"}]))
+    elsewhere(lambda: log(alice_scope, "s2", [{"type": "message", "role": "user", "content": "a new session"}]))
     rest = [json.loads(line) for line in lines]
     assert (header["sessions"], header["events"]) == (1, 3)
     assert len([r for r in rest if "event" in r]) == 3 and len([r for r in rest if "session" in r]) == 1
