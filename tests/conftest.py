@@ -545,3 +545,24 @@ def elsewhere(change) -> None:
 
     with ThreadPoolExecutor(1) as pool:
         pool.submit(run).result()
+
+
+def lines_counted(monkeypatch, module, name: str) -> list[str]:
+    """Replace `module.name` (a service returning lines to stream) with one whose lines are
+    also appended to the returned list as they are produced: a test can tell how many had
+    been read when each part of the response went out."""
+    produced: list[str] = []
+    export = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        lines = export(*args, **kwargs)
+
+        def each():
+            for line in lines:
+                produced.append(line)
+                yield line
+
+        return each()
+
+    monkeypatch.setattr(module, name, counted)
+    return produced

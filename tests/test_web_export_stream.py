@@ -10,12 +10,12 @@ import pytest
 
 from audit.models import AuditEvent
 from billing.models import UsageEvent
-from core.scope import CallContext, MemoryScope
+from core.scope import CallContext
 from memories import services
 from memories.interfaces.web import downloads
 from memories.interfaces.web import views as web_views
 from memories.services import memory_delete, memory_export, memory_export_stream, memory_remember, memory_update
-from tests.conftest import asgi_get, elsewhere, internal_call
+from tests.conftest import asgi_get, elsewhere, internal_call, lines_counted
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -124,20 +124,7 @@ def test_the_file_is_one_snapshot_and_imports_whole_whatever_is_written_meanwhil
 def test_under_asgi_it_is_sent_while_it_is_read(alice, alice_scope, alices, client, monkeypatch):
     monkeypatch.setattr(services, "EXPORT_PAGE_SIZE", 2)
     monkeypatch.setattr(downloads, "DOWNLOAD_BATCH_LINES", 2)
-    produced: list[str] = []
-    export = web_views.memory_export_stream
-
-    def counted(scope: MemoryScope, *, file_format: str, call):
-        lines = export(scope, file_format=file_format, call=call)
-
-        def each():
-            for line in lines:
-                produced.append(line)
-                yield line
-
-        return each()
-
-    monkeypatch.setattr(web_views, "memory_export_stream", counted)
+    produced = lines_counted(monkeypatch, web_views, "memory_export_stream")
     client.force_login(alice)
     status, body, sent_at = asgi_get(
         "/data/export/?format=jsonl", cookie=f"sessionid={client.cookies['sessionid'].value}", produced=produced

@@ -14,7 +14,7 @@ from memories import sessions
 from memories.interfaces.web import downloads
 from memories.interfaces.web import sessions as web_sessions
 from memories.models import SessionArchive
-from tests.conftest import asgi_get
+from tests.conftest import asgi_get, lines_counted
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -153,20 +153,7 @@ def test_the_download_streams_under_asgi_without_reading_it_all_first(
     for n in range(4):
         log(alice_scope, f"s{n}", [{"type": "message", "role": "user", "content": f"alice-{n}-{i}"} for i in range(50)])
     log(bob_scope, "s0", [{"type": "message", "role": "user", "content": "bob-secret"}])
-    produced: list[str] = []
-    export = web_sessions.session_logs_export
-
-    def counted(scope, *, call):
-        lines = export(scope, call=call)
-
-        def each():
-            for line in lines:
-                produced.append(line)
-                yield line
-
-        return each()
-
-    monkeypatch.setattr(web_sessions, "session_logs_export", counted)
+    produced = lines_counted(monkeypatch, web_sessions, "session_logs_export")
     client.force_login(alice)
     status, body, sent_at = asgi_get(
         "/data/export/session-logs/", cookie=f"sessionid={client.cookies['sessionid'].value}", produced=produced
