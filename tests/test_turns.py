@@ -17,11 +17,11 @@ from audit.models import AuditEvent
 from core.errors import ErrorCode, ServiceError
 from core.scope import CallContext
 from memories.auth import Principal
-from memories.engine import attrs_containment, engine_rows_owned
+from memories.engine import attrs_containment, engine_memory_of, engine_rows_owned
 from memories.models import SessionArchive, SessionEvent, SessionState, TurnGuard
 from memories.operations import operation_execute
 from memories.turns import services as turns
-from memories.turns.extraction import FACT_TAG, facts_heuristic, tier_tag
+from memories.turns.extraction import FACT_MAX_CHARS, FACT_TAG, FACTS_PER_TURN_MAX, facts_heuristic, tier_tag
 from memories.turns.items import items_token_count
 
 pytestmark = pytest.mark.django_db
@@ -192,6 +192,32 @@ def test_heuristic_extraction_and_tiers():
         ("Today I am working from the cafe.", "l1"),
         ("This week I am on call for the payments team.", "l2"),
     ]
+
+
+def test_after_turn_says_which_facts_it_left_out_or_shortened(alice, alice_scope, clean_vectors):
+    """The per-turn limit counts storable facts only (an unstorable first fact does not cost
+    a stored one), and the result and the audit row say what was cut; the log keeps all."""
+    unstorable = "I like \x1b[1mbold\x1b[0m tea."
+    long = "I like " + "very " * 120 + "long walks."
+    storable = [f"I like hobby number {n}." for n in range(FACTS_PER_TURN_MAX)]
+    said = " ".join([unstorable, long, *storable])
+    result = turn(alice, "s", "t1", said)
+    assert len(result["fact_ids"]) == FACTS_PER_TURN_MAX
+    assert result["facts_left_out"] == 2 and result["facts_shortened"] == 1
+    texts = [engine_memory_of(row).text for row in facts_of(alice_scope)]
+    assert [len(text) for text in texts if text.startswith("I like very very")] == [FACT_MAX_CHARS]
+    assert f"I like hobby number {FACTS_PER_TURN_MAX - 2}." in texts
+    assert f"I like hobby number {FACTS_PER_TURN_MAX - 1}." not in texts  # the 21st storable fact
+    row = AuditEvent.objects.get(operation="memory_after_turn")
+    assert row.detail["facts_left_out"] == {"over_limit": 1, "unstorable": 1, "shortened": 1}
+    assert "bold" not in str(row.detail)
+    assert SessionEvent.objects.filter(session_id="s").count() == 2  # both items, whole
+
+    again = turn(alice, "s", "t1", said)
+    assert again["duplicate"] and again["facts_left_out"] == again["facts_shortened"] == 0
+    plain = turn(alice, "s", "t2", "I prefer green tea.")
+    assert plain["facts_left_out"] == plain["facts_shortened"] == 0
+    assert "facts_left_out" not in AuditEvent.objects.filter(operation="memory_after_turn").latest("id").detail
 
 
 def test_extraction_with_a_fake_openai_compatible_llm(alice, alice_scope, fake_llm, clean_vectors):

@@ -280,9 +280,9 @@ def test_a_turn_still_refuses_nul_and_control_characters_outside_its_items(alice
 @with_vectors
 def test_no_fact_with_control_characters_is_extracted_from_a_turn(alice, alice_scope, caplog):
     said = "I always prefer \x1b[1mgreen tea\x1b[0m in the morning. I live in Rome."
-    with caplog.at_level(logging.WARNING, logger="memories.turns.services"):
+    with caplog.at_level(logging.WARNING, logger="memories.turns.extraction"):
         result = run(alice, "memory_after_turn", session_id="s1", turn_id="t1", input_items=[_msg("user", said)])
     texts = [engine_memory_of(row).text for row in _facts(alice_scope)]
     assert texts == ["I live in Rome."]
-    assert len(result["fact_ids"]) == 1
-    assert "left out 1 extracted facts" in caplog.text and "green" not in caplog.text
+    assert len(result["fact_ids"]) == 1 and result["facts_left_out"] == 1
+    assert "left out 1 unstorable facts" in caplog.text and "green" not in caplog.text

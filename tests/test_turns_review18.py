@@ -215,6 +215,7 @@ def test_llm_facts_with_nul_or_a_lone_surrogate_are_dropped(alice, alice_scope, 
         first = turn(alice, "s", "t1", "I read the rust book with tea")
         second = turn(alice, "s", "t2", "Coffee now")
     assert len(first["fact_ids"]) == 1 and second["fact_ids"] == []
+    assert first["facts_left_out"] == second["facts_left_out"] == 1
     assert texts_of(alice_scope) == ["User is learning Rust"]
 
 

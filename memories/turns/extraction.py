@@ -71,6 +71,33 @@ def tags_made_durable(tags: tuple[str, ...]) -> tuple[str, ...]:
 class Fact:
     text: str
     tier: str
+    shortened: bool = False  # cut to FACT_MAX_CHARS
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """The facts after_turn stores, and what it left out: the result and the audit row
+    say so (the turn's items stay whole in the session log either way)."""
+
+    facts: list[Fact]
+    over_limit: int = 0  # storable facts past FACTS_PER_TURN_MAX
+    unstorable: int = 0  # facts holding characters a memory's text may not hold
+
+    @property
+    def shortened(self) -> int:
+        return sum(1 for fact in self.facts if fact.shortened)
+
+    def report(self) -> dict[str, int]:
+        """The non-zero counts, for the audit row."""
+        counts = {"over_limit": self.over_limit, "unstorable": self.unstorable, "shortened": self.shortened}
+        return {name: count for name, count in counts.items() if count}
+
+
+def fact_of(text: str, *, tier: str | None = None) -> Fact:
+    """A fact of `text` with its whitespace folded, cut to FACT_MAX_CHARS (and saying so)."""
+    folded = " ".join(text.split())
+    kept = folded[:FACT_MAX_CHARS]
+    return Fact(text=kept, tier=tier if tier in TIERS else fact_tier(kept), shortened=len(kept) < len(folded))
 
 
 def fact_tier(text: str) -> str:
@@ -95,12 +122,12 @@ def facts_heuristic(items: list[dict[str, Any]]) -> list[Fact]:
                 continue
             if not (_FIRST_PERSON.search(sentence) and _DURABLE.search(sentence)):
                 continue
-            text = sentence[:FACT_MAX_CHARS]
-            if text.casefold() in seen:
+            fact = fact_of(sentence)
+            if fact.text.casefold() in seen:
                 continue
-            seen.add(text.casefold())
-            facts.append(Fact(text=text, tier=fact_tier(text)))
-    return facts[:FACTS_PER_TURN_MAX]
+            seen.add(fact.text.casefold())
+            facts.append(fact)
+    return facts
 
 
 _PROMPT = (
@@ -172,23 +199,32 @@ def facts_llm(items: list[dict[str, Any]]) -> list[Fact]:
         raise ServiceError(ErrorCode.LLM_UNAVAILABLE, "The fact-extraction model gave no JSON; retry later.") from None
     entries = data.get("memory") or data.get("facts") or [] if isinstance(data, dict) else []
     facts: list[Fact] = []
-    unstorable = 0
     for entry in entries if isinstance(entries, list) else []:
         text = entry.get("text") if isinstance(entry, dict) else entry
         if not isinstance(text, str) or not text.strip():
             continue
-        # The model's answer is untrusted text: a NUL or lone surrogate could be neither
-        # embedded nor stored, and failing the turn over it would fail every retry too.
-        if text_problem(text) is not None:
-            unstorable += 1
-            continue
-        text = " ".join(text.split())[:FACT_MAX_CHARS]
         tier = entry.get("tier") if isinstance(entry, dict) else None
-        facts.append(Fact(text=text, tier=tier if tier in TIERS else fact_tier(text)))
-    if unstorable:
-        logger.warning("fact extraction: dropped %d unstorable facts from the model's answer", unstorable)
-    return facts[:FACTS_PER_TURN_MAX]
+        facts.append(fact_of(text, tier=tier))
+    return facts
 
 
-def facts_extract(items: list[dict[str, Any]]) -> list[Fact]:
-    return facts_llm(items) if heuristic_llm_enabled() else facts_heuristic(items)
+def facts_extract(items: list[dict[str, Any]]) -> Extraction:
+    """The turn's facts (the configured model's, else the rules'), at most
+    FACTS_PER_TURN_MAX of them. A fact holding a character a memory's text may not hold (a
+    NUL or lone surrogate in the model's answer, a terminal escape in a tool output the
+    rules quoted) is left out: failing the turn over it would fail every retry too. Both
+    are counted, never logged with their text."""
+    found = facts_llm(items) if heuristic_llm_enabled() else facts_heuristic(items)
+    storable = [fact for fact in found if text_problem(fact.text) is None]
+    extraction = Extraction(
+        facts=storable[:FACTS_PER_TURN_MAX],
+        over_limit=max(0, len(storable) - FACTS_PER_TURN_MAX),
+        unstorable=len(found) - len(storable),
+    )
+    if extraction.unstorable or extraction.over_limit:
+        logger.warning(
+            "fact extraction: left out %d unstorable facts and %d past the per-turn limit",
+            extraction.unstorable,
+            extraction.over_limit,
+        )
+    return extraction

@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, Field, StrictInt, StrictStr, fi
 from pydantic_core import PydanticCustomError
 
 from memories.schemas import QUERY_MAX_CHARS, TAG_MAX_CHARS, MemoryOut, Message, StrictInput
-from memories.turns.extraction import PROJECT_TAG_PREFIX
+from memories.turns.extraction import FACT_MAX_CHARS, FACTS_PER_TURN_MAX, PROJECT_TAG_PREFIX
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 ITEM_TYPES = frozenset({"message", "function_call", "function_call_output"})
@@ -169,6 +169,12 @@ class AfterTurnOutput(BaseModel):
     duplicate: bool = False
     fact_ids: list[str] = []
     events_stored: int = 0
+    facts_left_out: int = Field(
+        0,
+        description=f"Extracted facts not stored: past the per-turn limit ({FACTS_PER_TURN_MAX}), or holding "
+        "a character a memory's text may not hold. The session log keeps the turn's items whole.",
+    )
+    facts_shortened: int = Field(0, description=f"Stored facts cut to {FACT_MAX_CHARS} characters.")
 
 
 class MaintenanceInput(TurnInput):

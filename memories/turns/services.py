@@ -30,7 +30,6 @@ from audit.models import MemoryHistory
 from audit.services import audit_record, history_content_erase
 from core.choices import MemoryType, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
-from core.inputs import text_problem
 from core.locks import advisory_xact_lock
 from core.metrics import turn_compaction_record, turn_fact_write_record, turn_idempotency_conflict_record
 from core.scope import CallContext, MemoryScope
@@ -341,17 +340,6 @@ def _guard_claim(scope: MemoryScope, *, project: str, session_id: str, turn_id: 
         return guard
 
 
-def _facts_storable(facts: list[Fact]) -> list[Fact]:
-    """The facts a memory may hold as its text. The turn's items may carry control
-    characters (terminal escapes in a tool output: the session log keeps them), a memory's
-    text may not (what every memory surface and the import refuse): a fact holding one is
-    left out, counted in the log, never its text."""
-    storable = [fact for fact in facts if text_problem(fact.text) is None]
-    if len(storable) < len(facts):
-        logger.warning("after_turn: left out %d extracted facts with control characters", len(facts) - len(storable))
-    return storable
-
-
 def _guard_release(guard: TurnGuard, *, owner: str) -> None:
     """A failed attempt lets the next retry in at once (a crash waits for the lease)."""
     try:
@@ -464,9 +452,9 @@ def turn_after(
     if guard.state == TurnGuard.State.DONE:
         return _turn_duplicate(scope, guard=guard, detail=detail, call=call)
     try:
-        facts = _facts_storable(facts_extract([*input_items, *output_items]))  # slow: outside transactions
+        extraction = facts_extract([*input_items, *output_items])  # slow: outside transactions
         try:
-            embedded = [(fact, engine_embed_text(fact.text)) for fact in facts]
+            embedded = [(fact, engine_embed_text(fact.text)) for fact in extraction.facts]
         except EngineError as exc:
             raise backend_unavailable() from exc
         with transaction.atomic():
@@ -504,13 +492,21 @@ def turn_after(
                     **detail,
                     "events_stored": stored,
                     "facts": tiers,
+                    **({"facts_left_out": left_out} if (left_out := extraction.report()) else {}),
                     **({"project_tagged": tagged} if tagged else {}),
                 },
             )
     except BaseException:
         _guard_release(guard, owner=owner)
         raise
-    return {"ok": True, "duplicate": False, "fact_ids": fact_ids, "events_stored": stored}
+    return {
+        "ok": True,
+        "duplicate": False,
+        "fact_ids": fact_ids,
+        "events_stored": stored,
+        "facts_left_out": extraction.over_limit + extraction.unstorable,
+        "facts_shortened": extraction.shortened,
+    }
 
 
 def _turn_duplicate(scope: MemoryScope, *, guard: TurnGuard, detail: dict[str, Any], call: CallContext) -> dict:
@@ -522,7 +518,14 @@ def _turn_duplicate(scope: MemoryScope, *, guard: TurnGuard, detail: dict[str, A
             memory_ids=list(guard.fact_ids),
             detail={**detail, "duplicate": True},
         )
-    return {"ok": True, "duplicate": True, "fact_ids": list(guard.fact_ids), "events_stored": 0}
+    return {
+        "ok": True,
+        "duplicate": True,
+        "fact_ids": list(guard.fact_ids),
+        "events_stored": 0,
+        "facts_left_out": 0,
+        "facts_shortened": 0,
+    }
 
 
 def turn_run(
