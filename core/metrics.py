@@ -21,6 +21,8 @@ from functools import wraps
 
 from prometheus_client import Counter, Histogram, disable_created_metrics
 
+from core.errors import ServiceError
+
 # `*_created` series double the exposition and no query here uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
 
@@ -124,12 +126,17 @@ class CallObservation:
 
 @contextmanager
 def call_observed(*, operation: str, channel: str) -> Iterator[CallObservation]:
-    """Count and time one dispatched call. An exception that escapes without `failed`
-    having been called counts as an error with code `unexpected`."""
+    """Count and time one call (the dispatcher's, or a web UI call made outside it). A
+    ServiceError that escapes counts under its code (denied or error); any other exception
+    without `failed` having been called counts as an error with code `unexpected`."""
     observation = CallObservation()
     started = time.perf_counter()
     try:
         yield observation
+    except ServiceError as error:
+        if observation.outcome == "ok":
+            observation.failed(code=error.code, denied=error.denied)
+        raise
     except BaseException:
         if observation.outcome == "ok":
             observation.failed(code="unexpected")

@@ -408,23 +408,19 @@ def operation_execute(
     memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
     if not isinstance(memory_id, str) or text_problem(memory_id):
         memory_id = None  # the audit row of a bad call must still be writable (no NUL)
-    with call_observed(operation=definition.operation, channel=call.channel) as observed:  # metrics
-        try:
-            # Whose memories: the principal's own, or a subject it may act for (audited
-            # under the caller's own scope when refused).
-            with failures_audited(principal.scope(), call=call, operation=definition.operation, memory_id=memory_id):
-                effective = principal_effective(principal, subject=header_subject, claimed=claimed_scope)
-            scope = effective.scope()
-            with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
-                if not definition.permitted(principal.permissions):
-                    raise ServiceError(ErrorCode.FORBIDDEN, definition.refusal(principal.permissions), denied=True)
-                if claimed_scope is not None:
-                    principal_claim_check(effective, claimed_scope)
-                validated = schemas.validate_input(definition.input_model, arguments)
-                return definition.run(scope, validated, call)
-        except ServiceError as error:
-            observed.failed(code=error.code, denied=error.denied)
-            raise
+    with call_observed(operation=definition.operation, channel=call.channel):  # metrics, refusals by code
+        # Whose memories: the principal's own, or a subject it may act for (audited
+        # under the caller's own scope when refused).
+        with failures_audited(principal.scope(), call=call, operation=definition.operation, memory_id=memory_id):
+            effective = principal_effective(principal, subject=header_subject, claimed=claimed_scope)
+        scope = effective.scope()
+        with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
+            if not definition.permitted(principal.permissions):
+                raise ServiceError(ErrorCode.FORBIDDEN, definition.refusal(principal.permissions), denied=True)
+            if claimed_scope is not None:
+                principal_claim_check(effective, claimed_scope)
+            validated = schemas.validate_input(definition.input_model, arguments)
+            return definition.run(scope, validated, call)
 
 
 def principal_effective(principal: Principal, *, subject: str = "", claimed: dict[str, Any] | None = None) -> Principal:

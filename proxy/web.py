@@ -13,9 +13,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
+from core.choices import Operation
 from core.errors import ErrorCode, ServiceError
 from core.inputs import InputError, digits_int, json_loads_safe, text_problem
-from memories.interfaces.web.views import web_call
+from memories.interfaces.web.views import ui_call_observed, web_call
 from memories.models import ApiKey
 from proxy import services
 from proxy.models import TokenConfig
@@ -63,11 +64,13 @@ def key_chat_config(request: HttpRequest, key_id: str) -> HttpResponse:
     status = 200
     if request.method == "POST":
         if "delete" in request.POST:
-            services.token_config_delete(api_key=api_key, call=call)
+            with ui_call_observed(Operation.PROXY_TOKEN_CONFIG):
+                services.token_config_delete(api_key=api_key, call=call)
             messages.success(request, "Configuration removed: this key uses the deployment's default upstream.")
             return redirect(reverse("proxy-key-config", args=[key_id]))
         try:
-            services.token_config_save(api_key=api_key, fields=_form_fields(request.POST), partial=True, call=call)
+            with ui_call_observed(Operation.PROXY_TOKEN_CONFIG):
+                services.token_config_save(api_key=api_key, fields=_form_fields(request.POST), partial=True, call=call)
         except ServiceError as exc:
             messages.error(request, exc.message)
             status = 400

@@ -160,6 +160,51 @@ def test_calls_rate_limits_and_outbox_are_counted_in_process(client, api_client,
     assert value(after, "memsite_scrape_database_ok") == 1
 
 
+def test_web_ui_calls_outside_the_dispatcher_are_counted(client, alice, alice_scope, settings):
+    """Downloads, decision and cache deletes and key changes call their services directly
+    (streamed, or with the web's own answers); they are counted and timed like the UI's
+    dispatched calls: a refusal under its code, a download left unread as client_gone."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from memories.toolkit.services import toolkit_decision_store
+    from tests.conftest import internal_call
+
+    settings.METRICS_TOKEN = None
+    scrape = lambda: samples(client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode())  # noqa: E731
+    before = scrape()
+    web = Client()
+    web.force_login(alice)
+    toolkit_decision_store(alice_scope, key="db", value="postgres", call=internal_call())
+
+    download = web.get(reverse("web-data-export"), {"format": "jsonl"})
+    assert b'"count": 0' in b"".join(download.streaming_content)
+    download.close()
+    assert web.get(reverse("web-data-export"), {"format": "pdf"}).status_code == 302
+    left = web.get(reverse("web-data-export"), {"format": "markdown"})
+    next(iter(left.streaming_content))  # the title line, then the client goes away
+    left.close()
+    logs = web.get(reverse("web-data-export-session-logs"))
+    b"".join(logs.streaming_content)
+    logs.close()
+    assert web.get(reverse("web-data-export-decisions-and-cache")).status_code == 200
+    assert web.post(reverse("web-decision-delete"), {"key": "db"}).status_code == 302
+    assert web.post(reverse("web-cache-clear")).status_code == 302
+    after = scrape()
+
+    def delta(operation: str, outcome: str = "ok", code: str = "") -> float:
+        labels = {"operation": operation, "channel": "ui", "outcome": outcome, "code": code}
+        return value(after, "memsite_calls_total", **labels) - value(before, "memsite_calls_total", **labels)
+
+    assert delta("export_memories") == 1
+    assert delta("export_memories", "error", "invalid_argument") == 1
+    assert delta("export_memories", "error", "client_gone") == 1
+    assert delta("export_session_logs") == 1
+    assert delta("export_decisions_and_cache") == 1
+    assert delta("delete_decision") == 1
+    assert delta("delete_cache_entry") == 1
+
+
 def test_the_seed_002_turn_metrics_are_registered(client, settings):
     settings.METRICS_TOKEN = None
     text = client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode()

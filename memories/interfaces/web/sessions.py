@@ -12,8 +12,9 @@ from django.shortcuts import redirect, render
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
+from core.choices import Operation
 from core.errors import ServiceError
-from memories.interfaces.web.downloads import streaming_download
+from memories.interfaces.web.downloads import download_observed, streaming_download
 from memories.interfaces.web.views import _execute, _scope, page_of, web_call
 from memories.sessions import session_logs_export
 from memories.turns.extraction import FACT_TAG, TIERS, tier_tag
@@ -109,7 +110,10 @@ def session_events_delete(request):
 def session_logs_download(request):
     """The "Your data" page's download of every session log, streamed as JSONL."""
     try:
-        lines = session_logs_export(_scope(request), call=web_call(request))
+        lines = download_observed(
+            operation=Operation.EXPORT_SESSION_LOGS,
+            start=lambda: session_logs_export(_scope(request), call=web_call(request)),
+        )
     except ServiceError as exc:
         messages.error(request, exc.message)
         return redirect("web-data")

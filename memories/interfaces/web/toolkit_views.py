@@ -8,8 +8,9 @@ from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from core.choices import Operation
 from core.errors import ErrorCode, ServiceError
-from memories.interfaces.web.views import _execute, _scope, page_of, web_call
+from memories.interfaces.web.views import _execute, _scope, page_of, ui_call_observed, web_call
 from memories.toolkit.schemas import DECISION_KEY_MAX_CHARS
 from memories.toolkit.selectors import cache_entry_count, cache_entry_list, decision_count, decision_list
 from memories.toolkit.services import (
@@ -40,7 +41,9 @@ def decision_delete(request):
     if not key or len(key) > DECISION_KEY_MAX_CHARS or "\x00" in key:
         messages.error(request, "No such decision.")
         return redirect("web-decisions")
-    if toolkit_decision_delete(_scope(request), key=key, call=web_call(request)):
+    with ui_call_observed(Operation.DELETE_DECISION):
+        deleted = toolkit_decision_delete(_scope(request), key=key, call=web_call(request))
+    if deleted:
         messages.success(request, f"Deleted the decision {key}.")
     else:
         messages.error(request, "No such decision.")
@@ -60,7 +63,10 @@ def cache_entries(request):
 @login_required
 @require_POST
 def cache_entry_delete(request):
-    if toolkit_cache_entry_delete(_scope(request), entry_id=request.POST.get("id", ""), call=web_call(request)):
+    entry_id = request.POST.get("id", "")
+    with ui_call_observed(Operation.DELETE_CACHE_ENTRY):
+        deleted = toolkit_cache_entry_delete(_scope(request), entry_id=entry_id, call=web_call(request))
+    if deleted:
         messages.success(request, "Deleted the cached answer.")
     else:
         messages.error(request, "No such cached answer.")
@@ -70,7 +76,8 @@ def cache_entry_delete(request):
 @login_required
 @require_POST
 def cache_entries_clear(request):
-    deleted = toolkit_cache_entries_clear(_scope(request), call=web_call(request))
+    with ui_call_observed(Operation.DELETE_CACHE_ENTRY):
+        deleted = toolkit_cache_entries_clear(_scope(request), call=web_call(request))
     messages.success(request, f"Deleted {deleted} cached answer{'' if deleted == 1 else 's'}.")
     return redirect("web-cache")
 
@@ -80,7 +87,8 @@ def cache_entries_clear(request):
 def decisions_and_cache_export(request):
     """The "Your data" page's second download: decisions and cached answers as JSON."""
     try:
-        document = toolkit_data_export(_scope(request), call=web_call(request))
+        with ui_call_observed(Operation.EXPORT_DECISIONS_AND_CACHE):
+            document = toolkit_data_export(_scope(request), call=web_call(request))
     except ServiceError as exc:
         messages.error(request, exc.message)
         return redirect("web-data")

@@ -4,6 +4,7 @@ usage. Server-rendered; every memory action goes through the same operation disp
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import date, timedelta
 
@@ -19,13 +20,14 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.calls import call_context_from_request
-from core.choices import ALL_PERMISSIONS, Channel, MemoryType, Permission
+from core.choices import ALL_PERMISSIONS, Channel, MemoryType, Operation, Permission
 from core.errors import ErrorCode, ServiceError
 from core.inputs import digits_int
+from core.metrics import CallObservation, call_observed
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
-from memories.interfaces.web.downloads import streaming_download
+from memories.interfaces.web.downloads import download_observed, streaming_download
 from memories.interfaces.wellknown import MEMORY_MCP_PATH
 from memories.models import ApiKey
 from memories.operations import operation_execute
@@ -69,6 +71,12 @@ def web_call(request) -> CallContext:
         actor_role=principal.role,
         actor_credential=principal.credential,
     )
+
+
+def ui_call_observed(operation: str) -> AbstractContextManager[CallObservation]:
+    """The metrics of a web UI call made outside the dispatcher (with `web_call`): counted
+    and timed as operation_execute does the UI's other calls, a refusal under its code."""
+    return call_observed(operation=operation, channel=Channel.UI)
 
 
 def page_of(request, *, total: int, page_size: int) -> Page:
@@ -449,9 +457,10 @@ def api_keys(request):
             messages.error(request, "Expiry: a number of days from 1 to 3650, or never.")
         else:
             expires_at = timezone.now() + timedelta(days=days) if days is not None else None
-            _, new_key = api_key_issue(
-                user=request.user, name=name, permissions=chosen, expires_at=expires_at, call=web_call(request)
-            )
+            with ui_call_observed(Operation.API_KEY_ISSUE):
+                _, new_key = api_key_issue(
+                    user=request.user, name=name, permissions=chosen, expires_at=expires_at, call=web_call(request)
+                )
             messages.success(request, "Key created. Copy it now: it will not be shown again.")
     keys = ApiKey.objects.filter(user=request.user).order_by("-created_at")
     base = settings.PUBLIC_BASE_URL or request.build_absolute_uri("/").rstrip("/")
@@ -471,7 +480,9 @@ def api_keys(request):
 @login_required
 @require_POST
 def api_key_revoke_view(request, key_id: str):
-    if not api_key_revoke(user=request.user, key_id=key_id, call=web_call(request)):
+    with ui_call_observed(Operation.API_KEY_REVOKE):
+        revoked = api_key_revoke(user=request.user, key_id=key_id, call=web_call(request))
+    if not revoked:
         raise Http404("No such key.")
     messages.success(request, "Key revoked.")
     return redirect(reverse("web-keys"))
@@ -523,7 +534,10 @@ def data_export(request):
     billed, audited call as the API's export_memories, never held whole in memory)."""
     file_format = request.GET.get("format", "jsonl")
     try:
-        lines = memory_export_stream(_scope(request), file_format=file_format, call=web_call(request))
+        lines = download_observed(
+            operation=Operation.EXPORT_MEMORIES,
+            start=lambda: memory_export_stream(_scope(request), file_format=file_format, call=web_call(request)),
+        )
     except ServiceError as exc:
         messages.error(request, exc.message)
         return redirect("web-data")
