@@ -90,7 +90,7 @@ def embedder_for(spec: EmbedderSpec) -> Any:
     from memories.engine.mem0_adapter import _embedder_instrument, get_memory
 
     if spec == embedder_spec_configured():
-        return get_memory().embedding_model
+        return get_memory().embedding_model.configured
     with _lock:
         _fresh()
         embedder = _cache["embedders"].get(spec)
@@ -121,6 +121,61 @@ def embedder_for(spec: EmbedderSpec) -> Any:
 
 def embedder_active() -> Any:
     return embedder_for(embedder_spec_active())
+
+
+# The specs that made this thread's "add" vectors since its last mem0 insert.
+_added_with = threading.local()
+
+
+def added_specs_take() -> set[EmbedderSpec]:
+    """The embedders that made the vectors mem0 is about to insert on this thread (and
+    forget them): `writes.mem0_inserts_checked` compares them with the table's."""
+    specs: set[EmbedderSpec] = getattr(_added_with, "specs", None) or set()
+    _added_with.specs = set()
+    return specs
+
+
+def _added_spec_note(spec: EmbedderSpec, memory_action: str | None) -> None:
+    if memory_action in ("add", "update"):
+        specs = getattr(_added_with, "specs", None)
+        if specs is None:
+            specs = _added_with.specs = set()
+        specs.add(spec)
+
+
+class ActiveEmbedder:
+    """What mem0 calls as `Memory.embedding_model` (its ingest; `engine_add_text`): the
+    embedder of the table's vectors now, asked at each call. The engine once assigned the
+    active embedder to the process's one `Memory` at each ingest: other threads' calls
+    then used whichever was assigned last, and after a second switch `embedder_for` (which
+    answered the configured spec with that attribute) gave the embedder switched away
+    from. Each "add" embedding notes its spec on this thread for the insert that follows,
+    which checks it under the table's write lock (`writes.mem0_inserts_checked`): an
+    ingest embeds its facts after its LLM call, seconds after it began."""
+
+    def __init__(self, configured: Any) -> None:
+        self.configured = configured  # mem0's own embedder, for the configured spec
+
+    @property
+    def config(self) -> Any:
+        return self.configured.config
+
+    def embed(self, text: str, memory_action: str | None = None) -> list[float]:
+        spec = embedder_spec_active()
+        _added_spec_note(spec, memory_action)
+        return cast(list[float], embedder_for(spec).embed(text, memory_action))
+
+    def embed_batch(self, texts: list[str], memory_action: str = "add") -> list[list[float]]:
+        spec = embedder_spec_active()
+        _added_spec_note(spec, memory_action)
+        return embed_batch_with(embedder_for(spec), texts, memory_action)
+
+
+def embed_batch_with(embedder: Any, texts: list[str], memory_action: str | None) -> list[list[float]]:
+    """`texts` embedded by `embedder`: its batch call when it has one."""
+    if hasattr(embedder, "embed_batch"):
+        return cast(list[list[float]], embedder.embed_batch(texts, memory_action))
+    return [cast(list[float], embedder.embed(text, memory_action)) for text in texts]
 
 
 class _VectorCache:

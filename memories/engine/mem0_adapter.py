@@ -168,6 +168,11 @@ def _build_memory() -> Any:
     else:
         memory.embedding_model.client = gemini_client_bounded(total_s=settings.EMBEDDER_TIMEOUT_S, retries=0)
     _embedder_instrument(memory.embedding_model)
+    from memories.engine.embedders import ActiveEmbedder
+    from memories.engine.writes import mem0_inserts_checked
+
+    memory.embedding_model = ActiveEmbedder(memory.embedding_model)
+    mem0_inserts_checked(memory.vector_store)
     if llm_configured():
         _llm_client_bounded(memory.llm)
     memory.llm.generate_response = _answers_storable(memory.llm.generate_response)
@@ -372,10 +377,10 @@ def engine_ingest(
     commits on its own; rows carry `request_id` so a crashed call's rows can be found."""
     if not llm_configured():
         raise LlmUnavailable("no LLM is configured for ingest")
-    from memories.engine.embedders import embedder_active
+    from memories.engine.embedders import added_specs_take
 
     memory = get_memory()
-    memory.embedding_model = embedder_active()  # the embedder of the table's vectors now
+    added_specs_take()  # nothing noted by an earlier call on this thread that never inserted
     tagged = {**(metadata or {}), **({KEY_REQUEST_ID: request_id} if request_id else {})}
     result = _call(
         "ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=_with_attrs(tagged, attrs), infer=True

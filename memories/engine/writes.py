@@ -113,6 +113,12 @@ def _table_embedder_locked() -> EmbedderSpec:
     """The embedder of the table's vectors, fixed until the caller's transaction ends (no
     switch can happen under `_table_write_lock`). Read from the database, not from the
     per-process cache, which may lag a switch by ACTIVE_TTL_S."""
+    with connection.cursor() as cursor:
+        return _table_embedder_locked_on(cursor)
+
+
+def _table_embedder_locked_on(cursor: Any) -> EmbedderSpec:
+    """`_table_embedder_locked` in the transaction of `cursor` (Django's or mem0's pool's)."""
     from memories.models import EmbedderState
 
     # One round trip for both statements (no parameters: the simple query protocol takes
@@ -127,11 +133,44 @@ def _table_embedder_locked() -> EmbedderSpec:
         sql.Identifier(meta.db_table),
         sql.Identifier(columns[2]),
     )
-    with connection.cursor() as cursor:
-        cursor.execute(statement.as_string(cursor.connection))
-        cursor.nextset()  # past the lock's result, to the state's row
-        row = cursor.fetchone()
+    cursor.execute(statement.as_string(cursor.connection))
+    cursor.nextset()  # past the lock's result, to the state's row
+    row = cursor.fetchone()
     return EmbedderSpec(row[0], int(row[1])) if row else embedder_spec_configured()
+
+
+def mem0_inserts_checked(vector_store: Any) -> None:
+    """mem0's own inserts (an ingest's facts, `engine_add_text`) made as ours are across a
+    `manage.py reembed` switch: in one transaction on mem0's connection that takes the
+    table's write lock and reads its embedder first, so vectors made by the embedder the
+    table switched away from (`embedders.added_specs_take`) are made again with the
+    table's. With equal dimensions they would be stored silently and compared across
+    models ever after; with others the insert failed. The statement is mem0's own."""
+    statement = sql.SQL("INSERT INTO {} (id, vector, payload) VALUES (%s, %s, %s)").format(_table())
+
+    def insert(
+        vectors: list[list[float]], payloads: list[dict[str, Any]] | None = None, ids: list[str] | None = None
+    ) -> None:
+        from memories.engine.embedders import added_specs_take, embed_batch_with
+
+        made_by = added_specs_take()
+        vector_store._ensure_collection()  # as mem0's insert does (a no-op once the table is known)
+        payloads = payloads if payloads is not None else [{} for _ in vectors]
+        ids = ids if ids is not None else [str(uuid.uuid4()) for _ in vectors]
+        with vector_store._get_cursor(commit=True) as cursor:
+            current = _table_embedder_locked_on(cursor)
+            if made_by - {current}:
+                labels = ", ".join(sorted(spec.label for spec in made_by))
+                logger.warning("an ingest raced the embedder switch (%s -> %s): embedding again", labels, current.label)
+                embedder_spec_refresh()
+                texts = [str(payload.get(KEY_TEXT, "")) for payload in payloads]
+                vectors = _call("embed", embed_batch_with, embedder_for(current), texts, "add")
+                if any(len(vector) != current.dims for vector in vectors):
+                    raise EngineError(f"the embedder did not return vectors of {current.dims} dimensions")
+            rows = [(i, list(v), json.dumps(p)) for i, v, p in zip(ids, vectors, payloads, strict=True)]
+            cursor.executemany(statement.as_string(cursor.connection), rows)
+
+    vector_store.insert = insert
 
 
 def _vector_for_table(embedded: EmbeddedText) -> list[float]:
