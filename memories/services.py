@@ -1704,8 +1704,11 @@ def _export_records(
     ]
 
 
-def memory_export_stream(scope: MemoryScope, *, file_format: str, call: CallContext) -> Iterator[str]:
-    """memory_export's file as lines to stream (the web UI's download), read
+def memory_export_stream(
+    scope: MemoryScope, *, file_format: str, call: CallContext, progress: Progress | None = None
+) -> Iterator[str]:
+    """memory_export's file as lines to stream (the web UI's download, `manage.py
+    export_memories`), read
     EXPORT_PAGE_SIZE memories at a time instead of built whole in memory. The same call:
     rate limited, billed and audited with the ids of the scope's live memories before the
     first line (a refusal is audited too). The file is then read in one snapshot
@@ -1713,7 +1716,7 @@ def memory_export_stream(scope: MemoryScope, *, file_format: str, call: CallCont
     its pages and Markdown's two passes (pinned memories first) all see the same memories
     and it imports whole whatever is written meanwhile: those of the audited memories
     still live when the snapshot starts (a memory stored after the audit row is left
-    out)."""
+    out). `progress(done, total)` follows the memories written."""
     with failures_audited(scope, call=call, operation=Operation.EXPORT_MEMORIES):
         if file_format not in EXPORT_FORMATS:
             raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"format must be one of {', '.join(EXPORT_FORMATS)}")
@@ -1733,14 +1736,21 @@ def memory_export_stream(scope: MemoryScope, *, file_format: str, call: CallCont
     exported_at = datetime.now(UTC).isoformat()
     audited = set(ids)
 
+    written = 0
+
     def records(live: set[str], pinned: bool | None) -> Iterator[ExportRecord]:
+        nonlocal written
         after: tuple[str, str] | None = None
         while True:
             page = engine_memories_page(scope, after=after, limit=EXPORT_PAGE_SIZE)
             views = [memory_view(item) for item in page if item.id in live]
-            yield from _export_records(
+            for record in _export_records(
                 scope, [v for v in views if pinned is None or v.pinned is pinned], owned_ids=live
-            )
+            ):
+                yield record
+                written += 1
+                if progress:
+                    progress(written, len(live))
             if len(page) < EXPORT_PAGE_SIZE:
                 return
             after = (page[-1].created_at or "", page[-1].id)
@@ -1761,8 +1771,11 @@ def memory_export_stream(scope: MemoryScope, *, file_format: str, call: CallCont
                 yield from (export_markdown_item(record) for record in group)
 
     def lines() -> Iterator[str]:
-        with read_only_snapshot():
-            yield from file_lines(audited & set(memory_ids_owned(scope)))
+        try:
+            with read_only_snapshot():
+                yield from file_lines(audited & set(memory_ids_owned(scope)))
+        except EngineError as exc:  # the file is cut short: its header's count says so
+            raise backend_unavailable() from exc
 
     return lines()
 

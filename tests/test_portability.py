@@ -383,6 +383,35 @@ def test_manage_py_export_and_import(alice_memories, bob, tmp_path, capsys):
     assert "Alice lives in Grenoble" in capsys.readouterr().out
 
 
+def test_manage_py_export_is_written_as_read_and_whole_or_not_at_all(alice_memories, tmp_path, capsys, monkeypatch):
+    """The operator's export streams like the web download (same file: one header, one line
+    per memory, billed once); cut short by the engine, it leaves no partial file and keeps
+    the file an earlier run wrote."""
+    from memories import services
+
+    target = tmp_path / "alice.jsonl"
+    call_command("export_memories", "alice", "-o", str(target))
+    first = target.read_text()
+    header, *lines = first.splitlines()
+    assert json.loads(header)["count"] == len(lines) == 4
+    assert sorted(json.loads(line)["text"] for line in lines) == sorted(m["memory"] for m in _memories(alice_memories))
+    assert "export: 4/4 memories written" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [target]
+    billed = UsageEvent.objects.filter(operation="export_memories").count()
+    assert billed == 1
+
+    def engine_down(*args, **kwargs):
+        from memories.engine import EngineError
+
+        raise EngineError("engine down")
+
+    monkeypatch.setattr(services, "engine_memories_page", engine_down)
+    with pytest.raises(CommandError, match="backend_unavailable"):
+        call_command("export_memories", "alice", "-o", str(target))
+    assert target.read_text() == first
+    assert list(tmp_path.iterdir()) == [target]
+
+
 def test_history_selector_never_returns_another_users_versions(alice_memories, bob_scope):
     from memories.selectors import memory_histories
 

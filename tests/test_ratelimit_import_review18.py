@@ -271,4 +271,4 @@ def test_manage_py_import_and_export_say_each_phase(bob, tmp_path, capsys):
 
     call_command("export_memories", "bob", "-o", str(tmp_path / "out.jsonl"))
     err = capsys.readouterr().err
-    assert "export: reading the memories of 'bob'" in err and "export: 130/? memories read" in err
+    assert "export: reading the memories of 'bob'" in err and "export: 130/130 memories written" in err
