@@ -28,7 +28,14 @@ from psycopg import sql
 
 from core.metrics import engine_timed_function
 from core.scope import MemoryScope
-from memories.engine.embedders import EmbedderSpec, embedder_for, embedder_spec_configured, embedder_spec_refresh
+from memories.engine.embedders import (
+    EmbedderSpec,
+    added_specs_take,
+    embed_batch_with,
+    embedder_for,
+    embedder_spec_configured,
+    embedder_spec_refresh,
+)
 from memories.engine.history_store import PostgresHistoryStore, history_versions_add
 from memories.engine.mem0_adapter import EngineError, _call, get_memory
 from memories.engine.payload import (
@@ -151,8 +158,6 @@ def mem0_inserts_checked(vector_store: Any) -> None:
     def insert(
         vectors: list[list[float]], payloads: list[dict[str, Any]] | None = None, ids: list[str] | None = None
     ) -> None:
-        from memories.engine.embedders import added_specs_take, embed_batch_with
-
         made_by = added_specs_take()
         vector_store._ensure_collection()  # as mem0's insert does (a no-op once the table is known)
         payloads = payloads if payloads is not None else [{} for _ in vectors]
@@ -162,11 +167,7 @@ def mem0_inserts_checked(vector_store: Any) -> None:
             if made_by - {current}:
                 labels = ", ".join(sorted(spec.label for spec in made_by))
                 logger.warning("an ingest raced the embedder switch (%s -> %s): embedding again", labels, current.label)
-                embedder_spec_refresh()
-                texts = [str(payload.get(KEY_TEXT, "")) for payload in payloads]
-                vectors = _call("embed", embed_batch_with, embedder_for(current), texts, "add")
-                if any(len(vector) != current.dims for vector in vectors):
-                    raise EngineError(f"the embedder did not return vectors of {current.dims} dimensions")
+                vectors = _embedded_again([str(payload.get(KEY_TEXT, "")) for payload in payloads], current)
             rows = [(i, list(v), json.dumps(p)) for i, v, p in zip(ids, vectors, payloads, strict=True)]
             cursor.executemany(statement.as_string(cursor.connection), rows)
 
@@ -184,11 +185,17 @@ def _vector_for_table(embedded: EmbeddedText) -> list[float]:
     if current == embedded.spec:
         return embedded.vector
     logger.warning("a write raced the embedder switch (%s -> %s): embedding again", embedded.spec.label, current.label)
+    return _embedded_again([embedded.text], current)[0]
+
+
+def _embedded_again(texts: list[str], spec: EmbedderSpec) -> list[list[float]]:
+    """`texts` embedded with `spec`'s embedder, the table's since a switch that writes in
+    flight raced (the per-process cache of the active embedder is dropped too)."""
     embedder_spec_refresh()
-    vector = cast(list[float], _call("embed", embedder_for(current).embed, embedded.text, "add"))
-    if len(vector) != current.dims:
-        raise EngineError(f"the embedder did not return a vector of {current.dims} dimensions")
-    return list(vector)
+    vectors = cast(list[list[float]], _call("embed", embed_batch_with, embedder_for(spec), texts, "add"))
+    if len(vectors) != len(texts) or any(len(vector) != spec.dims for vector in vectors):
+        raise EngineError(f"the embedder did not return vectors of {spec.dims} dimensions")
+    return [list(vector) for vector in vectors]
 
 
 def _table() -> sql.Identifier:
