@@ -423,6 +423,46 @@ def test_recall_counters_are_folded_from_audit_rows(api_client, alice_key, alice
     assert listed["last_recalled_at"] is not None
 
 
+def test_a_fold_meeting_an_edit_of_the_same_memory_loses_no_count(api_client, alice_key, alice_scope, monkeypatch):
+    """The edit rewrites the whole payload, but under the row's lock and from what it reads
+    after taking it; the fold's one UPDATE waits for that lock and then adds to the edited
+    row. Neither loses the other's change."""
+    import threading
+    import time
+
+    from memories import services as memory_services
+    from memories.services import memory_update
+    from tests.conftest import InThread
+
+    memory_id = memory_remember(alice_scope, memory="Alice's cat is Miso", call=internal_call()).id
+    client = api_client(alice_key)
+    for _ in range(3):
+        assert client.post("/v1/memories/search", {"query": "cat"}, format="json").json()["results"]
+    locked, go = threading.Event(), threading.Event()
+    original = memory_services.engine_lock_owned
+
+    def held(scope, *, memory_id):
+        row = original(scope, memory_id=memory_id)
+        locked.set()
+        assert go.wait(60)
+        return row
+
+    monkeypatch.setattr(memory_services, "engine_lock_owned", held)
+    edited = "Alice's cat is Miso, a tabby"
+    editing = InThread(lambda: memory_update(alice_scope, memory_id=memory_id, memory=edited, call=internal_call()))
+    try:
+        assert locked.wait(60)
+        folding = InThread(lambda: memory_recalls_fold(settle_seconds=0))
+        time.sleep(1)
+        assert not folding.done()  # waiting for the edit's row lock
+    finally:
+        go.set()
+    editing.result()
+    assert folding.result() == 3
+    listed = client.get("/v1/memories").json()["memories"][0]
+    assert listed["memory"] == edited and listed["access_count"] == 3
+
+
 # --- web UI and admin ---------------------------------------------------------------------
 def test_web_shows_edits_and_filters_fields(client, alice, alice_scope, admin_client):
     memory_id = memory_remember(alice_scope, memory="Alice plans a trip to Crete", call=internal_call()).id
