@@ -145,13 +145,12 @@ def _added_spec_note(spec: EmbedderSpec, memory_action: str | None) -> None:
 
 class ActiveEmbedder:
     """What mem0 calls as `Memory.embedding_model` (its ingest; `engine_add_text`): the
-    embedder of the table's vectors now, asked at each call. The engine once assigned the
-    active embedder to the process's one `Memory` at each ingest: other threads' calls
-    then used whichever was assigned last, and after a second switch `embedder_for` (which
-    answered the configured spec with that attribute) gave the embedder switched away
-    from. Each "add" embedding notes its spec on this thread for the insert that follows,
-    which checks it under the table's write lock (`writes.mem0_inserts_checked`): an
-    ingest embeds its facts after its LLM call, seconds after it began."""
+    embedder of the table's vectors now, asked at each call, so the process's one shared
+    `Memory` never holds a per-call choice (threads would race on it, and it would outlive
+    the next switch). Each "add" embedding notes its spec on this thread for the insert
+    that follows, which checks it under the table's write lock
+    (`writes.mem0_inserts_checked`): an ingest embeds its facts after its LLM call,
+    seconds after it began."""
 
     def __init__(self, configured: Any) -> None:
         self.configured = configured  # mem0's own embedder, for the configured spec

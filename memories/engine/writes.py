@@ -89,11 +89,7 @@ def engine_embed_texts(texts: list[str]) -> list[EmbeddedText]:
     from memories.engine.embedders import embedder_spec_active
 
     spec = embedder_spec_active()
-    embedder = embedder_for(spec)
-    if hasattr(embedder, "embed_batch"):
-        vectors = cast(list[list[float]], _call("embed", embedder.embed_batch, texts, "add"))
-    else:
-        vectors = [cast(list[float], _call("embed", embedder.embed, text, "add")) for text in texts]
+    vectors = cast(list[list[float]], _call("embed", embed_batch_with, embedder_for(spec), texts, "add"))
     if len(vectors) != len(texts):
         raise EngineError("the embedder returned a different number of vectors than texts")
     return [
