@@ -15,10 +15,17 @@ chunk, whichever thread reads it.
 Two HTTP stacks run in this process: httpx (our own calls) and httpx2 (the OpenAI and
 Google SDKs, which mem0 builds); each has its transport here. Both reach the socket
 through httpcore's network backend, which is where the deadline is applied.
+
+Name lookups are bounded too (`addresses_resolved`): getaddrinfo takes no timeout, and the
+system resolver's own retries last many seconds, so a lookup runs on a thread of its own
+and the caller stops waiting at its deadline.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import queue
+import socket
 import ssl
 import threading
 import time
@@ -84,16 +91,50 @@ def deadline_remaining(timeout: float | None, *, expired: type[Exception] = Time
     return left if timeout is None else min(timeout, left)
 
 
+# --- name lookups --------------------------------------------------------------------------
+def addresses_resolved(host: str, port: int, *, expired: type[Exception] = TimeoutError) -> list[str]:
+    """The addresses of `host` in the resolver's order (an address literal as it is),
+    looked up within this thread's deadline; without one, as getaddrinfo does. Raises
+    getaddrinfo's OSError, or `expired` once the deadline passes. A lookup that outlives
+    its caller finishes on its own daemon thread, which then ends."""
+    try:
+        return [str(ipaddress.ip_address(host.strip("[]")))]
+    except ValueError:
+        pass
+    remaining = deadline_remaining(None, expired=expired)
+    if remaining is None:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    else:
+        answer: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+        def lookup() -> None:
+            try:
+                answer.put(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+            except BaseException as exc:  # handed to the waiting caller
+                answer.put(exc)
+
+        threading.Thread(target=lookup, name="memsite-name-lookup", daemon=True).start()
+        try:
+            outcome = answer.get(timeout=remaining)
+        except queue.Empty:
+            raise expired("the name lookup outlasted the outbound call's total deadline") from None
+        if isinstance(outcome, BaseException):
+            raise outcome
+        infos = outcome
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
 # --- httpcore network backend ------------------------------------------------------------
 @dataclass(frozen=True)
 class _Timeouts:
     connect: type[Exception]
     read: type[Exception]
     write: type[Exception]
+    connect_failed: type[Exception]
 
 
-_HTTPCORE = _Timeouts(httpcore.ConnectTimeout, httpcore.ReadTimeout, httpcore.WriteTimeout)
-_HTTPCORE2 = _Timeouts(httpcore2.ConnectTimeout, httpcore2.ReadTimeout, httpcore2.WriteTimeout)
+_HTTPCORE = _Timeouts(httpcore.ConnectTimeout, httpcore.ReadTimeout, httpcore.WriteTimeout, httpcore.ConnectError)
+_HTTPCORE2 = _Timeouts(httpcore2.ConnectTimeout, httpcore2.ReadTimeout, httpcore2.WriteTimeout, httpcore2.ConnectError)
 
 
 class _DeadlineStream:
@@ -139,11 +180,29 @@ class _DeadlineBackend:
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> _DeadlineStream:
+        """Each of the host's addresses in turn, as socket.create_connection tries them, with
+        the name looked up within the deadline. TLS still names the host (httpcore passes
+        it to start_tls), so certificates are checked against the name, not the address."""
         remaining = deadline_remaining(timeout, expired=self._timeouts.connect)
-        stream = self._inner.connect_tcp(
-            host, port, timeout=remaining, local_address=local_address, socket_options=socket_options
-        )
-        return _DeadlineStream(stream, self._timeouts)
+        if _deadline_now() is None:
+            addresses = [host]  # no deadline: the inner backend looks the name up itself
+        else:
+            try:
+                addresses = addresses_resolved(host, port, expired=self._timeouts.connect)
+            except OSError as error:
+                raise self._timeouts.connect_failed(str(error)) from error
+        failure: Exception | None = None
+        for address in addresses:
+            try:
+                stream = self._inner.connect_tcp(
+                    address, port, timeout=remaining, local_address=local_address, socket_options=socket_options
+                )
+            except self._timeouts.connect_failed as error:  # the next address, as create_connection does
+                failure = error
+                remaining = deadline_remaining(timeout, expired=self._timeouts.connect)
+                continue
+            return _DeadlineStream(stream, self._timeouts)
+        raise failure or self._timeouts.connect_failed(f"{host} has no address")
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from core.http_deadline import DeadlineSSLSocket, deadline_remaining, outbound_deadline
+from core.http_deadline import DeadlineSSLSocket, addresses_resolved, deadline_remaining, outbound_deadline
 from core.inputs import InputError, json_loads_safe, text_problem
 from core.netaddr import address_is_public
 
@@ -62,11 +62,10 @@ def _resolve_public(host: str, port: int) -> str:
         if not _address_allowed(literal):
             raise MetadataDocumentError("client_id metadata document host is not a public address")
         return literal
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as error:
+    try:  # within the fetch's deadline: getaddrinfo itself takes no timeout
+        addresses = addresses_resolved(host, port)
+    except (OSError, UnicodeError) as error:  # TimeoutError included
         raise MetadataDocumentError("client_id metadata document host does not resolve") from error
-    addresses = [str(info[4][0]) for info in infos]
     # Every address the name has must be public: otherwise a second lookup could pick another.
     if not addresses or not all(_address_allowed(address) for address in addresses):
         raise MetadataDocumentError("client_id metadata document host is not a public address")
@@ -96,25 +95,30 @@ def _tls_context() -> ssl.SSLContext:
     return context
 
 
-def metadata_document_fetch(url: str) -> dict[str, Any]:
-    """The parsed JSON object at `url`, or MetadataDocumentError."""
-    host, port, path = metadata_url_check(url)
-    address = _resolve_public(host, port)
-    limit = settings.OAUTH_CIMD_MAX_BYTES
+def _fetched(host: str, port: int, path: str, *, address: str, limit: int) -> bytes:
+    """At most `limit + 1` bytes of the document's body, from the checked address."""
     connection = _PinnedHTTPSConnection(
         host, port, address=address, timeout=settings.OAUTH_CIMD_TIMEOUT_S, context=_tls_context()
     )
     try:
-        with outbound_deadline(settings.OAUTH_CIMD_TIMEOUT_S):  # the whole fetch, not each read
-            connection.request("GET", path, headers={"Accept": "application/json", "User-Agent": "memsite-oauth"})
-            response = connection.getresponse()
-            if response.status != 200:  # a redirect (3xx) is refused like any other status
-                raise MetadataDocumentError(f"client_id metadata document answered HTTP {response.status}")
-            body = response.read(limit + 1)
+        connection.request("GET", path, headers={"Accept": "application/json", "User-Agent": "memsite-oauth"})
+        response = connection.getresponse()
+        if response.status != 200:  # a redirect (3xx) is refused like any other status
+            raise MetadataDocumentError(f"client_id metadata document answered HTTP {response.status}")
+        return bytes(response.read(limit + 1))
     except (OSError, http.client.HTTPException, ssl.SSLError) as error:
         raise MetadataDocumentError("client_id metadata document could not be fetched") from error
     finally:
         connection.close()
+
+
+def metadata_document_fetch(url: str) -> dict[str, Any]:
+    """The parsed JSON object at `url`, or MetadataDocumentError."""
+    host, port, path = metadata_url_check(url)
+    limit = settings.OAUTH_CIMD_MAX_BYTES
+    with outbound_deadline(settings.OAUTH_CIMD_TIMEOUT_S):  # the whole fetch (its name lookup too), not each read
+        address = _resolve_public(host, port)
+        body = _fetched(host, port, path, address=address, limit=limit)
     if len(body) > limit:
         raise MetadataDocumentError("client_id metadata document is too large")
     try:

@@ -244,3 +244,69 @@ def test_cimd_fetch_ends_at_its_timeout(settings, tmp_path, drip_head):
     assert isinstance(outcome, MetadataDocumentError), outcome
     assert str(outcome) == "client_id metadata document could not be fetched"
     assert elapsed < 1.0 + SLACK_S
+
+
+# --- name lookups (getaddrinfo takes no timeout) ---------------------------------------------
+@pytest.fixture
+def resolver(monkeypatch):
+    """The system resolver, answering `names` itself: a name mapped to None never answers
+    (a resolver retrying a dead server), one mapped to addresses answers with them. Every
+    other name goes to the real lookup. The boundary mocked is DNS, nothing of ours."""
+    import socket
+    import threading
+
+    real = socket.getaddrinfo
+    names: dict[str, list[str] | None] = {}
+    never = threading.Event()
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host not in names:
+            return real(host, port, *args, **kwargs)
+        addresses = names[host]
+        if addresses is None:
+            never.wait(STOP_AFTER_S)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port)) for address in addresses]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield names
+    never.set()
+
+
+def test_a_name_lookup_that_never_answers_ends_at_the_total_deadline(resolver):
+    resolver["stuck.example"] = None
+    with deadline_client(total_s=1.0, max_bytes=None) as client:
+        outcome, elapsed = timed(lambda: client.get("http://stuck.example:8080/"))
+    assert isinstance(outcome, httpx.ConnectTimeout), outcome
+    assert elapsed < 1.0 + SLACK_S
+
+
+def test_each_address_of_a_name_is_tried_in_turn_and_the_host_is_kept(resolver):
+    """127.0.0.2 refuses (the server listens on 127.0.0.1 only); the next address answers,
+    asked for the name, not the address."""
+    from tests.fakes import FakeOpenAI
+
+    server = FakeOpenAI().start()
+    port = server.url.rsplit(":", 1)[1]
+    resolver["two.example"] = ["127.0.0.2", "127.0.0.1"]
+    resolver["none.example"] = ["127.0.0.2"]
+    try:
+        with deadline_client(total_s=5.0, max_bytes=None) as client:
+            answered = client.post(f"http://two.example:{port}/v1/chat/completions", json={"messages": []})
+            refused, _ = timed(lambda: client.post(f"http://none.example:{port}/v1/chat/completions", json={}))
+    finally:
+        server.stop()
+    assert answered.status_code == 200
+    assert server.requests[-1]["headers"]["host"] == f"two.example:{port}"
+    assert isinstance(refused, httpx.ConnectError), refused
+
+
+def test_cimd_name_lookup_ends_at_the_fetch_timeout(settings, resolver):
+    from oauth.cimd import MetadataDocumentError, metadata_document_fetch
+
+    settings.OAUTH_CIMD_TIMEOUT_S = 1.0
+    resolver["stuck.example"] = None
+    outcome, elapsed = timed(lambda: metadata_document_fetch("https://stuck.example/client.json"))
+    assert isinstance(outcome, MetadataDocumentError), outcome
+    assert str(outcome) == "client_id metadata document host does not resolve"
+    assert elapsed < 1.0 + SLACK_S
