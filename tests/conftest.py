@@ -566,3 +566,20 @@ def lines_counted(monkeypatch, module, name: str) -> list[str]:
 
     monkeypatch.setattr(module, name, counted)
     return produced
+
+
+def held_after(monkeypatch, module, name: str, *, wait_s: float = 120.0) -> tuple[threading.Event, threading.Event]:
+    """Replace `module.name` with one that, once the original returns (a row lock taken, a
+    text embedded), sets `reached` and waits for `go` before returning: the caller's
+    transaction is held at that point while the test does something else."""
+    reached, go = threading.Event(), threading.Event()
+    original = getattr(module, name)
+
+    def held(*args, **kwargs):
+        result = original(*args, **kwargs)
+        reached.set()
+        assert go.wait(wait_s)
+        return result
+
+    monkeypatch.setattr(module, name, held)
+    return reached, go

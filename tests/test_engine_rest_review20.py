@@ -30,7 +30,7 @@ from memories.reembed import embedder_reembed, embedder_target
 from memories.services import api_key_issue, memory_ingest, memory_list, memory_remember, memory_update
 from memories.tenancy import tenant_user_create
 from tests import test_rest_review18
-from tests.conftest import InThread, internal_call
+from tests.conftest import InThread, held_after, internal_call
 
 TURN = [
     {"role": "user", "content": "I like tea and coffee."},
@@ -292,16 +292,7 @@ def test_a_write_holding_its_row_when_the_switch_starts_is_waited_for(alice_scop
     target = memory_remember(alice_scope, memory="Alice's hobby is knitting", call=internal_call()).id
     text = "Alice's hobby is beekeeping"
     embedder_reembed(target=embedder_target(name="gemini", dims=384), batch=16, switch=False)
-    locked, go = threading.Event(), threading.Event()
-    original = memory_services.engine_lock_owned
-
-    def held(scope, *, memory_id):
-        row = original(scope, memory_id=memory_id)
-        locked.set()
-        assert go.wait(120)
-        return row
-
-    monkeypatch.setattr(memory_services, "engine_lock_owned", held)
+    locked, go = held_after(monkeypatch, memory_services, "engine_lock_owned")
     updating = InThread(lambda: memory_update(alice_scope, memory_id=target, memory=text, call=internal_call()).id)
     try:
         assert locked.wait(60)

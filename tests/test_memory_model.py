@@ -427,27 +427,17 @@ def test_a_fold_meeting_an_edit_of_the_same_memory_loses_no_count(api_client, al
     """The edit rewrites the whole payload, but under the row's lock and from what it reads
     after taking it; the fold's one UPDATE waits for that lock and then adds to the edited
     row. Neither loses the other's change."""
-    import threading
     import time
 
     from memories import services as memory_services
     from memories.services import memory_update
-    from tests.conftest import InThread
+    from tests.conftest import InThread, held_after
 
     memory_id = memory_remember(alice_scope, memory="Alice's cat is Miso", call=internal_call()).id
     client = api_client(alice_key)
     for _ in range(3):
         assert client.post("/v1/memories/search", {"query": "cat"}, format="json").json()["results"]
-    locked, go = threading.Event(), threading.Event()
-    original = memory_services.engine_lock_owned
-
-    def held(scope, *, memory_id):
-        row = original(scope, memory_id=memory_id)
-        locked.set()
-        assert go.wait(60)
-        return row
-
-    monkeypatch.setattr(memory_services, "engine_lock_owned", held)
+    locked, go = held_after(monkeypatch, memory_services, "engine_lock_owned")
     edited = "Alice's cat is Miso, a tabby"
     editing = InThread(lambda: memory_update(alice_scope, memory_id=memory_id, memory=edited, call=internal_call()))
     try:
