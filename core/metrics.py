@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import wraps
 
 from prometheus_client import Counter, Histogram, disable_created_metrics
@@ -158,6 +158,57 @@ def call_observed(*, operation: str, channel: str) -> Iterator[CallObservation]:
             f" ({observation.code})" if observation.code else "",
             elapsed * 1000,
         )
+
+
+def lines_observed(*, operation: str, channel: str, start: Callable[[], Iterator[str]]) -> Iterator[str]:
+    """`start()`'s lines (a streamed download or export), counted and timed as one call
+    until the last of them is read. A ServiceError from `start` itself (the service's
+    checks, before any line) is counted under its code and raised to the caller. Lines
+    closed before their end, whether or not one was read, count as `client_gone`; an
+    error while they are read, under its code."""
+    observing = ExitStack()
+    observation = observing.enter_context(call_observed(operation=operation, channel=channel))
+    with observing:
+        lines = start()
+        return _ObservedLines(lines, observing=observing.pop_all(), observation=observation)
+
+
+class _ObservedLines:
+    # An iterator class, not a generator: a generator closed before its first line never
+    # runs its body, so the observation would only end (as `unexpected`) when collected.
+    def __init__(self, lines: Iterator[str], *, observing: ExitStack, observation: CallObservation) -> None:
+        self._lines = lines
+        self._observing: ExitStack | None = observing
+        self._observation = observation
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._lines)
+        except StopIteration:
+            self._end()
+            raise
+        except BaseException as error:
+            self._end(error)
+            raise
+
+    def close(self) -> None:
+        if self._observing is None:
+            return
+        self._observation.failed(code="client_gone")
+        try:
+            close = getattr(self._lines, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._end()
+
+    def _end(self, error: BaseException | None = None) -> None:
+        observing, self._observing = self._observing, None
+        if observing is not None:
+            observing.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
 
 
 def rate_limit_rejection_record(*, operation: str) -> None:

@@ -10,7 +10,7 @@ recorded exactly one usage event (billed operations), one that raises, none.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,7 +20,7 @@ from core.calls import subject_claim_of
 from core.choices import ALL_PERMISSIONS, Operation, Permission
 from core.errors import ErrorCode, ServiceError
 from core.inputs import text_problem
-from core.metrics import call_observed
+from core.metrics import call_observed, lines_observed
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
@@ -29,6 +29,7 @@ from memories.services import (
     memory_clear_all,
     memory_delete,
     memory_export,
+    memory_export_stream,
     memory_forget_bulk,
     memory_get,
     memory_import_file,
@@ -70,6 +71,9 @@ class OperationDef:
     # Needed as well, for an operation whose effects span two permissions (maintenance
     # writes, and also trashes and deletes facts).
     also_requires: frozenset[str] = frozenset()
+    # A file streamed line by line (`operation_stream`: REST's export) instead of `run`'s
+    # one result built whole. It audits its own refusals, as `memory_export_stream` does.
+    stream: Callable[[MemoryScope, Any, CallContext], Iterator[str]] | None = None
 
     @property
     def required_permissions(self) -> frozenset[str]:
@@ -175,6 +179,10 @@ def _get(scope: MemoryScope, args: schemas.GetInput, call: CallContext) -> dict[
 
 def _export(scope: MemoryScope, args: schemas.ExportInput, call: CallContext) -> dict[str, Any]:
     return memory_export(scope, file_format=args.format, call=call).as_dict()
+
+
+def _export_lines(scope: MemoryScope, args: schemas.ExportInput, call: CallContext) -> Iterator[str]:
+    return memory_export_stream(scope, file_format=args.format, call=call)
 
 
 def _import(scope: MemoryScope, args: schemas.ImportInput, call: CallContext) -> dict[str, Any]:
@@ -298,6 +306,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _export,
             read_only=True,
             idempotent=True,
+            stream=_export_lines,
         ),
         OperationDef(
             "import_memories",
@@ -389,11 +398,52 @@ def operation_execute(
     Whatever happens, the call leaves exactly one audit row. A call that returns has
     also recorded exactly one usage event (billed operations); one that raises, none."""
     definition = OPERATIONS[name]
+    subject = call.subject
+    call = _call_of(principal, call, arguments, claimed_scope=claimed_scope)
+    memory_id = _memory_id_of(arguments)
+    with call_observed(operation=definition.operation, channel=call.channel):  # metrics, refusals by code
+        scope, validated = _admitted(
+            principal,
+            definition,
+            arguments,
+            call=call,
+            subject=subject,
+            memory_id=memory_id,
+            claimed_scope=claimed_scope,
+        )
+        with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
+            return definition.run(scope, validated, call)
+
+
+def operation_stream(principal: Principal, name: str, arguments: Any, *, call: CallContext) -> Iterator[str]:
+    """An operation whose answer is a file, as lines to stream (REST's export): admitted
+    and audited as `operation_execute` does, counted in the metrics until its last line.
+    A refusal raises ServiceError before any line."""
+    definition = OPERATIONS[name]
+    stream = definition.stream
+    if stream is None:
+        raise ValueError(f"{name} is not streamed")
+    subject = call.subject
+    call = _call_of(principal, call, arguments)
+
+    def start() -> Iterator[str]:
+        scope, validated = _admitted(
+            principal, definition, arguments, call=call, subject=subject, memory_id=_memory_id_of(arguments)
+        )
+        return stream(scope, validated, call)  # audits its own refusals and its success
+
+    return lines_observed(operation=definition.operation, channel=call.channel, start=start)
+
+
+def _call_of(
+    principal: Principal, call: CallContext, arguments: Any, *, claimed_scope: dict[str, Any] | None = None
+) -> CallContext:
+    """The call as its audit row names it: who acts, how, and whom it claims to act for."""
     header_subject = call.subject
     claim = header_subject
     if not claim and claimed_scope:  # only then: the caller's tenant may cost a query
         claim = subject_claim_of(claimed_scope, tenant=principal.tenant_name, username=principal.user.get_username())
-    call = replace(
+    return replace(
         call,
         actor_username=principal.acting_user.get_username(),
         actor_auth=principal.method,
@@ -405,22 +455,39 @@ def operation_execute(
         # or else seed 001's scope claim.
         subject=claim,
     )
+
+
+def _memory_id_of(arguments: Any) -> str | None:
     memory_id = arguments.get("memory_id") if isinstance(arguments, dict) else None
     if not isinstance(memory_id, str) or text_problem(memory_id):
-        memory_id = None  # the audit row of a bad call must still be writable (no NUL)
-    with call_observed(operation=definition.operation, channel=call.channel):  # metrics, refusals by code
-        # Whose memories: the principal's own, or a subject it may act for (audited
-        # under the caller's own scope when refused).
-        with failures_audited(principal.scope(), call=call, operation=definition.operation, memory_id=memory_id):
-            effective = principal_effective(principal, subject=header_subject, claimed=claimed_scope)
-        scope = effective.scope()
-        with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
-            if not definition.permitted(principal.permissions):
-                raise ServiceError(ErrorCode.FORBIDDEN, definition.refusal(principal.permissions), denied=True)
-            if claimed_scope is not None:
-                principal_claim_check(effective, claimed_scope)
-            validated = schemas.validate_input(definition.input_model, arguments)
-            return definition.run(scope, validated, call)
+        return None  # the audit row of a bad call must still be writable (no NUL)
+    return memory_id
+
+
+def _admitted(
+    principal: Principal,
+    definition: OperationDef,
+    arguments: Any,
+    *,
+    call: CallContext,
+    subject: str,
+    memory_id: str | None,
+    claimed_scope: dict[str, Any] | None = None,
+) -> tuple[MemoryScope, Any]:
+    """The scope the call runs in (the principal's own, or the `X-Memory-Subject` it may
+    act for) and its validated arguments; a refusal (whom it acts for, its permission, its
+    scope claim, its arguments) raises ServiceError, audited."""
+    # Whose memories: the principal's own, or a subject it may act for (audited under the
+    # caller's own scope when refused).
+    with failures_audited(principal.scope(), call=call, operation=definition.operation, memory_id=memory_id):
+        effective = principal_effective(principal, subject=subject, claimed=claimed_scope)
+    scope = effective.scope()
+    with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
+        if not definition.permitted(principal.permissions):
+            raise ServiceError(ErrorCode.FORBIDDEN, definition.refusal(principal.permissions), denied=True)
+        if claimed_scope is not None:
+            principal_claim_check(effective, claimed_scope)
+        return scope, schemas.validate_input(definition.input_model, arguments)
 
 
 def principal_effective(principal: Principal, *, subject: str = "", claimed: dict[str, Any] | None = None) -> Principal:

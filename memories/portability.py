@@ -473,12 +473,6 @@ def export_jsonl_line(record: ExportRecord) -> str:
     return _record_line(record) + "\n"
 
 
-def export_jsonl(records: list[ExportRecord], *, exported_at: str) -> str:
-    return export_jsonl_header(count=len(records), exported_at=exported_at) + "".join(
-        export_jsonl_line(r) for r in records
-    )
-
-
 def _md_line(text: str) -> str:
     # One memory per list item: later lines indented so they stay inside the item.
     return text.replace("\r\n", "\n").replace("\n", "\n  ")
@@ -511,12 +505,3 @@ def export_markdown_item(r: ExportRecord) -> str:
         facts.append(f"{len(r.history)} versions")
     facts += [f"{k}: {v}" for k, v in sorted(r.metadata.items())]
     return f"- {_md_line(r.text)}\n  ({'; '.join(facts)})\n"
-
-
-def export_markdown(records: list[ExportRecord], *, exported_at: str, username: str) -> str:
-    out = [export_markdown_title(count=len(records), exported_at=exported_at, username=username)]
-    for pinned in (True, False):
-        group = [r for r in records if r.pinned is pinned]
-        if group:
-            out += [export_markdown_section(pinned), *(export_markdown_item(r) for r in group)]
-    return "".join(out)

@@ -74,10 +74,8 @@ from memories.portability import (
     HISTORY_MAX_VERSIONS,
     ExportRecord,
     ImportItem,
-    export_jsonl,
     export_jsonl_header,
     export_jsonl_line,
-    export_markdown,
     export_markdown_item,
     export_markdown_section,
     export_markdown_title,
@@ -1634,39 +1632,18 @@ class MemoryExport:
 def memory_export(
     scope: MemoryScope, *, file_format: str, call: CallContext, progress: Progress | None = None
 ) -> MemoryExport:
-    """All of the scope's live memories with every field and their history: lossless
-    JSONL, or Markdown to read. The trash is not exported. One billed, audited call."""
-    if file_format not in EXPORT_FORMATS:
-        raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"format must be one of {', '.join(EXPORT_FORMATS)}")
-    rate_limit_consume(scope, operation=Operation.EXPORT_MEMORIES)
-    views: list[MemoryView] = []
-    after: tuple[str, str] | None = None
-    try:
-        while True:
-            page = engine_memories_page(scope, after=after, limit=EXPORT_PAGE_SIZE)
-            views += [memory_view(item) for item in page]
-            if progress:
-                progress(len(views), 0)
-            if len(page) < EXPORT_PAGE_SIZE:
-                break
-            after = (page[-1].created_at or "", page[-1].id)
-    except EngineError as exc:
-        raise backend_unavailable() from exc
-    records = _export_records(scope, views)
-    exported_at = datetime.now(UTC).isoformat()
-    if file_format == "jsonl":
-        content = export_jsonl(records, exported_at=exported_at)
-    else:
-        content = export_markdown(records, exported_at=exported_at, username=call.actor_username or "you")
-    with transaction.atomic():
-        call_succeeded(
-            scope,
-            call=call,
-            operation=Operation.EXPORT_MEMORIES,
-            memory_ids=[r.id for r in records],
-            detail={"format": file_format, "memories": len(records)},
-        )
-    return MemoryExport(content=content, format=file_format, count=len(records))
+    """memory_export_stream's file built whole, for callers that need it as one value
+    (tests, the portability bench). The API and the web UI stream it."""
+    counted = 0
+
+    def count(done: int, total: int) -> None:
+        nonlocal counted
+        counted = done
+        if progress:
+            progress(done, total)
+
+    content = "".join(memory_export_stream(scope, file_format=file_format, call=call, progress=count))
+    return MemoryExport(content=content, format=file_format, count=counted)
 
 
 def _export_records(
@@ -1707,11 +1684,12 @@ def _export_records(
 def memory_export_stream(
     scope: MemoryScope, *, file_format: str, call: CallContext, progress: Progress | None = None
 ) -> Iterator[str]:
-    """memory_export's file as lines to stream (the web UI's download, `manage.py
-    export_memories`), read
-    EXPORT_PAGE_SIZE memories at a time instead of built whole in memory. The same call:
-    rate limited, billed and audited with the ids of the scope's live memories before the
-    first line (a refusal is audited too). The file is then read in one snapshot
+    """All of the scope's live memories with every field and their history, lossless JSONL
+    or Markdown to read, as lines to stream (REST's export, the web UI's download,
+    `manage.py export_memories`): read EXPORT_PAGE_SIZE memories at a time, never built
+    whole in memory. The trash is not exported. One call: rate limited, billed and audited
+    with the ids of the scope's live memories before the first line (a refusal is audited
+    too). The file is then read in one snapshot
     (REPEATABLE READ, read only, from the first line to the last), so its header's count,
     its pages and Markdown's two passes (pinned memories first) all see the same memories
     and it imports whole whatever is written meanwhile: those of the audited memories

@@ -27,6 +27,10 @@ from oauth.provider import oauth_asgi_routes  # noqa: E402
 # Everything else (web UI, admin, the chat proxy's async streaming view) stays on Django's
 # ASGI handler.
 REST_PREFIXES = ("/v1/memories", "/v1/memory", "/v1/trash")
+# The export streams its file as it is read; Django's ASGI handler reads it in batches on the
+# request's own thread, and so its database connection (memories/interfaces/downloads.py).
+# The pool would read it on another thread, outside the request's snapshot.
+STREAMED_REST_PATHS = ("/v1/memories/export",)
 
 
 def build_application():
@@ -62,7 +66,7 @@ def build_application():
             if mounted is not None:
                 await mounted(scope, receive, send)
                 return
-            if scope["path"].startswith(REST_PREFIXES):
+            if scope["path"].startswith(REST_PREFIXES) and scope["path"].rstrip("/") not in STREAMED_REST_PATHS:
                 await rest_app(scope, receive, send)
                 return
         await django_app(scope, receive, send)

@@ -484,13 +484,16 @@ def fake_gemini(settings, monkeypatch):
     embedder_spec_refresh()
 
 
-def asgi_get(path: str, *, cookie: str, produced: list[str]) -> tuple[int, bytes, list[int]]:
-    """GET through Django's ASGI handler, as the web process serves it: the status, the
-    body, and how many lines had been produced when each body message went out."""
-    from django.core.asgi import get_asgi_application
+def asgi_get(
+    path: str, *, cookie: str = "", authorization: str = "", produced: list[str]
+) -> tuple[int, bytes, list[int]]:
+    """GET through the web process's ASGI application (signed in with a session cookie or
+    a bearer key): the status, the body, and how many lines had been produced when each
+    body message went out."""
+    from memsite.asgi import build_application
 
     async def main() -> tuple[int, bytes, list[int]]:
-        app = get_asgi_application()
+        app = build_application()
         started: list[int] = []
         chunks: list[bytes] = []
         sent_at: list[int] = []
@@ -521,7 +524,11 @@ def asgi_get(path: str, *, cookie: str, produced: list[str]) -> tuple[int, bytes
             "raw_path": path.partition("?")[0].encode(),
             "query_string": path.partition("?")[2].encode(),
             "root_path": "",
-            "headers": [(b"host", b"localhost"), (b"cookie", cookie.encode())],
+            "headers": [
+                (b"host", b"localhost"),
+                *([(b"cookie", cookie.encode())] if cookie else []),
+                *([(b"authorization", authorization.encode())] if authorization else []),
+            ],
             "client": ("127.0.0.1", 40000),
             "server": ("localhost", 80),
         }

@@ -163,7 +163,8 @@ def test_calls_rate_limits_and_outbox_are_counted_in_process(client, api_client,
 def test_web_ui_calls_outside_the_dispatcher_are_counted(client, alice, alice_scope, settings):
     """Downloads, decision and cache deletes and key changes call their services directly
     (streamed, or with the web's own answers); they are counted and timed like the UI's
-    dispatched calls: a refusal under its code, a download left unread as client_gone."""
+    dispatched calls: a refusal under its code, a download left unread (even before its
+    first line) as client_gone."""
     from django.test import Client
     from django.urls import reverse
 
@@ -184,6 +185,7 @@ def test_web_ui_calls_outside_the_dispatcher_are_counted(client, alice, alice_sc
     left = web.get(reverse("web-data-export"), {"format": "markdown"})
     next(iter(left.streaming_content))  # the title line, then the client goes away
     left.close()
+    web.get(reverse("web-data-export"), {"format": "jsonl"}).close()  # gone before any line
     logs = web.get(reverse("web-data-export-session-logs"))
     b"".join(logs.streaming_content)
     logs.close()
@@ -198,7 +200,8 @@ def test_web_ui_calls_outside_the_dispatcher_are_counted(client, alice, alice_sc
 
     assert delta("export_memories") == 1
     assert delta("export_memories", "error", "invalid_argument") == 1
-    assert delta("export_memories", "error", "client_gone") == 1
+    assert delta("export_memories", "error", "client_gone") == 2
+    assert delta("export_memories", "error", "unexpected") == 0
     assert delta("export_session_logs") == 1
     assert delta("export_decisions_and_cache") == 1
     assert delta("delete_decision") == 1

@@ -7,17 +7,21 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import threading
 import zipfile
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from prometheus_client import REGISTRY
 
 from audit.models import AuditEvent, MemoryHistory
 from billing.models import UsageEvent
 from core.errors import ErrorCode, ServiceError
 from core.scope import MemoryScope
+from memories import operations, services
+from memories.interfaces import downloads
 from memories.services import (
     api_key_issue,
     memory_export,
@@ -26,7 +30,7 @@ from memories.services import (
     memory_remember,
     memory_update,
 )
-from tests.conftest import age_memory, internal_call
+from tests.conftest import age_memory, asgi_get, internal_call, lines_counted
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -309,23 +313,34 @@ def test_truncated_or_foreign_zip_is_refused(bob_scope):
 
 
 # --- tenancy and surfaces ----------------------------------------------------------------------
+def _body(response) -> bytes:
+    return b"".join(response.streaming_content)
+
+
 def test_rest_export_and_import_are_scoped_by_the_token(alice, bob, alice_memories, api_client):
     _, alice_key = api_key_issue(user=alice)
     _, bob_key = api_key_issue(user=bob)
     bob_export = api_client(bob_key).get("/v1/memories/export?format=jsonl")
     assert bob_export.status_code == 200
-    assert json.loads(bob_export.content.decode().splitlines()[0])["count"] == 0
-    assert b"Alice" not in bob_export.content
+    assert json.loads(_body(bob_export).decode().splitlines()[0])["count"] == 0
+    assert b"Alice" not in _body(bob_export)
+    # Naming another user is refused (bob may act for no one), audited, and reads nothing.
+    other = api_client(bob_key).get("/v1/memories/export", HTTP_X_MEMORY_SUBJECT="default/alice")
+    assert other.status_code == 403 and other.json()["error"]["code"] == "forbidden"
+    assert b"Alice" not in other.content
 
     exported = api_client(alice_key).get("/v1/memories/export")
     assert exported.status_code == 200 and exported["Content-Type"].startswith("application/x-ndjson")
+    assert exported["Content-Disposition"] == 'attachment; filename="memories.jsonl"'
+    exported_file = _body(exported)
     markdown = api_client(alice_key).get("/v1/memories/export?format=markdown")
-    assert markdown.status_code == 200 and b"# Memories of alice" in markdown.content
+    assert markdown.status_code == 200 and b"# Memories of alice" in _body(markdown)
+    assert markdown["Content-Type"].startswith("text/markdown")
     bad = api_client(alice_key).get("/v1/memories/export?format=pdf")
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_argument"
     assert api_client(alice_key).get("/v1/memories/export?user_id=1").status_code == 400
 
-    upload = io.BytesIO(exported.content)
+    upload = io.BytesIO(exported_file)
     upload.name = "memories.jsonl"
     imported = api_client(bob_key).post("/v1/memories/import", {"file": upload}, format="multipart")
     assert imported.status_code == 200, imported.content
@@ -340,7 +355,7 @@ def test_rest_export_and_import_are_scoped_by_the_token(alice, bob, alice_memori
     )
     assert raw.status_code == 200 and raw.json()["imported"] == 3
     truncated = api_client(bob_key).post(
-        "/v1/memories/import", exported.content[:-50], content_type="application/x-ndjson"
+        "/v1/memories/import", exported_file[:-50], content_type="application/x-ndjson"
     )
     assert truncated.status_code == 400 and truncated.json()["error"]["code"] == "invalid_argument"
     assert api_client().get("/v1/memories/export").status_code == 401
@@ -494,3 +509,64 @@ def test_rest_takes_a_raw_body_above_djangos_upload_limit(bob, api_client, setti
     settings.IMPORT_MAX_BYTES = len(data) - 1
     too_big = api_client(bob_key).post("/v1/memories/import", data, content_type="application/x-ndjson")
     assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "payload_too_large"
+
+
+def test_rest_export_is_sent_while_it_is_read_and_is_one_billed_audited_call(alice, bob, alice_memories, monkeypatch):
+    """Under ASGI (the web process), REST's export goes out in batches while it is read,
+    never built whole; it is one call: one audit row, one usage event, counted once in the
+    metrics until its last line. bob's key reads only bob's file."""
+    monkeypatch.setattr(services, "EXPORT_PAGE_SIZE", 2)
+    monkeypatch.setattr(downloads, "DOWNLOAD_BATCH_LINES", 2)
+    produced = lines_counted(monkeypatch, operations, "memory_export_stream")
+    threads = _threads_recorded(monkeypatch)
+    _, alice_key = api_key_issue(user=alice)
+    _, bob_key = api_key_issue(user=bob)
+    billed = UsageEvent.objects.count()
+    served = _rest_exports_counted()
+    status, body, sent_at = asgi_get(
+        "/v1/memories/export?format=jsonl", authorization=f"Bearer {alice_key}", produced=produced
+    )
+    assert status == 200 and len(body.decode().splitlines()) == 5 == len(produced)
+    assert sent_at[0] <= 2 < len(produced) and len(sent_at) >= 3
+    # Read on the thread (and so the database connection) the view audited and billed on.
+    assert len(threads) == 6 and set(threads) == {threads[0]}
+    rows = AuditEvent.objects.filter(operation="export_memories")
+    assert [(r.outcome, r.channel, r.actor_user_id) for r in rows] == [("ok", "rest", alice.pk)]
+    assert UsageEvent.objects.count() == billed + 1
+    assert _rest_exports_counted() == served + 1
+
+    produced.clear()
+    status, body, _ = asgi_get(
+        "/v1/memories/export?format=markdown", authorization=f"Bearer {bob_key}", produced=produced
+    )
+    assert status == 200 and b"0 memories" in body and b"Alice" not in body
+    status, body, _ = asgi_get("/v1/memories/export?format=pdf", authorization=f"Bearer {bob_key}", produced=produced)
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_argument"
+    assert UsageEvent.objects.count() == billed + 2
+    refused = AuditEvent.objects.filter(operation="export_memories", outcome="error").get()
+    assert refused.error_code == "invalid_argument" and refused.actor_user_id == bob.pk
+
+
+def _rest_exports_counted() -> float:
+    labels = {"operation": "export_memories", "channel": "rest", "outcome": "ok", "code": ""}
+    return REGISTRY.get_sample_value("memsite_calls_total", labels) or 0.0
+
+
+def _threads_recorded(monkeypatch) -> list[int]:
+    """The thread memory_export_stream is called on, then the thread each line is read on."""
+    threads: list[int] = []
+    stream = operations.memory_export_stream
+
+    def recorded(*args, **kwargs):
+        threads.append(threading.get_ident())
+        lines = stream(*args, **kwargs)
+
+        def each():
+            for line in lines:
+                threads.append(threading.get_ident())
+                yield line
+
+        return each()
+
+    monkeypatch.setattr(operations, "memory_export_stream", recorded)
+    return threads

@@ -1,6 +1,6 @@
 """The web UI's memory download is streamed: the same file and the same billed, audited
-call as the API's export_memories, read a page at a time and sent in batches under ASGI,
-never built whole in memory. Only the signed-in person's memories are in it."""
+call as the API's export_memories (also streamed, test_portability.py), read a page at a
+time and sent in batches under ASGI, never built whole in memory. Only the signed-in person's memories are in it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from audit.models import AuditEvent
 from billing.models import UsageEvent
 from core.scope import CallContext
 from memories import services
-from memories.interfaces.web import downloads
+from memories.interfaces import downloads
 from memories.interfaces.web import views as web_views
 from memories.services import memory_delete, memory_export, memory_export_stream, memory_remember, memory_update
 from tests.conftest import asgi_get, elsewhere, internal_call, lines_counted
@@ -53,6 +53,8 @@ def test_the_download_is_the_api_export_of_the_person_billed_and_audited_once(
     assert row.actor_user_id == alice.pk and row.channel == "ui"
     assert sorted(row.memory_ids) == sorted(alices)
     assert UsageEvent.objects.count() == billed + 1
+    # Read in pages of 3 (and Markdown in two passes), the file is the one read in one page.
+    monkeypatch.setattr(services, "EXPORT_PAGE_SIZE", 500)
     built = memory_export(
         alice_scope, file_format=file_format, call=CallContext(channel="internal", actor_username="alice")
     ).content

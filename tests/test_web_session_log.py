@@ -11,7 +11,7 @@ import pytest
 from django.db import transaction
 
 from memories import sessions
-from memories.interfaces.web import downloads
+from memories.interfaces import downloads
 from memories.interfaces.web import sessions as web_sessions
 from memories.models import SessionArchive
 from tests.conftest import asgi_get, lines_counted

@@ -7,7 +7,6 @@ import re
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
@@ -21,10 +20,8 @@ from core.errors import ErrorCode, ServiceError
 from core.inputs import InputError, json_loads_safe
 from core.scope import CallContext
 from memories import schemas
-from memories.operations import operation_execute
-
-EXPORT_CONTENT_TYPES = {"jsonl": "application/x-ndjson", "markdown": "text/markdown"}
-EXPORT_FILE_NAMES = {"jsonl": "memories.jsonl", "markdown": "memories.md"}
+from memories.interfaces.downloads import EXPORT_DOWNLOADS, streaming_download
+from memories.operations import operation_execute, operation_stream
 
 
 def _call(request) -> CallContext:
@@ -290,14 +287,6 @@ class TrashPurgeView(APIView):
         return Response(operation_execute(request.auth, "purge_memory", call=_call(request), arguments=_body(request)))
 
 
-def export_response(result: dict[str, Any]) -> HttpResponse:
-    """An export as a file download (REST and the web UI)."""
-    response = HttpResponse(result["content"], content_type=f"{EXPORT_CONTENT_TYPES[result['format']]}; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{EXPORT_FILE_NAMES[result["format"]]}"'
-    response["X-Memory-Count"] = str(result["count"])
-    return response
-
-
 class MemoryExportView(APIView):
     def perform_content_negotiation(self, request, force=False):
         # `?format=` names the export's format here, not one of DRF's renderers.
@@ -318,8 +307,12 @@ class MemoryExportView(APIView):
         if unknown:
             # Refused by the dispatcher, so the failed call is audited like any other.
             arguments = _rejected(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0][:40]!r}")
-        return export_response(
-            operation_execute(request.auth, "export_memories", call=_call(request), arguments=arguments)
+        # Streamed as it is read, never built whole (memory_export_stream). Its count is in
+        # the file's first line.
+        lines = operation_stream(request.auth, "export_memories", call=_call(request), arguments=arguments)
+        content_type, filename = EXPORT_DOWNLOADS[request.query_params.get("format", "jsonl")]
+        return streaming_download(
+            request._request, lines, content_type=f"{content_type}; charset=utf-8", filename=filename
         )
 
 

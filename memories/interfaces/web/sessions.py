@@ -12,9 +12,10 @@ from django.shortcuts import redirect, render
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from core.choices import Operation
+from core.choices import Channel, Operation
 from core.errors import ServiceError
-from memories.interfaces.web.downloads import download_observed, streaming_download
+from core.metrics import lines_observed
+from memories.interfaces.downloads import streaming_download
 from memories.interfaces.web.views import _execute, _scope, page_of, web_call
 from memories.sessions import session_logs_export
 from memories.turns.extraction import FACT_TAG, TIERS, tier_tag
@@ -110,8 +111,9 @@ def session_events_delete(request):
 def session_logs_download(request):
     """The "Your data" page's download of every session log, streamed as JSONL."""
     try:
-        lines = download_observed(
+        lines = lines_observed(
             operation=Operation.EXPORT_SESSION_LOGS,
+            channel=Channel.UI,
             start=lambda: session_logs_export(_scope(request), call=web_call(request)),
         )
     except ServiceError as exc:

@@ -23,11 +23,11 @@ from core.calls import call_context_from_request
 from core.choices import ALL_PERMISSIONS, Channel, MemoryType, Operation, Permission
 from core.errors import ErrorCode, ServiceError
 from core.inputs import digits_int
-from core.metrics import CallObservation, call_observed
+from core.metrics import CallObservation, call_observed, lines_observed
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
-from memories.interfaces.web.downloads import download_observed, streaming_download
+from memories.interfaces.downloads import EXPORT_DOWNLOADS, streaming_download
 from memories.interfaces.wellknown import MEMORY_MCP_PATH
 from memories.models import ApiKey
 from memories.operations import operation_execute
@@ -512,7 +512,6 @@ def usage(request):
     return render(request, "web/usage.html", {"rows": rows})
 
 
-EXPORT_DOWNLOADS = {"jsonl": ("application/x-ndjson", "memories.jsonl"), "markdown": ("text/markdown", "memories.md")}
 IMPORT_SOURCES = (
     ("memsite", "a memsite export (.jsonl)"),
     ("mem0", "a mem0 export (.json)"),
@@ -534,8 +533,9 @@ def data_export(request):
     billed, audited call as the API's export_memories, never held whole in memory)."""
     file_format = request.GET.get("format", "jsonl")
     try:
-        lines = download_observed(
+        lines = lines_observed(
             operation=Operation.EXPORT_MEMORIES,
+            channel=Channel.UI,
             start=lambda: memory_export_stream(_scope(request), file_format=file_format, call=web_call(request)),
         )
     except ServiceError as exc:
