@@ -252,6 +252,9 @@ class TurnGuard(models.Model):
     # The request that owns a `processing` row (a stale one is taken over by a retry).
     owner = models.CharField(max_length=64)
     fact_ids = models.JSONField(default=list, blank=True)
+    # What the turn left out and shortened, so a retry answered as a duplicate says so too.
+    facts_left_out = models.PositiveIntegerField(default=0)
+    facts_shortened = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 

@@ -213,8 +213,9 @@ def test_after_turn_says_which_facts_it_left_out_or_shortened(alice, alice_scope
     assert "bold" not in str(row.detail)
     assert SessionEvent.objects.filter(session_id="s").count() == 2  # both items, whole
 
-    again = turn(alice, "s", "t1", said)
-    assert again["duplicate"] and again["facts_left_out"] == again["facts_shortened"] == 0
+    again = turn(alice, "s", "t1", said)  # a retry whose first answer was lost: the same counts
+    assert again["duplicate"] and again["fact_ids"] == result["fact_ids"]
+    assert again["facts_left_out"] == 2 and again["facts_shortened"] == 1
     plain = turn(alice, "s", "t2", "I prefer green tea.")
     assert plain["facts_left_out"] == plain["facts_shortened"] == 0
     assert "facts_left_out" not in AuditEvent.objects.filter(operation="memory_after_turn").latest("id").detail

@@ -172,7 +172,8 @@ class AfterTurnOutput(BaseModel):
     facts_left_out: int = Field(
         0,
         description=f"Extracted facts not stored: past the per-turn limit ({FACTS_PER_TURN_MAX}), or holding "
-        "a character a memory's text may not hold. The session log keeps the turn's items whole.",
+        "a character a memory's text may not hold. The session log keeps the turn's items whole. A "
+        "duplicate (a retried turn id) answers the first call's count.",
     )
     facts_shortened: int = Field(0, description=f"Stored facts cut to {FACT_MAX_CHARS} characters.")
 

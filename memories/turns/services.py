@@ -479,7 +479,9 @@ def turn_after(
             except EngineError as exc:
                 raise backend_unavailable() from exc
             current.state, current.fact_ids, current.updated_at = TurnGuard.State.DONE, fact_ids, timezone.now()
-            current.save(update_fields=["state", "fact_ids", "updated_at"])
+            current.facts_left_out = extraction.over_limit + extraction.unstorable
+            current.facts_shortened = extraction.shortened
+            current.save(update_fields=["state", "fact_ids", "facts_left_out", "facts_shortened", "updated_at"])
             _session_touch(scope, project=project, session_id=session_id)
             tiers = {tier: sum(1 for fact, _ in embedded if fact.tier == tier) for tier in TIERS}
             transaction.on_commit(lambda: _facts_written_record(tiers))  # seed 002: mcp_memory_fact_write
@@ -504,8 +506,8 @@ def turn_after(
         "duplicate": False,
         "fact_ids": fact_ids,
         "events_stored": stored,
-        "facts_left_out": extraction.over_limit + extraction.unstorable,
-        "facts_shortened": extraction.shortened,
+        "facts_left_out": current.facts_left_out,
+        "facts_shortened": current.facts_shortened,
     }
 
 
@@ -523,8 +525,10 @@ def _turn_duplicate(scope: MemoryScope, *, guard: TurnGuard, detail: dict[str, A
         "duplicate": True,
         "fact_ids": list(guard.fact_ids),
         "events_stored": 0,
-        "facts_left_out": 0,
-        "facts_shortened": 0,
+        # The first call's counts, as its fact ids: a retry whose first answer was lost
+        # still learns what that turn did not store.
+        "facts_left_out": guard.facts_left_out,
+        "facts_shortened": guard.facts_shortened,
     }
 
 
