@@ -27,8 +27,10 @@ _INT_TOO_LARGE = 10**MAX_INT_DIGITS
 _INVALID_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")
 # What Postgres cannot store at all: NUL (text and jsonb) and lone surrogates (not UTF-8).
 _UNSTORABLE_TEXT = re.compile(r"[\x00\ud800-\udfff]")
-# A JSON string (skipped) or a bracket (counted).
-_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+# A JSON string (skipped) or a bracket (counted). An unterminated string runs to the end of
+# the text (the JSON is invalid anyway): required to close, it made every later quote start
+# another scan to the end, quadratic in a body of escaped quotes.
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]+|\\.)*"?|[\[\]{}]', re.DOTALL)
 
 
 _ASCII_DIGITS = re.compile(r"[0-9]+")
