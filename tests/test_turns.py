@@ -126,10 +126,14 @@ def test_recall_fact_ids_are_the_facts_shown_when_the_budget_cuts_some(alice, al
 
 
 def test_after_turn_exactly_once_and_audit_has_only_hashes(alice, alice_scope, clean_vectors):
+    from billing.models import UsageEvent
+
     said = "I prefer green tea over coffee."
     first = turn(alice, "s", "t1", said)
+    billed = UsageEvent.objects.filter(operation="memory_after_turn").count()
     again = turn(alice, "s", "t1", said)
     assert again == {**first, "duplicate": True, "events_stored": 0}
+    assert billed == 1 == UsageEvent.objects.filter(operation="memory_after_turn").count()  # billed once
     assert len(facts_of(alice_scope)) == 1
     assert SessionEvent.objects.filter(session_id="s").count() == 2
     rows = AuditEvent.objects.filter(operation="memory_after_turn")

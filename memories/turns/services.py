@@ -512,8 +512,10 @@ def turn_after(
 
 
 def _turn_duplicate(scope: MemoryScope, *, guard: TurnGuard, detail: dict[str, Any], call: CallContext) -> dict:
+    # A retry of a turn already done: its own audit row, and no usage event (the turn id is
+    # the idempotency key; the first call was billed).
     with transaction.atomic():
-        call_succeeded(
+        audit_record(
             scope,
             call=call,
             operation=Operation.MEMORY_AFTER_TURN,
