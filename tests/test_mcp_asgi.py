@@ -63,9 +63,11 @@ def test_tools_and_a_round_trip_in_process(alice):
         remembered = await client.call_tool("remember", {"memory": "Alice keeps a sourdough starter"})
         found = await client.call_tool("search_memory", {"query": "sourdough"})
         missing = await client.call_tool("delete_memory", {"memory_id": "6f1c3a52-0c1e-4c55-9d1c-8f0f5b1d2e3a"})
-        return tools, remembered, found, missing
+        listed = await client.call_tool("list_memory")  # no arguments at all: they are optional
+        return tools, remembered, found, missing, listed
 
-    tools, remembered, found, missing = _run(token, work)
+    tools, remembered, found, missing, listed = _run(token, work)
+    assert not listed.is_error and len(listed.structured_content["memories"]) == 1
     assert len(tools) == 7 and all(tool.output_schema for tool in tools.values())
     assert not remembered.is_error and remembered.structured_content["duplicate"] is False
     jsonschema.validate(remembered.structured_content, tools["remember"].output_schema)

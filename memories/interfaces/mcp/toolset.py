@@ -182,8 +182,11 @@ class Toolset:
         if principal is None:  # the middleware lets nothing unauthenticated through
             raise MCPError(types.INVALID_REQUEST, "unauthenticated")
         call = call_context_from_request(ctx.request, channel=Channel.MCP)
+        # `arguments` is optional in tools/call: a tool whose arguments are all optional
+        # (list_memory, memory_health) may be called without any.
+        arguments = params.arguments if params.arguments is not None else {}
         try:
-            data = await _in_mcp_thread(_run_in_thread)(principal, operation, params.arguments, call)
+            data = await _in_mcp_thread(_run_in_thread)(principal, operation, arguments, call)
         except ServiceError as exc:
             return self._error(exc)
         except Exception as exc:
