@@ -343,6 +343,9 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "memories.interfaces.rest.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
+    # No `?format=` renderer override: it answered an unknown value 404 before
+    # authentication. Each view reads its own parameters (the export's `format` among them).
+    "URL_FORMAT_OVERRIDE": None,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "memsite memory API",

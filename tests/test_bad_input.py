@@ -273,6 +273,8 @@ REST_GET_CASES = [
     '/v1/memories?filters=["a"]',
     "/v1/memories?filters=%00",
     "/v1/memories?cursor=%00",
+    "/v1/memories?format=csv",  # not a renderer override: an unexpected parameter
+    "/v1/trash?format=json",
     *[f"/v1/memories?cursor={cursor}" for cursor in BAD_CURSORS if "\u0000" not in cursor and "!" not in cursor],
 ]
 
@@ -286,6 +288,18 @@ def test_rest_bad_query_strings(api_client, alice_key, existing):  # noqa: ARG00
         error = response.json()["error"]
         assert error["code"] == "invalid_argument" and error["message"], path[:200]
         assert_only_audited(before, state())
+
+
+def test_rest_too_many_query_parameters_is_a_coded_400(api_client, alice_key, existing):  # noqa: ARG001
+    """Django refuses more than DATA_UPLOAD_MAX_NUMBER_FIELDS parameters while DRF reads
+    them, before authentication: our JSON error (it was Django's HTML page), nothing kept."""
+    client = api_client(alice_key)
+    for path in ("/v1/memories?" + "a=1&" * 1001, "/v1/trash?" + "&".join(f"p{n}=1" for n in range(1001))):
+        before = state()
+        response = client.get(path)
+        assert response.status_code == 400 and response["Content-Type"] == "application/json"
+        assert response.json()["error"]["code"] == "invalid_argument"
+        assert state() == before
 
 
 def test_rest_headers_with_invalid_text_still_leave_their_audit_row(api_client, alice_key, existing):  # noqa: ARG001

@@ -2,6 +2,7 @@
 
 import logging
 
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent, TooManyFilesSent
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -36,6 +37,11 @@ def service_error_response(exc: ServiceError) -> Response:
 def exception_handler(exc, context):
     if isinstance(exc, ServiceError):
         return service_error_response(exc)
+    if isinstance(exc, SuspiciousOperation):
+        # Django's own request limits, met while DRF reads the query string or a form
+        # (more than DATA_UPLOAD_MAX_NUMBER_FIELDS parameters, too many files): before
+        # authentication, so answered like a malformed request, with our codes.
+        return service_error_response(_suspicious_request_error(exc))
     response = drf_exception_handler(exc, context)
     if response is None:
         return None  # unexpected: Django logs it and answers 500 without details
@@ -48,6 +54,14 @@ def exception_handler(exc, context):
         message = detail if isinstance(detail, str) else "The request was not valid."
     response.data = {"error": {"code": code.value, "message": str(message)}}
     return response
+
+
+def _suspicious_request_error(exc: SuspiciousOperation) -> ServiceError:
+    if isinstance(exc, RequestDataTooBig):
+        return ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, "The request body is too large.")
+    if isinstance(exc, TooManyFieldsSent | TooManyFilesSent):
+        return ServiceError(ErrorCode.INVALID_ARGUMENT, "The request has too many parameters, fields or files.")
+    return ServiceError(ErrorCode.INVALID_ARGUMENT, "The request was not valid.")
 
 
 def _count_auth_failure(request) -> None:
