@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from core.choices import Channel, Operation
 from core.errors import ServiceError
+from core.inputs import text_problem
 from core.metrics import lines_observed
 from memories.interfaces.downloads import streaming_download
 from memories.interfaces.web.views import _execute, _scope, page_of, web_call
@@ -63,7 +64,9 @@ def _session_of(request) -> tuple[Any, str, str]:
     """The signed-in user's scope and the session the query names; a 404 for one they do
     not have (another user's, with the same id or not, is as missing as an unknown one)."""
     session_id, project = request.GET.get("session_id", ""), request.GET.get("project", "")
-    if not session_id or len(session_id) > SESSION_KEY_MAX_CHARS or len(project) > SESSION_KEY_MAX_CHARS:
+    if not session_id or any(
+        len(name) > SESSION_KEY_MAX_CHARS or text_problem(name) for name in (session_id, project)
+    ):  # no stored session has such a name (a NUL would also fail the query itself)
         raise Http404("No such session.")
     scope = _scope(request)
     if not session_exists(scope, project=project, session_id=session_id):
