@@ -2,6 +2,7 @@ import contextlib
 import uuid
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Count, Q
 from django.template.response import TemplateResponse
@@ -94,7 +95,10 @@ class UsageEventAdmin(admin.ModelAdmin):
         return [totals, *super().get_urls()]
 
     def totals_view(self, request):
-        """Calls per user and operation (optionally for the last N days), for support."""
+        """Calls per user and operation (optionally for the last N days), for support:
+        for staff who may view usage events, as the list is (admin_view checks only staff)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         days = request.GET.get("days", "30")
         rows = UsageEvent.objects.all()
         within = digits_int(days, max_digits=5)  # up to 99,999 days, in timedelta's range

@@ -46,6 +46,20 @@ def test_plain_users_cannot_reach_it(client, alice):
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
 
 
+def test_totals_need_the_permission_to_view_usage_events(client, django_user_model, events):  # noqa: ARG001
+    """The totals list every user's calls: staff without billing's view permission get 403,
+    as the event list answers them."""
+    from django.contrib.auth.models import Permission
+
+    support = django_user_model.objects.create_user("support", password="x", is_staff=True)
+    client.force_login(support)
+    assert client.get("/admin/billing/usageevent/totals/").status_code == 403
+    assert client.get("/admin/billing/usageevent/").status_code == 403
+    support.user_permissions.add(Permission.objects.get(codename="view_usageevent"))
+    client.force_login(django_user_model.objects.get(pk=support.pk))  # permissions cached per object
+    assert client.get("/admin/billing/usageevent/totals/").status_code == 200
+
+
 def test_staff_search_by_exact_user_id_or_request_id(admin_client, events, alice):
     def found(term: str) -> list[int]:
         page = admin_client.get("/admin/billing/usageevent/", {"q": term})
