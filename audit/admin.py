@@ -163,7 +163,11 @@ class AuditEventAdmin(ReadOnlyAdmin):
         # A row holding a memory's text (a change's before and after, a stored turn) shows
         # it opened: reading it is audited like opening the memory itself.
         event = self.get_object(request, object_id)
-        if event is not None and (event.before is not None or event.after is not None or "content" in event.detail):
+        if (
+            event is not None
+            and self.has_view_or_change_permission(request, event)
+            and (event.before is not None or event.after is not None or "content" in event.detail)
+        ):
             audit_staff_action(
                 request,
                 operation=Operation.ADMIN_VIEW_MEMORY,
@@ -252,7 +256,7 @@ class MemoryHistoryAdmin(ContentListAudited, ReadOnlyAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         version = self.get_object(request, object_id)
-        if version is not None:
+        if version is not None and self.has_view_or_change_permission(request, version):
             audit_staff_action(
                 request,
                 operation=Operation.ADMIN_VIEW_MEMORY,

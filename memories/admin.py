@@ -64,7 +64,8 @@ class MemoryAdmin(ContentListAudited, ReadOnlyAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         memory = self.get_object(request, object_id)
-        if memory is not None:
+        # Audited only when it will be shown: staff without the permission get 403.
+        if memory is not None and self.has_view_or_change_permission(request, memory):
             audit_staff_action(
                 request,
                 operation=Operation.ADMIN_VIEW_MEMORY,

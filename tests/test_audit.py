@@ -190,6 +190,24 @@ def test_staff_reading_memory_text_is_audited(client, support_user, alice, trans
     # An empty page shows nothing: nothing to record.
     assert staff_rows(lambda: client.get("/admin/memories/enginememoryrow/", {"q": "no such words"})) == []
 
+    # Staff without the permission to view them get 403, and the trail does not say they
+    # read anything.
+    from django.contrib.auth import get_user_model
+
+    client.force_login(get_user_model().objects.create_user("trainee", password="x", is_staff=True))
+    for url in (
+        f"/admin/memories/enginememoryrow/{memory_id}/change/",
+        f"/admin/audit/memoryhistory/{version.pk}/change/",
+        f"/admin/audit/auditevent/{update_row.pk}/change/",
+    ):
+        refused = _rows_added(lambda url=url: assert_status(client.get(url), 403))
+        assert refused == [], url
+
+
+def assert_status(response, status: int):
+    assert response.status_code == status
+    return response
+
 
 def test_plain_user_cannot_reach_admin(client, alice, transactional_db):
     client.force_login(alice)
