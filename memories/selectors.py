@@ -16,7 +16,7 @@ from django.db.models.functions import RowNumber, TruncDate
 from audit.models import AuditEvent, MemoryHistory
 from billing.models import UsageEvent
 from core.choices import Operation
-from core.errors import ServiceError, backend_unavailable, not_found
+from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
 from core.scope import MemoryScope
 from memories.engine import (
     EngineError,
@@ -274,5 +274,9 @@ def memory_activity(
         row["by_service"] = row["actor_user_id"] is not None and row["actor_user_id"] != scope.user_pk
         row["memory_count"] = len(row.pop("memory_ids") or [])
         row["role_label"] = row["actor_role"].replace("_", " ") if row["actor_role"] not in ("", "user") else ""
+        if row["outcome"] == AuditEvent.Outcome.DENIED and row["error_code"] == ErrorCode.NOT_FOUND:
+            # Another user's id was answered as missing; the trail keeps `denied` for staff,
+            # but shown here it would tell the caller that the id exists.
+            row["outcome"] = AuditEvent.Outcome.ERROR
         activity.append(row)
     return activity

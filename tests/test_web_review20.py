@@ -235,3 +235,19 @@ def test_saving_an_unchanged_multiline_memory_from_the_web_form(client, alice):
 
     client.post(f"/memories/{memory_id}/edit/", {"memory": "one\r\ntwo\rthree\nfour"})
     assert run(alice, "get_memory", memory_id=memory_id)["memory"]["memory"] == "one\ntwo\nthree\nfour"
+
+
+def test_activity_shows_another_users_id_as_missing_as_an_unknown_one(alice, bob, client):
+    """bob asking for alice's memory is answered not_found, as for an id nobody has; the
+    trail keeps it as denied for staff, but bob's Activity page must not tell the two apart."""
+    from core.errors import ServiceError
+
+    alices = run(alice, "remember", memory="Alice's private fact")["id"]
+    for memory_id in (alices, "6f1c3a52-0c1e-4c55-9d1c-8f0f5b1d2e3a"):
+        with pytest.raises(ServiceError):
+            run(bob, "delete_memory", memory_id=memory_id)
+    rows = AuditEvent.objects.filter(actor_user_id=bob.pk, operation="delete_memory").order_by("id")
+    assert [r.outcome for r in rows] == ["denied", "error"]  # what staff see
+    client.force_login(bob)
+    page = client.get("/activity/").content.decode()
+    assert page.count("<td>error (not_found)</td>") == 2 and "denied" not in page
