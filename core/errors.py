@@ -21,6 +21,8 @@ class ErrorCode(models.TextChoices):
     RESOURCE_BUSY = "resource_busy"  # retryable: the same turn or session is being processed
     # Issue 14: search_web without a configured provider (seed 003's error result).
     WEB_SEARCH_UNAVAILABLE = "web_search_unavailable"
+    # Recorded, never answered: the client closed the request before its answer was sent.
+    CLIENT_GONE = "client_gone"
 
 
 HTTP_STATUS = {
@@ -36,6 +38,7 @@ HTTP_STATUS = {
     ErrorCode.FORBIDDEN: 403,
     ErrorCode.RESOURCE_BUSY: 409,
     ErrorCode.WEB_SEARCH_UNAVAILABLE: 503,
+    ErrorCode.CLIENT_GONE: 499,  # nginx's "client closed request"
 }
 
 

@@ -31,6 +31,7 @@ class ProxyError(Exception):
             413: ErrorCode.PAYLOAD_TOO_LARGE,
             422: ErrorCode.INVALID_ARGUMENT,
             429: ErrorCode.RATE_LIMITED,
+            499: ErrorCode.CLIENT_GONE,
         }.get(self.status, ErrorCode.BACKEND_UNAVAILABLE)
         # A refused permission or subject is a denial, as the dispatcher records it.
         return ServiceError(code, self.message, denied=self.status in (403, 404))
@@ -79,3 +80,8 @@ def recording_failed() -> ProxyError:
     """The answer arrived but the call could not be recorded: withheld, so no call is
     answered without its audit row and usage event."""
     return ProxyError(503, "recording_failed", "The call could not be recorded; its answer was withheld. Retry later.")
+
+
+def client_gone() -> ProxyError:
+    """Never sent: the audit row of a call whose client closed it before the answer."""
+    return ProxyError(499, "client_gone", "The client closed the request before the answer was sent.")

@@ -34,6 +34,7 @@ from proxy import selectors, services
 from proxy.errors import (
     ERROR_HEADER,
     ProxyError,
+    client_gone,
     memory_unavailable,
     recording_failed,
     request_too_large,
@@ -222,6 +223,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         payload = {**extra, **body, "messages": enriched}
         return await _forward(
             caller,
+            holder=holder,
             call=call,
             payload=payload,
             body=body,
@@ -240,11 +242,21 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
             credential_presented=bool(request.headers.get("Authorization")),
         )
         return _error_response(error)
+    except asyncio.CancelledError:
+        # Django cancels the view when the client disconnects. Before the answer went out
+        # (an SDK timeout, a user who gave up), nothing else records the call: it leaves
+        # its failure row (not billed, no turn). Once `_finish` started, or the stream was
+        # handed over (`relay` records itself), that is the call's record.
+        if "caller" in holder and not _finish_started(holder):
+            logger.info("chat call abandoned by its client before the answer")
+            await asyncio.shield(_thread(services.chat_call_failed, holder["caller"], call=call, error=client_gone()))
+        raise
 
 
 async def _forward(
     caller: services.ChatCaller,
     *,
+    holder: dict[str, Any],
     call: CallContext,
     payload: dict[str, Any],
     body: dict[str, Any],
@@ -318,12 +330,13 @@ async def _forward(
             failure = unusable
         finally:
             await upstream.aclose()
+        holder[_FINISH_STARTED] = True
         if failure is not None:
             # Audited here with the upstream's status (not by the caller's generic path).
             logger.warning("chat upstream answer unusable (%s)", failure.code)
-            await _finish(caller, answer, finish, failure=failure)
+            await asyncio.shield(_finish(caller, answer, finish, failure=failure))
             return _error_response(failure)
-        if not await _finish(caller, answer, finish):
+        if not await asyncio.shield(_finish(caller, answer, finish)):
             return _error_response(recording_failed())
         response = HttpResponse(raw, status=upstream.status_code)
         for name, value in out_headers.items():
@@ -388,10 +401,18 @@ async def _forward(
             stopped = client_left and failure is None
             await asyncio.shield(_finish(caller, answer, finish, failure=failure, stopped_by_client=stopped))
 
+    holder[_FINISH_STARTED] = True  # from here `relay` records the call, whatever happens
     streaming = StreamingHttpResponse(relay(), status=upstream.status_code)
     for name, value in out_headers.items():
         streaming[name] = value
     return streaming
+
+
+_FINISH_STARTED = "finish_started"
+
+
+def _finish_started(holder: dict[str, Any]) -> bool:
+    return bool(holder.get(_FINISH_STARTED))
 
 
 async def _finish(

@@ -313,6 +313,33 @@ def test_a_stalled_whole_answer_is_a_504(proxy_url, scripted, alice_key):
     assert_failed_and_nothing_stored("upstream_timeout")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_before_the_answer_leaves_a_failed_row_and_no_bill(
+    proxy_url, scripted, alice_key, stream
+):
+    """An SDK timeout while the upstream still thinks: Django cancels the view on the
+    disconnect, and the call was recorded nowhere (rate limited, upstream paid, no row)."""
+
+    def script(handler, payload):  # noqa: ARG001
+        time.sleep(2.0)  # the client gives up first; what is written then goes nowhere
+        try:
+            handler.send_response(200)
+            handler.end_headers()
+        except OSError:
+            pass
+
+    scripted.script = script
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{proxy_url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {alice_key}"},
+            json={"model": "m", "stream": stream, "messages": USER},
+            timeout=httpx.Timeout(30, read=0.5),
+        )
+    wait_recorded()
+    assert_failed_and_nothing_stored("client_gone")
+
+
 def test_a_client_that_leaves_mid_stream_keeps_what_it_saw_as_the_turn(proxy_url, scripted, alice_key):
     """Like a user stopping a generation: the partial answer is the turn (recorded once,
     billed, flagged), not an upstream failure."""
