@@ -297,11 +297,15 @@ def _attempt_states(turn: ProxyTurn, *, attempts: range) -> set[str]:
     return set(IngestIntent.objects.filter(request_id__in=ids).values_list("state", flat=True))
 
 
-def _turn_close(turn_pk: int, *, state: str, reason: str | None = None) -> int:
+def _turn_close(turn_pk: int, *, state: str, reason: str | None = None, attempt: int | None = None) -> int:
+    """Close the turn; with `attempt`, only while it is still pending on that attempt."""
     fields: dict[str, Any] = {"state": state, "closed_at": timezone.now(), "messages": []}
     if reason is not None:
         fields["last_error"] = reason[:100]
-    return ProxyTurn.objects.filter(pk=turn_pk).update(**fields)
+    turns = ProxyTurn.objects.filter(pk=turn_pk)
+    if attempt is not None:
+        turns = turns.filter(state=ProxyTurn.State.PENDING, attempts=attempt)
+    return turns.update(**fields)
 
 
 def proxy_turn_extract(*, turn_pk: int) -> str:
@@ -363,8 +367,12 @@ def proxy_turn_extract(*, turn_pk: int) -> str:
             reason = exc.code.value
         logger.warning("memory extraction for turn %s failed (%s)", turn.pk, reason)
         return _attempt_failed(turn, attempt=attempt, reason=reason)
-    closed = _turn_close(turn.pk, state=ProxyTurn.State.DONE)
-    return "done" if closed else "erased"
+    # Only while the turn still waits for this attempt. Its ingest stored nothing when the
+    # turn had moved on (`turn_pending`): a later attempt took it over (a second task for the
+    # same turn claimed it first) and will close it itself, or a clear-all closed it.
+    if _turn_close(turn.pk, state=ProxyTurn.State.DONE, attempt=attempt):
+        return "done"
+    return "superseded" if ProxyTurn.objects.filter(pk=turn.pk).exists() else "erased"
 
 
 def _attempt_failed(turn: ProxyTurn, *, attempt: int, reason: str) -> str:

@@ -296,3 +296,26 @@ def test_a_clear_all_undone_while_an_ingest_is_in_flight_lets_the_ingest_keep_it
     assert live == sorted(["Alice lives in Tromsø", *FACTS])
     assert not engine.engine_trashed(alice_scope)
     assert "superseded_by" not in the_audit_row(call.request_id).detail
+
+
+def test_two_tasks_for_one_chat_turn_extract_it_once_and_never_close_it_empty(alice, alice_scope, llm):
+    """The sweep enqueues a pending turn again after a minute, so two tasks can claim one
+    turn: attempt 1 claims it, and attempt 2 claims it before attempt 1 recorded its ingest.
+    Attempt 1's ingest then stores nothing (the turn waits for attempt 2); it used to close
+    the turn as done anyway, and attempt 2 then found it closed: nothing was extracted."""
+    turn = _turn(alice, alice_scope)
+    llm.queue_facts(*FACTS)
+    with transaction.atomic():
+        # Both attempts wait at the user's clear_all lock to record their ingest; the first
+        # claim queues first, so it gets the lock first.
+        advisory_xact_lock(f"clear_all:{alice_scope.engine_user_id}")
+        first = InThread(lambda: proxy_turn_extract(turn_pk=turn.pk))
+        wait_for(lambda: _advisory_waiters() == 1, timeout=20, what="attempt 1 waiting")
+        second = InThread(lambda: proxy_turn_extract(turn_pk=turn.pk))
+        wait_for(lambda: _advisory_waiters() == 2, timeout=20, what="attempt 2 waiting")
+    assert first.result() == "superseded" and second.result() == "done"
+    turn.refresh_from_db()
+    assert (turn.state, turn.attempts) == (ProxyTurn.State.DONE, 2)
+    assert len(llm.requests) == 1  # one extraction, by attempt 2
+    ingests = AuditEvent.objects.filter(operation="ingest", turn_id=turn.request_id)
+    assert [(r.outcome, len(r.memory_ids)) for r in ingests] == [("ok", 2)]  # its two facts stored

@@ -314,9 +314,7 @@ def test_a_stalled_whole_answer_is_a_504(proxy_url, scripted, alice_key):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_client_that_leaves_before_the_answer_leaves_a_failed_row_and_no_bill(
-    proxy_url, scripted, alice_key, stream
-):
+def test_a_client_that_leaves_before_the_answer_leaves_a_failed_row_and_no_bill(proxy_url, scripted, alice_key, stream):
     """An SDK timeout while the upstream still thinks: Django cancels the view on the
     disconnect, and the call was recorded nowhere (rate limited, upstream paid, no row)."""
 
