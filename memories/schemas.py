@@ -613,7 +613,9 @@ def _describe(error: Any, arguments: dict[str, Any]) -> str:
         keys = list(given) if isinstance(given, dict) else []
         n = keys.index(loc[1]) + 1 if loc[1] in keys else "?"
         return f"{loc[0]} key #{n}: the value must be text, a number, true, false or null"
-    where = ".".join(str(p) for p in loc) or "arguments"
+    # A location holds the caller's own keys (an unknown argument's name may be any size,
+    # or content): each part is cut, as json_value_check cuts the keys it names.
+    where = ".".join(str(p)[:64] for p in loc) or "arguments"
     if error["type"] == "extra_forbidden":
         return f"unexpected argument {where!r}"
     message = error["msg"].removeprefix("Value error, ")

@@ -377,6 +377,18 @@ def test_rest_bad_bodies_and_ids(api_client, alice_key, existing):  # noqa: ARG0
         assert_only_audited(before, state())
 
 
+def test_an_unknown_arguments_name_is_cut_in_the_answer_and_the_audit_row(api_client, alice_key, existing):  # noqa: ARG001
+    """The name of an unexpected argument is the caller's text, of any size: it is named,
+    cut to 64 characters, never echoed whole into the answer or the trail."""
+    name = "secret-" + "x" * 5000
+    response = api_client(alice_key).post("/v1/memories", {"memory": "hi", name: 1}, format="json")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_argument"
+    message = response.json()["error"]["message"]
+    assert message.startswith("unexpected argument 'secret-xxx") and len(message) < 120
+    row = AuditEvent.objects.filter(operation="remember").latest("id")
+    assert row.outcome == "error" and "x" * 100 not in str(row.detail)
+
+
 # --- web UI -------------------------------------------------------------------------------
 @pytest.fixture
 def alice_browser(client, alice, existing):  # noqa: ARG001
