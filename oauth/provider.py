@@ -153,7 +153,8 @@ class MemsiteProvider:
         issuer = _issuer.get()
         resource = params.resource or f"{issuer}{DEFAULT_RESOURCE_PATH}"
         parts = urlsplit(resource)
-        if f"{parts.scheme}://{parts.netloc}" != issuer or not _RESOURCE_PATH.match(parts.path):
+        endpoint = not parts.query and not parts.fragment and _RESOURCE_PATH.match(parts.path)
+        if f"{parts.scheme}://{parts.netloc}" != issuer or not endpoint:
             raise AuthorizeError("invalid_target", "resource must be one of this server's MCP endpoints")
         row = await _in_thread(_client_lookup)(str(client.client_id))
         if row is None:

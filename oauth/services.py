@@ -174,7 +174,9 @@ def oauth_client_register(*, metadata: dict[str, Any], client_secret: str | None
         "redirect_uris": redirect_uris,
         "grant_types": list(metadata.get("grant_types") or ["authorization_code", "refresh_token"]),
         "response_types": list(metadata.get("response_types") or ["code"]),
-        "scope": metadata.get("scope") or " ".join(SCOPES_SUPPORTED),
+        # Stored as checked: each supported scope once (a scope naming one 60 times would
+        # not fit the column).
+        "scope": " ".join(dict.fromkeys((metadata.get("scope") or "").split())) or " ".join(SCOPES_SUPPORTED),
         "token_endpoint_auth_method": method,
         "metadata_sha256": digest,
     }
@@ -284,13 +286,17 @@ def oauth_authorization_begin(
         problem = text_problem(value)
         if problem:
             raise OAuthError("invalid_request", f"{name} {problem}")
+        # Refused, not cut: a shortened state would come back to the client as another one.
+        limit = OAuthAuthorizationRequest._meta.get_field(name).max_length
+        if limit is not None and len(value) > limit:
+            raise OAuthError("invalid_request", f"{name} is longer than {limit} characters")
     key = secrets.token_urlsafe(32)
     OAuthAuthorizationRequest.objects.create(
         request_key=key,
         client=client,
         redirect_uri=redirect_uri,
         redirect_uri_explicit=redirect_uri_explicit,
-        state=(state or "")[:1024],
+        state=state or "",
         scopes=scopes,
         code_challenge=code_challenge,
         resource=resource,

@@ -259,6 +259,36 @@ def test_authorize_with_invalid_state_parks_nothing():
     assert list(OAuthAuthorizationRequest.objects.values_list("state", flat=True)) == ["fine"]
 
 
+def test_authorize_refuses_what_its_columns_cannot_hold_instead_of_failing_or_cutting():
+    """A state over 1024 characters was cut (the client got another state back); a
+    resource with a long query matched the endpoint's path and failed the insert
+    (server_error). Both are refused, and nothing is parked."""
+    client = _client_row()
+    params = {
+        "client_id": client.client_id, "response_type": "code", "redirect_uri": CALLBACK,
+        "code_challenge": "c" * 43, "code_challenge_method": "S256",
+    }  # fmt: skip
+    resource = "http://testserver/engines/memory/mcp?" + "q" * 2100
+    long_state, long_resource, fine = _oauth(
+        ("GET", "/oauth/authorize?" + urlencode({**params, "state": "s" * 1025}), {}),
+        ("GET", "/oauth/authorize?" + urlencode({**params, "resource": resource}), {}),
+        ("GET", "/oauth/authorize?" + urlencode({**params, "state": "s" * 1024}), {}),
+    )  # fmt: skip
+    for refused, error in ((long_state, "invalid_request"), (long_resource, "invalid_target")):
+        assert refused.status_code == 302 and f"error={error}" in refused.headers["location"], refused.text
+    assert fine.status_code == 302 and "/oauth/consent/" in fine.headers["location"], fine.text
+    assert list(OAuthAuthorizationRequest.objects.values_list("state", flat=True)) == ["s" * 1024]
+
+
+def test_register_with_a_scope_named_many_times_keeps_it_once():
+    """scopes_check tests the set of names; the raw string was stored and overflowed its
+    column (a 500)."""
+    body = {"redirect_uris": [CALLBACK], "token_endpoint_auth_method": "none", "scope": " ".join(["read"] * 60)}
+    (registered,) = _oauth(_register(body))
+    assert registered.status_code == 201, registered.text
+    assert OAuthClient.objects.get().scope == "read"
+
+
 def test_the_checked_endpoints_still_read_their_bodies():
     """The input check buffers the body and replays it: the SDK handler sees the same form."""
     _client_row()
