@@ -287,7 +287,7 @@ def oauth_authorization_begin(
         if problem:
             raise OAuthError("invalid_request", f"{name} {problem}")
         # Refused, not cut: a shortened state would come back to the client as another one.
-        limit = OAuthAuthorizationRequest._meta.get_field(name).max_length
+        limit = getattr(OAuthAuthorizationRequest._meta.get_field(name), "max_length", None)
         if limit is not None and len(value) > limit:
             raise OAuthError("invalid_request", f"{name} is longer than {limit} characters")
     key = secrets.token_urlsafe(32)

@@ -124,7 +124,8 @@ class SurfaceProbe(Probe):
 
         def code_of(response, ok_status=200) -> tuple[str, dict, str]:
             is_json = response.get("Content-Type", "").startswith("application/json")
-            data = response.json() if is_json else {"file": response.content.decode()}
+            body = b"".join(response.streaming_content) if response.streaming else response.content
+            data = response.json() if is_json else {"file": body.decode()}
             if response.status_code == ok_status:
                 return "ok", data, ""
             error = data.get("error", {})
