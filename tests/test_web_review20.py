@@ -251,3 +251,12 @@ def test_activity_shows_another_users_id_as_missing_as_an_unknown_one(alice, bob
     client.force_login(bob)
     page = client.get("/activity/").content.decode()
     assert page.count("<td>error (not_found)</td>") == 2 and "denied" not in page
+
+
+def test_a_trash_page_emptied_by_a_purge_meanwhile_is_shown_empty(alice, client, monkeypatch):
+    """The count said there was a page 2; a purge emptied it before it was read. The page
+    used to fail (IndexError, a 500) looking for the first group on it."""
+    monkeypatch.setattr(web, "memory_trash_count", lambda scope, request_id=None: 3 * web.TRASH_PAGE_SIZE)  # noqa: ARG005
+    monkeypatch.setattr(web, "memory_trash_list", lambda scope, limit, offset: [])  # noqa: ARG005
+    client.force_login(alice)
+    assert client.get("/trash/?page=2").status_code == 200

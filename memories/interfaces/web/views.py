@@ -346,8 +346,11 @@ def trash(request):
     listed = list(groups.values())
     for group in listed:
         group["count"] = len(group["items"])
-    # A call's group can run over a page boundary: "Restore all" restores all of it.
-    boundary = ([listed[0]] if page.has_previous() else []) + ([listed[-1]] if page.has_next() else [])
+    # A call's group can run over a page boundary: "Restore all" restores all of it. (A
+    # purge between the count and the listing can leave this page empty.)
+    boundary = ([listed[0]] if listed and page.has_previous() else []) + (
+        [listed[-1]] if listed and page.has_next() else []
+    )
     for group in boundary:
         group["count"] = memory_trash_count(scope, request_id=group["request_id"])
     return render(
