@@ -3,6 +3,8 @@ forget, seed 001's /v1/memory and X-Turn-Id turn events."""
 
 from __future__ import annotations
 
+import html
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -454,6 +456,24 @@ def test_a_fold_meeting_an_edit_of_the_same_memory_loses_no_count(api_client, al
 
 
 # --- web UI and admin ---------------------------------------------------------------------
+def test_web_field_edit_keeps_a_tag_holding_a_comma_it_did_not_change(client, alice, alice_scope):
+    """The API allows a comma in a tag; the form shows the tags joined by commas. Saving
+    only a new importance used to split "work, travel" into two tags."""
+    memory_id = memory_remember(
+        alice_scope, memory="Alice's badge number", fields={"tags": ["work, travel", "id"]}, call=internal_call()
+    ).id
+    client.force_login(alice)
+    page = client.get(f"/memories/{memory_id}/").content.decode()
+    shown = re.search(r'id="f-tags" name="tags" value="([^"]*)"', page).group(1)
+    form = {"memory_type": "user", "tags": html.unescape(shown), "importance": "0.9"}
+    assert b"Saved." in client.post(f"/memories/{memory_id}/fields/", form, follow=True).content
+    stored = engine.engine_get(memory_id)
+    assert (stored.attrs.tags, stored.attrs.importance) == (("work, travel", "id"), 0.9)
+    form["tags"] = "work, travel, home"  # edited: taken as the form's comma-separated list
+    client.post(f"/memories/{memory_id}/fields/", form)
+    assert engine.engine_get(memory_id).attrs.tags == ("work", "travel", "home")
+
+
 def test_web_shows_edits_and_filters_fields(client, alice, alice_scope, admin_client):
     memory_id = memory_remember(alice_scope, memory="Alice plans a trip to Crete", call=internal_call()).id
     memory_remember(alice_scope, memory="Alice's router password is in the drawer", call=internal_call())
