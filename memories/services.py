@@ -68,7 +68,7 @@ from memories.engine import (
     hybrid_search,
     llm_configured,
 )
-from memories.models import ApiKey, ContentHash, IngestIntent, JobWatermark, TenantMembership
+from memories.models import ApiKey, ContentHash, IngestIntent, JobWatermark, TenantMembership, TurnGuard
 from memories.portability import (
     EXPORT_FORMATS,
     HISTORY_MAX_VERSIONS,
@@ -1178,7 +1178,8 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
     is off), drop their dedupe hashes and purge mem0's raw messages (so a later ingest
     cannot bring cleared facts back), in one transaction with the usage event and audit
     row. Ingest calls in flight are marked: what they store follows into the trash under
-    this call's request id when they complete. Returns the count."""
+    this call's request id when they complete. Turns in flight (memory_after_turn) store
+    nothing. Returns the count."""
     if confirm is not True:
         raise ServiceError(
             ErrorCode.CONFIRMATION_REQUIRED, "clear_all_memory deletes all your memories; call it with confirm: true."
@@ -1190,6 +1191,10 @@ def memory_clear_all(scope: MemoryScope, *, confirm: bool, call: CallContext) ->
         engine_purge_messages(scope)
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id).delete()
         ingest_intents_supersede(scope, call=call, erased=False)  # their facts join this clear-all's trash
+        # Turns still being processed (memory_after_turn past its claim, in its extraction):
+        # their guard goes, so they store nothing after this clear (`conflict`). Done turns
+        # keep theirs: a retry of one still answers as a duplicate.
+        TurnGuard.objects.filter(engine_user_id=scope.engine_user_id, state=TurnGuard.State.PROCESSING).delete()
         session_data_clear_all(scope)  # what other apps keep that could re-teach it (chat turns and logs, cache)
         call_succeeded(
             scope,

@@ -225,6 +225,29 @@ def test_after_turn_says_which_facts_it_left_out_or_shortened(alice, alice_scope
     assert "facts_left_out" not in AuditEvent.objects.filter(operation="memory_after_turn").latest("id").detail
 
 
+def test_a_turn_in_flight_during_a_clear_all_stores_nothing_after_it(alice, alice_scope, monkeypatch, clean_vectors):
+    """The clear-all commits while the turn's facts are extracted (its guard claimed):
+    the turn answers conflict and stores neither facts nor events; a retry is a new turn
+    after the clear. Memory ingest discards the same case (ingest_intents_supersede)."""
+    from core.errors import ServiceError
+    from memories.services import memory_clear_all
+    from tests.conftest import internal_call
+
+    extract = turns.facts_extract
+
+    def cleared_meanwhile(items):
+        memory_clear_all(alice_scope, confirm=True, call=internal_call())
+        return extract(items)
+
+    monkeypatch.setattr(turns, "facts_extract", cleared_meanwhile)
+    with pytest.raises(ServiceError) as refused:
+        turn(alice, "s", "t1", "I am allergic to peanuts.")
+    assert refused.value.code == "conflict" and "cleared" in refused.value.message
+    assert facts_of(alice_scope) == [] and not SessionEvent.objects.exists()
+    monkeypatch.setattr(turns, "facts_extract", extract)
+    assert len(turn(alice, "s", "t1", "I am allergic to peanuts.")["fact_ids"]) == 1
+
+
 def test_extraction_with_a_fake_openai_compatible_llm(alice, alice_scope, fake_llm, clean_vectors):
     fake_llm.queue_facts("User's dog is called Rex", "User is learning Rust")
     with override_settings(MCP_MEMORY_HEURISTIC_ENABLED=True, MCP_MEMORY_HEURISTIC_BASE_URL=f"{fake_llm.url}/v1"):

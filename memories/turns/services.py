@@ -460,9 +460,10 @@ def turn_after(
         with transaction.atomic():
             _session_lock(scope, project=project, session_id=session_id)
             current = TurnGuard.objects.select_for_update().filter(pk=guard.pk).first()
-            if current is None:  # an erasure deleted the guard during the slow work
+            if current is None:  # an erasure or a clear-all deleted the guard during the slow work
                 raise ServiceError(
-                    ErrorCode.CONFLICT, "Your data was erased while this turn was processed; nothing was stored."
+                    ErrorCode.CONFLICT,
+                    "Your memories were cleared or erased while this turn was processed; nothing was stored.",
                 )
             if current.state == TurnGuard.State.DONE:
                 return _turn_duplicate(scope, guard=current, detail=detail, call=call)
