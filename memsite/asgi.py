@@ -16,6 +16,7 @@ django_app = get_asgi_application()
 from django.conf import settings  # noqa: E402
 
 from memories.interfaces.mcp.registry import TOOLSETS  # noqa: E402 - needs Django set up
+from memsite.body_limit import BodyLimitMiddleware  # noqa: E402
 from memsite.observability import RequestIdASGIMiddleware  # noqa: E402
 from memsite.process_start import web_process_start  # noqa: E402
 from memsite.threaded_django import ThreadPoolDjangoHandler  # noqa: E402
@@ -71,8 +72,9 @@ def build_application():
                 return
         await django_app(scope, receive, send)
 
-    # While the database is away every surface answers 503 backend_unavailable with Retry-After.
-    return BackendUnavailableMiddleware(application)
+    # While the database is away every surface answers 503 backend_unavailable with Retry-After;
+    # no body over REQUEST_BODY_MAX_BYTES is read (413 payload_too_large).
+    return BackendUnavailableMiddleware(BodyLimitMiddleware(application, max_bytes=settings.REQUEST_BODY_MAX_BYTES))
 
 
 application = build_application()

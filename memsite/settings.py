@@ -295,6 +295,10 @@ _RATE_DEFAULTS = {
 }
 # Export/import of one user's memories: the largest file and the most memories one import takes.
 IMPORT_MAX_BYTES = env_int("IMPORT_MAX_BYTES", 20 * 1024 * 1024, minimum=1)
+# Every request body, before any app reads it (memsite/body_limit.py): Django spools a body
+# to disk whole before authentication runs. Well above the largest one a surface takes (an
+# import file), so a file somewhat over that still reaches the page that says what to do.
+REQUEST_BODY_MAX_BYTES = env_int("REQUEST_BODY_MAX_BYTES", 4 * IMPORT_MAX_BYTES, minimum=1024)
 IMPORT_MAX_MEMORIES = env_int("IMPORT_MAX_MEMORIES", 20_000, minimum=1)
 RATE_LIMITS = {op.value: env_rate(f"RATE_LIMIT_{op.value.upper()}", default) for op, default in _RATE_DEFAULTS.items()}
 

@@ -1,0 +1,95 @@
+"""No request body over REQUEST_BODY_MAX_BYTES is read (memsite/body_limit.py): Django
+spools a body to disk whole before authentication runs, so an anonymous huge POST would
+be written out in full before its 401. Driven through the web process's whole ASGI app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from audit.models import AuditEvent, AuthFailureWindow
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def post(path: str, chunks: list[bytes], *, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes, int]:
+    """POST `chunks` as separate body messages: the status, the body, and how many
+    chunks the app read."""
+    from memsite.asgi import build_application
+
+    async def main() -> tuple[int, bytes, int]:
+        app = build_application()
+        pending = list(chunks)
+        read = 0
+        status: list[int] = []
+        body: list[bytes] = []
+
+        async def receive() -> dict:
+            nonlocal read
+            if not pending:
+                await asyncio.Event().wait()  # the client waits for its answer
+            read += 1
+            chunk = pending.pop(0)
+            return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            elif message["type"] == "http.response.body":
+                body.append(message.get("body", b""))
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": [(b"host", b"localhost"), *headers], "client": ("127.0.0.1", 40000),
+            "server": ("localhost", 80),
+        }  # fmt: skip
+        await asyncio.wait_for(app(scope, receive, send), timeout=60)
+        return status[0], b"".join(body), read
+
+    return asyncio.run(main())
+
+
+def rows() -> tuple[int, int]:
+    return AuditEvent.objects.count(), AuthFailureWindow.objects.count()
+
+
+def test_a_declared_length_over_the_cap_is_refused_before_a_byte_is_read(settings):
+    settings.REQUEST_BODY_MAX_BYTES = 64 * 1024
+    before = rows()
+    status, body, read = post(
+        "/v1/memories",
+        [b"x" * 1024],
+        headers=[(b"content-length", str(10**10).encode()), (b"authorization", b"Bearer x")],
+    )
+    assert status == 413 and read == 0
+    assert json.loads(body)["error"]["code"] == "payload_too_large"
+    assert rows() == before  # no app ran: no 401 counted, no audit row
+
+
+def test_a_body_without_a_length_stops_being_read_at_the_cap(settings):
+    settings.REQUEST_BODY_MAX_BYTES = 64 * 1024
+    chunks = [b"y" * 16 * 1024] * 100  # 1.6 MB in 16 KiB messages, no Content-Length
+    status, body, read = post("/v1/memories/import", chunks, headers=[(b"authorization", b"Bearer x")])
+    assert status == 413 and json.loads(body)["error"]["code"] == "payload_too_large"
+    assert read <= 5  # the fifth message passed 64 KiB: nothing after it was read
+    status, page, read = post("/data/import/", chunks, headers=[(b"content-type", b"application/octet-stream")])
+    assert status == 413 and b"Request too large" in page and read <= 5
+
+
+def test_a_body_under_the_cap_reaches_its_app(settings, alice_key):
+    settings.REQUEST_BODY_MAX_BYTES = 64 * 1024
+    memory = json.dumps({"memory": "Alice waters the ferns on Sundays"}).encode()
+    status, body, _ = post(
+        "/v1/memories",
+        [memory[:10], memory[10:]],
+        headers=[
+            (b"authorization", f"Bearer {alice_key}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(memory)).encode()),
+        ],
+    )
+    assert status in (200, 201), body
+    assert json.loads(body)["duplicate"] is False
