@@ -76,6 +76,8 @@ class Operation(models.TextChoices):
     # the same erasure).
     ADMIN_WIPE_USER_DATA = "admin_wipe_user_data"
     ADMIN_DELETE_USER = "admin_delete_user"
+    # A tenant added, or its display name changed, by staff in the admin.
+    ADMIN_SAVE_TENANT = "admin_save_tenant"
     # An erasure done again after a restore to a point before it (memsite's erasure ledger).
     ERASURE_REAPPLY = "erasure_reapply"
     # MCP authorization (issue 16): client registration, consent, token issue, revocation.

@@ -1,15 +1,18 @@
+from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 
 from audit.admin import ContentListAudited, EstimatedCountPaginator, ReadOnlyAdmin, history_table
 from audit.services import audit_staff_action
 from core.choices import Operation
+from core.errors import ServiceError
 from core.inputs import digits_int
 from core.scope import DEFAULT_TENANT, user_tenant
 from memories.engine import EngineMemory, engine_memory_of, engine_rows_matching, engine_rows_newest_first
 from memories.models import ApiKey, EngineMemoryRow, ExternalIdentity, RateWindow, Tenant, TenantMembership
 from memories.selectors import SYSTEM_KEYS
 from memories.services import api_key_revoke
+from memories.tenancy import tenant_name_check
 
 
 def _memory(row: EngineMemoryRow) -> EngineMemory:
@@ -192,13 +195,37 @@ class ExternalIdentityAdmin(ReadOnlyAdmin):
     search_fields = ("=subject", "user__username")
 
 
+class TenantForm(forms.ModelForm):
+    class Meta:
+        model = Tenant
+        fields = ("name", "display_name")
+
+    def clean_name(self) -> str:
+        # The rule manage.py create_tenant applies (a slug also allows capitals, and
+        # X-Memory-Subject could not name such a tenant).
+        try:
+            return tenant_name_check(self.cleaned_data["name"])
+        except ServiceError as exc:
+            raise forms.ValidationError(exc.message) from None
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     """Organisations (issue 12). The name is the first half of every partition key of
-    the tenant's users, so it is fixed once created."""
+    the tenant's users, so it is fixed once created. Adding one or renaming its display
+    name is audited (in the admin's transaction of the change)."""
 
+    form = TenantForm
     list_display = ("name", "display_name", "created_at")
     search_fields = ("name", "display_name")
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        audit_staff_action(
+            request,
+            operation=Operation.ADMIN_SAVE_TENANT,
+            detail={"tenant": obj.name, "created": not change, "changed": sorted(form.changed_data)},
+        )
 
     def get_readonly_fields(self, request, obj=None):
         return ("name", "created_at") if obj is not None else ("created_at",)

@@ -43,6 +43,30 @@ def _run(user, name: str, arguments: dict, *, turn_id: str = "") -> AuditEvent:
     return AuditEvent.objects.get(request_id=call.request_id)
 
 
+# --- 1: tenants and tenant membership -------------------------------------------------------------
+def test_admin_tenant_changes_follow_the_name_rule_and_are_audited(admin_client):
+    """Adding a tenant in the admin took any slug ('Acme' could then never be named in
+    X-Memory-Subject) and left no audit row; so did changing a display name."""
+    from memories.models import Tenant
+
+    mark = _last_id()
+    refused = admin_client.post("/admin/memories/tenant/add/", {"name": "Acme", "display_name": "Acme"})
+    assert refused.status_code == 200 and "lowercase letters" in refused.content.decode()
+    assert not Tenant.objects.filter(name__iexact="acme").exists()
+    assert admin_client.post("/admin/memories/tenant/add/", {"name": "acme", "display_name": "Acme"}).status_code == 302
+    changed = admin_client.post("/admin/memories/tenant/acme/change/", {"display_name": "Acme Inc."})
+    assert changed.status_code == 302 and Tenant.objects.get(name="acme").display_name == "Acme Inc."
+    rows = _admin_rows_after(mark)
+    assert [(r.operation, r.detail, r.staff_username) for r in rows] == [
+        (
+            Operation.ADMIN_SAVE_TENANT,
+            {"tenant": "acme", "created": True, "changed": ["display_name", "name"]},
+            "admin",
+        ),
+        (Operation.ADMIN_SAVE_TENANT, {"tenant": "acme", "created": False, "changed": ["display_name"]}, "admin"),
+    ]
+
+
 # --- 1: tenant membership ------------------------------------------------------------------------
 def test_admin_adds_no_tenant_membership_and_the_users_memories_stay_reachable(admin_client, alice):
     tenant_create(name="acme")
