@@ -546,12 +546,25 @@ def _staff_call(staff_user: Any, call: CallContext) -> CallContext:
 
 
 def token_config_save(
-    *, api_key: ApiKey, fields: dict[str, Any], partial: bool, call: CallContext, staff_user: Any = None
+    *,
+    api_key: ApiKey,
+    fields: dict[str, Any],
+    partial: bool,
+    call: CallContext,
+    staff_user: Any = None,
+    must_create: bool = False,
 ) -> TokenConfig:
     """Create or change a key's configuration (validated; the upstream key encrypted).
-    `partial` keeps unspecified fields (PATCH); a new row needs the required ones."""
+    `partial` keeps unspecified fields (PATCH); a new row needs the required ones.
+    `must_create` (POST): `conflict` if the key has one already."""
     with transaction.atomic():
+        # The key's row, locked: two saves of one key run one after the other. Locking
+        # the configuration alone locks nothing while it does not exist, and two creates
+        # then met at the unique constraint (a 500).
+        ApiKey.objects.select_for_update().filter(pk=api_key.pk).exists()
         row = TokenConfig.objects.select_for_update().filter(api_key=api_key).first()
+        if must_create and row is not None:
+            raise ServiceError(ErrorCode.CONFLICT, "This token already has a configuration; use PUT or PATCH.")
         clean = _config_validate(fields, partial=partial and row is not None)
         if row is None:
             row = TokenConfig(api_key=api_key)

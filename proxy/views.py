@@ -24,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from core.calls import call_context_from_request
 from core.choices import Channel
-from core.errors import ServiceError
+from core.errors import ErrorCode, ServiceError
 from core.inputs import InputError, json_loads_safe, text_problem
 from core.request_ids import request_bound, request_id_bound
 from core.scope import CallContext
@@ -505,7 +505,8 @@ def _admin(handler):
         except ProxyError as error:
             return _error_response(error)
         except ServiceError as error:
-            return _error_response(ProxyError(422, error.code.value, error.message))
+            status = 409 if error.code == ErrorCode.CONFLICT else 422  # seed 004: bad fields are 422
+            return _error_response(ProxyError(status, error.code.value, error.message))
 
     return view
 
@@ -519,9 +520,9 @@ def admin_tokens(request: HttpRequest, principal, call: CallContext) -> HttpResp
         return JsonResponse({"error": {"message": "Use GET or POST."}}, status=405)
     data = _json_body(request)
     api_key = _key_or_404(data.pop("key_id", None))
-    if TokenConfig.objects.filter(api_key=api_key).exists():
-        raise ProxyError(409, "conflict", "This token already has a configuration; use PUT or PATCH.")
-    row = services.token_config_save(api_key=api_key, fields=data, partial=False, call=call, staff_user=principal.user)
+    row = services.token_config_save(
+        api_key=api_key, fields=data, partial=False, call=call, staff_user=principal.user, must_create=True
+    )
     return JsonResponse(selectors.token_config_view(row), status=201)
 
 

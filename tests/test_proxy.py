@@ -412,6 +412,45 @@ def test_config_validated_on_save(alice, fields):
     assert TokenConfig.objects.count() == 0
 
 
+def test_two_creates_of_one_keys_configuration_give_one_row_and_one_conflict(alice, monkeypatch):
+    """Both saw no configuration and both inserted: the second met the unique constraint,
+    a 500. The key's row is locked first, so the second waits and then answers conflict."""
+    import threading
+
+    from core.errors import ServiceError
+    from proxy import services as proxy_services
+    from tests.conftest import InThread
+
+    api_key, _ = api_key_issue(user=alice)
+    fields = {"upstream_base_url": "http://127.0.0.1:9", "upstream_api_key": "sk-alice"}
+    validate, reached, go = proxy_services._config_validate, threading.Event(), threading.Event()
+
+    def first_held(*args, **kwargs):  # the first save waits inside its transaction
+        if not reached.is_set():
+            reached.set()
+            assert go.wait(60)
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(proxy_services, "_config_validate", first_held)
+
+    def create():
+        try:
+            token_config_save(
+                api_key=api_key, fields=dict(fields), partial=False, call=internal_call(), must_create=True
+            )
+            return "created"
+        except ServiceError as exc:
+            return exc.code
+
+    first = InThread(create)
+    assert reached.wait(30)
+    second = InThread(create)
+    time.sleep(0.5)  # the second is waiting for the key's lock
+    go.set()
+    assert sorted([first.result(), second.result()]) == ["conflict", "created"]
+    assert TokenConfig.objects.count() == 1
+
+
 def test_admin_api_staff_only_crud_and_secret_never_shown(proxy_url, alice, bob, alice_key, bob_key):
     alice.is_staff = True
     alice.save()
