@@ -545,6 +545,11 @@ def _staff_call(staff_user: Any, call: CallContext) -> CallContext:
     return replace(call, staff_user_id=staff_user.pk, staff_username=staff_user.get_username())
 
 
+_CONFIG_OPTIONAL_FIELDS = frozenset(
+    {"extra_body", "memory_llm", "memory_prompt", "memory_limit", "session_window_size"}
+)
+
+
 def token_config_save(
     *,
     api_key: ApiKey,
@@ -568,6 +573,11 @@ def token_config_save(
         clean = _config_validate(fields, partial=partial and row is not None)
         if row is None:
             row = TokenConfig(api_key=api_key)
+        elif not partial:
+            # PUT replaces the whole configuration: what it leaves out goes back to its
+            # default (PATCH keeps it).
+            for name in _CONFIG_OPTIONAL_FIELDS - set(clean):
+                setattr(row, name, TokenConfig._meta.get_field(name).get_default())
         for name, value in clean.items():
             if name == "upstream_api_key":
                 row.upstream_api_key_encrypted = secret_encrypt(value.strip())

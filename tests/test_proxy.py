@@ -468,6 +468,12 @@ def test_admin_api_staff_only_crud_and_secret_never_shown(proxy_url, alice, bob,
     assert httpx.patch(f"{url}/{bob_key_id}", headers=staff, json={"memory_limit": 0}).status_code == 422
     patched = httpx.patch(f"{url}/{bob_key_id}", headers=staff, json={"memory_limit": 9})
     assert patched.json()["memory_limit"] == 9
+    # PUT replaces the whole configuration: what it leaves out is back to its default.
+    whole = {k: v for k, v in body.items() if k != "key_id"}
+    put = httpx.put(f"{url}/{bob_key_id}", headers=staff, json={**whole, "memory_prompt": "Known: {memories}"})
+    assert put.status_code == 200 and put.json()["memory_limit"] == 5 and put.json()["memory_prompt"]
+    replaced = httpx.put(f"{url}/{bob_key_id}", headers=staff, json=whole).json()
+    assert replaced["memory_prompt"] == "" and replaced["memory_limit"] == 5
     listed = httpx.get(url, headers=staff).json()["tokens"]
     assert [t["key_id"] for t in listed] == [bob_key_id] and "sk-bob" not in json.dumps(listed)
     assert httpx.delete(f"{url}/{bob_key_id}", headers=staff).status_code == 204
