@@ -275,6 +275,12 @@ REST_GET_CASES = [
     "/v1/memories?cursor=%00",
     "/v1/memories?format=csv",  # not a renderer override: an unexpected parameter
     "/v1/trash?format=json",
+    # Given twice: which one would count is a guess (a filter, a scope claim).
+    "/v1/memories?memory_type=user&memory_type=project",
+    "/v1/trash?page_size=1&page_size=2",
+    "/v1/memories/export?format=jsonl&format=markdown",
+    "/v1/memory?tenant_id=other&tenant_id=default",
+    "/v1/memory?memory_type=user&memory_type=project",
     *[f"/v1/memories?cursor={cursor}" for cursor in BAD_CURSORS if "\u0000" not in cursor and "!" not in cursor],
 ]
 

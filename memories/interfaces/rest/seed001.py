@@ -19,7 +19,15 @@ from core.errors import ErrorCode, ServiceError
 from core.inputs import text_problem
 from memories import schemas
 from memories.auth import Principal
-from memories.interfaces.rest.views import _DIGITS, COMMON_ERRORS, _body, _call, _errors, field_filter_arguments
+from memories.interfaces.rest.views import (
+    _DIGITS,
+    COMMON_ERRORS,
+    _body,
+    _call,
+    _errors,
+    field_filter_arguments,
+    query_problem,
+)
 from memories.operations import operation_execute, principal_effective
 from memories.selectors import memory_get_owned, memory_view
 
@@ -115,6 +123,12 @@ def _only(keys: Any, allowed: set[str], what: str = "argument") -> None:
     unknown = set(keys) - allowed
     if unknown:
         raise _Rejected(f"unexpected {what} {sorted(unknown)[0][:40]!r}")
+
+
+def _query_only(query: Any, allowed: set[str]) -> None:
+    problem = query_problem(query, allowed)
+    if problem:
+        raise _Rejected(problem)
 
 
 def _body_dict(request) -> dict[str, Any]:
@@ -245,7 +259,7 @@ class SeedMemoryCollectionView(APIView):
     def get(self, request):
         def build() -> tuple[dict[str, Any], dict[str, Any]]:
             query = request.query_params
-            _only(query, {*SCOPE_KEYS, "memory_type", "tags", "limit", "cursor"}, "query parameter")
+            _query_only(query, {*SCOPE_KEYS, "memory_type", "tags", "limit", "cursor"})
             claimed = _query_claim_of(query)
             arguments = field_filter_arguments(query)
             if "limit" in query:
@@ -325,7 +339,7 @@ class SeedMemoryItemView(APIView):
 
 def _query_claim(request) -> dict[str, Any]:
     query = request.query_params
-    _only(query, {"tenant_id", "user_id"}, "query parameter")
+    _query_only(query, {"tenant_id", "user_id"})
     return _query_claim_of(query)
 
 

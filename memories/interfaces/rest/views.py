@@ -78,10 +78,22 @@ def _paging_arguments(query) -> dict[str, Any]:
     return arguments
 
 
-def _list_arguments(query) -> dict[str, Any] | schemas.RejectedArguments:
-    unknown = set(query) - {"cursor", "page_size", "filters", "tags", *FIELD_FILTER_PARAMS}
+def query_problem(query, allowed: set[str], *, repeatable: frozenset[str] = frozenset({"tags"})) -> str | None:
+    """Why a query string cannot be taken: a parameter the route does not know, or one
+    given twice (which of the two would count is a guess: a filter, a scope claim)."""
+    unknown = set(query) - allowed
     if unknown:
-        return _rejected(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0][:40]!r}")
+        return f"unexpected query parameter {sorted(unknown)[0][:40]!r}"
+    for name in query:
+        if name not in repeatable and len(query.getlist(name)) > 1:
+            return f"query parameter {name[:40]!r} given more than once"
+    return None
+
+
+def _list_arguments(query) -> dict[str, Any] | schemas.RejectedArguments:
+    problem = query_problem(query, {"cursor", "page_size", "filters", "tags", *FIELD_FILTER_PARAMS})
+    if problem:
+        return _rejected(ErrorCode.INVALID_ARGUMENT, problem)
     arguments: dict[str, Any] = {**field_filter_arguments(query), **_paging_arguments(query)}
     if "filters" in query:
         try:
@@ -257,11 +269,11 @@ class TrashView(APIView):
         responses={200: schemas.TrashListOutput, **_errors(*COMMON_ERRORS)},
     )
     def get(self, request):
-        unknown = set(request.query_params) - {"cursor", "page_size"}
+        problem = query_problem(request.query_params, {"cursor", "page_size"})
         arguments: dict[str, Any] | schemas.RejectedArguments = _paging_arguments(request.query_params)
-        if unknown:
+        if problem:
             # Refused by the dispatcher, so the failed call is audited like any other.
-            arguments = _rejected(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0][:40]!r}")
+            arguments = _rejected(ErrorCode.INVALID_ARGUMENT, problem)
         return Response(operation_execute(request.auth, "list_trash", call=_call(request), arguments=arguments))
 
 
@@ -302,11 +314,11 @@ class MemoryExportView(APIView):
         },
     )
     def get(self, request):
-        unknown = set(request.query_params) - {"format"}
+        problem = query_problem(request.query_params, {"format"})
         arguments: dict[str, Any] | schemas.RejectedArguments = {"format": request.query_params.get("format", "jsonl")}
-        if unknown:
+        if problem:
             # Refused by the dispatcher, so the failed call is audited like any other.
-            arguments = _rejected(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0][:40]!r}")
+            arguments = _rejected(ErrorCode.INVALID_ARGUMENT, problem)
         # Streamed as it is read, never built whole (memory_export_stream). Its count is in
         # the file's first line.
         lines = operation_stream(request.auth, "export_memories", call=_call(request), arguments=arguments)
@@ -331,7 +343,8 @@ class MemoryImportView(APIView):
         responses={200: schemas.ImportOutput, **_errors(*COMMON_ERRORS)},
     )
     def post(self, request):
-        data = upload_bytes(request)
+        problem = query_problem(request.query_params, {"from"})
+        data = upload_bytes(request) if not problem else _rejected(ErrorCode.INVALID_ARGUMENT, problem)
         arguments: dict[str, Any] | schemas.RejectedArguments = (
             data
             if isinstance(data, schemas.RejectedArguments)
