@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
-from django.db import transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -577,7 +577,9 @@ def token_config_save(
             # PUT replaces the whole configuration: what it leaves out goes back to its
             # default (PATCH keeps it).
             for name in _CONFIG_OPTIONAL_FIELDS - set(clean):
-                setattr(row, name, TokenConfig._meta.get_field(name).get_default())
+                field = TokenConfig._meta.get_field(name)
+                assert isinstance(field, models.Field)  # a column, not a relation
+                setattr(row, name, field.get_default())
         for name, value in clean.items():
             if name == "upstream_api_key":
                 row.upstream_api_key_encrypted = secret_encrypt(value.strip())
