@@ -9,10 +9,10 @@ import gzip
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -103,6 +103,18 @@ def _export_batch(storage, rows: list[dict[str, Any]], report: ExportReport) -> 
     report.keys.append(key)
 
 
+def _settled_prefix(rows: Iterable[dict[str, Any]], *, cutoff: datetime) -> Iterator[dict[str, Any]]:
+    """The rows, in id order, up to the first one written after `cutoff`. The watermark
+    moves by id and never back, and ids and `occurred_at` (each process's clock, read
+    before the insert) need not rise together: a batch chosen by time alone could take
+    id 101 and leave a later-stamped id 100 behind for ever (and retention would then
+    delete it unexported)."""
+    for row in rows:
+        if row["occurred_at"] >= cutoff:
+            return
+        yield row
+
+
 def audit_export(*, batch_size: int | None = None, storage=None, progress: Progress | None = None) -> ExportReport:
     """Export every audit row not exported yet, except the last AUDIT_EXPORT_LAG_S of
     them (so that a transaction still in flight cannot commit a lower id behind us).
@@ -122,9 +134,8 @@ def audit_export(*, batch_size: int | None = None, storage=None, progress: Progr
         cutoff = timezone.now() - timedelta(seconds=settings.AUDIT_EXPORT_LAG_S)
         while True:
             watermark = AuditExportBatch.objects.aggregate(last=Max("last_id"))["last"] or 0
-            rows: list[dict[str, Any]] = list(
-                AuditEvent.objects.filter(id__gt=watermark, occurred_at__lt=cutoff).order_by("id").values()[:batch_size]  # type: ignore[arg-type]
-            )
+            following = AuditEvent.objects.filter(id__gt=watermark).order_by("id").values()[:batch_size]
+            rows: list[dict[str, Any]] = list(_settled_prefix(following, cutoff=cutoff))  # type: ignore[arg-type]
             if not rows:
                 break
             _export_batch(storage, rows, report)

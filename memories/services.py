@@ -1479,16 +1479,23 @@ def memory_recalls_fold(*, batch: int = 5000, settle_seconds: int | None = None)
     while True:
         with transaction.atomic():
             mark, _ = JobWatermark.objects.select_for_update().get_or_create(name=RECALLS_WATERMARK)
-            rows = list(
+            following = (
                 AuditEvent.objects.filter(
                     id__gt=mark.position,
                     # Issue 14: seed 003's recall_memory counts as an access too.
                     operation__in=(Operation.SEARCH_MEMORY, Operation.RECALL_MEMORY),
-                    occurred_at__lt=datetime.now(UTC) - timedelta(seconds=settle),
                 )
                 .order_by("id")
                 .values_list("id", "occurred_at", "memory_ids", "outcome")[:batch]
             )
+            # Up to the first row not settled yet, in id order: the watermark moves by id,
+            # and a row chosen by time alone could leave a later-stamped lower id behind.
+            cutoff = datetime.now(UTC) - timedelta(seconds=settle)
+            rows = []
+            for row in following:
+                if row[1] >= cutoff:
+                    break
+                rows.append(row)
             if not rows:
                 return folded
             recalls: dict[str, tuple[int, str]] = {}

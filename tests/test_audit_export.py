@@ -146,3 +146,23 @@ def test_export_killed_halfway_then_rerun_exports_every_row_once(s3, settings):
     assert sorted(exported) == ids and len(exported) == len(set(exported))
     assert AuditExportBatch.objects.count() == 3
     assert audit_export(batch_size=40).rows == 0
+
+
+def test_a_row_stamped_later_than_the_next_id_is_not_left_behind(s3, settings):
+    """ids come from the sequence at insert, occurred_at from each process's clock before
+    it: id 100 can be stamped after id 101 (a host whose clock is ahead, a process paused
+    between the two). A batch chosen by time took 101, moved the watermark past 100, and
+    100 was never exported (retention would then delete it)."""
+    client, bucket = s3
+    settings.AUDIT_EXPORT_LAG_S = 300
+    now = timezone.now()
+    ahead, behind = (
+        AuditEvent.objects.create(request_id=f"req-{n}", channel="mcp", operation="remember", outcome="ok",
+                                  occurred_at=at)
+        for n, at in ((1, now - timedelta(seconds=60)), (2, now - timedelta(seconds=600)))
+    )  # fmt: skip
+    assert ahead.id < behind.id
+    assert audit_export(batch_size=40).rows == 0  # the lower id is not settled yet: it waits, and so does 2
+    settings.AUDIT_EXPORT_LAG_S = 30  # as if four and a half minutes passed
+    assert audit_export(batch_size=40).rows == 2
+    assert sorted(_exported_ids(_objects(client, bucket))) == [ahead.id, behind.id]
