@@ -930,11 +930,13 @@ def memory_update(
         if metadata:
             _metadata_merge_check(current, metadata=metadata)
         existing_id = None
+        text_changed = digest is not None and content_sha256(current.text) != digest
         if digest is not None:
             existing_id = _hash_owner(scope, digest=digest)
-            if existing_id is not None and existing_id != memory_id:
+            # Only a new text can collide: a memory living beside the hash's holder without
+            # one (a restored older copy, a store_memory short-term row) may resend its own.
+            if text_changed and existing_id is not None and existing_id != memory_id:
                 raise _duplicate_text(existing_id)
-        text_changed = digest is not None and content_sha256(current.text) != digest
         if text_changed and SUMMARY_KEY in current.metadata:
             # The enrichment's summary describes the old text (recall returns it): it goes,
             # and the candidate is pending again, so the sweep enriches the new text.
@@ -1215,6 +1217,13 @@ class ForgetResult:
         return {"deleted_count": self.deleted_count, "dry_run": self.dry_run}
 
 
+def _bulk_twin_ids(scope: MemoryScope, rows: list[EngineMemory]) -> list[str]:
+    """The live other rows of the store_memory messages among `rows` (see memory_delete)."""
+    candidates = {twin_id: row for row in rows for twin_id in _twin_ids(scope, row)}
+    others = engine_lock_owned_many(scope, memory_ids=list(candidates)) if candidates else {}
+    return [twin_id for twin_id, row in candidates.items() if _pairs(scope, row, others.get(twin_id))]
+
+
 def memory_forget_bulk(
     scope: MemoryScope,
     *,
@@ -1255,11 +1264,25 @@ def memory_forget_bulk(
             )
             return ForgetResult(deleted_count=len(memory_ids), dry_run=True)
         forgotten: dict[str, int] = {}
+        held: dict[str, str] = {}
+        texts: dict[str, str] = {}
         if memory_ids:
+            # As memory_delete: the other row of a store_memory message goes too (recall
+            # shows the pair as one memory), and a hash goes to a live copy of its text.
+            matched = engine_lock_owned_many(scope, memory_ids=memory_ids)
+            memory_ids = list(dict.fromkeys([*memory_ids, *_bulk_twin_ids(scope, list(matched.values()))]))
+            hashes = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=memory_ids)
+            held = {str(memory_id): digest for memory_id, digest in hashes.values_list("memory_id", "sha256")}
+            locked = {**matched, **engine_lock_owned_many(scope, memory_ids=[i for i in held if i not in matched])}
+            texts = {memory_id: locked[memory_id].text for memory_id in held if memory_id in locked}
             memory_ids = _trash_or_delete(scope, memory_ids=memory_ids, call=call, operation=Operation.DELETE_MEMORY)
             engine_purge_messages(scope)  # as memory_delete: the next extraction must not bring them back
             forgotten = _derived_answers_forgotten(scope)
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=memory_ids).delete()
+        for memory_id in memory_ids:  # under the erasure lock: no write of the user runs meanwhile
+            digest, text = held.get(memory_id), texts.get(memory_id)
+            if digest is not None and text is not None and content_sha256(text) == digest:
+                _hash_hand_over(scope, digest=digest, text=text)
         call_succeeded(
             scope,
             call=call,

@@ -106,6 +106,32 @@ def test_restoring_equal_texts_together_gives_the_hash_to_the_one_without_expiry
     assert hash_holders(alice_scope) == [durable]
 
 
+def test_a_copy_without_the_hash_may_resend_its_own_text(alice, alice_scope):
+    """Restored beside a newer copy, the older one holds no hash: an update that resends
+    its own text (with a pin) was refused as a duplicate of the newer copy."""
+    older = run(alice, "remember", memory=TEA)["id"]
+    run(alice, "delete_memory", memory_id=older)
+    newer = run(alice, "remember", memory=TEA)["id"]
+    run(alice, "restore_memory", memory_id=older)
+    updated = run(alice, "update_memory", memory_id=older, memory=TEA, pinned=True)
+    assert updated["memory"]["pinned"] is True and hash_holders(alice_scope) == [newer]
+    with pytest.raises(ServiceError) as refused:  # a new text that another memory holds still is
+        run(alice, "update_memory", memory_id=older, memory="Something else entirely")
+        run(alice, "update_memory", memory_id=older, memory=TEA)
+    assert refused.value.code == ErrorCode.CONFLICT
+
+
+def test_a_bulk_forget_hands_the_hash_to_a_live_copy_as_a_delete_does(alice, alice_scope):
+    older = run(alice, "remember", memory=TEA, tags=["a"])["id"]
+    run(alice, "delete_memory", memory_id=older)
+    newer = run(alice, "remember", memory=TEA, tags=["b"])["id"]
+    assert newer != older
+    run(alice, "restore_memory", memory_id=older)
+    assert run(alice, "delete_memory", tags=["b"], confirm=True)["deleted_count"] == 1
+    assert hash_holders(alice_scope) == [older]
+    assert run(alice, "remember", memory=TEA) == {"id": older, "duplicate": True}  # not a third copy
+
+
 # --- F7: a deleted hash holder hands its hash to another live copy --------------------------------
 @pytest.mark.parametrize(
     ("first", "again"),

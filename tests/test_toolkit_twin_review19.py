@@ -132,3 +132,17 @@ def test_another_users_ids_behave_like_missing_ones(alice, bob):
             )
     health = run(alice, "memory_health")
     assert health["tier_stats"] == {"stm": 1, "ltm": 1} and health["trash"] == 0
+
+
+def test_a_bulk_forget_that_matches_one_row_of_a_message_takes_both(alice):
+    """The enrichment types and tags the long-term candidate only; a bulk forget by its
+    type trashed it and left the short-term row, which recall kept returning."""
+    stm_id = store(alice)
+    ltm_id = ltm_id_of(alice)
+    run(alice, "update_memory", memory_id=ltm_id, memory_type="project")  # as the enrichment would
+    forgotten = run(alice, "toolkit_delete_memory", memory_type="project", confirm=True)
+    assert forgotten == {"deleted_count": 2, "dry_run": False}
+    assert [r for r in recalled(alice) if r["content"] == PRIVATE] == []
+    assert run(alice, "memory_health")["trash"] == 2
+    row = AuditEvent.objects.filter(operation="delete_memory").latest("id")
+    assert sorted(row.memory_ids) == sorted([stm_id, ltm_id]) and row.detail["count"] == 2
