@@ -946,7 +946,12 @@ def memory_update(
         with _attributed(call):
             updated = engine_update_row(memory_id, embedded=embedded, metadata=changes or None, attrs=attrs)
         if digest is not None:
-            ContentHash.objects.filter(memory_id=memory_id).exclude(sha256=digest).delete()
+            dropped, _ = ContentHash.objects.filter(memory_id=memory_id).exclude(sha256=digest).delete()
+            if dropped and text_changed:
+                # The old text's hash goes to another live copy of it, if any (as a delete's
+                # does). Not under that text's lock: a remember of it waits on this row's
+                # hash, and then finds the heir (or none) in one committed state.
+                _hash_hand_over(scope, digest=content_sha256(current.text), text=current.text)
             if existing_id is None:
                 # An import may have stored the text meanwhile: then nothing changes, as above.
                 taken_by = _content_hash_claim(scope, digest=digest, memory_id=memory_id)

@@ -132,6 +132,16 @@ def test_a_bulk_forget_hands_the_hash_to_a_live_copy_as_a_delete_does(alice, ali
     assert run(alice, "remember", memory=TEA) == {"id": older, "duplicate": True}  # not a third copy
 
 
+def test_a_new_text_hands_the_old_texts_hash_to_a_live_copy(alice, alice_scope):
+    older = run(alice, "remember", memory=TEA)["id"]
+    run(alice, "delete_memory", memory_id=older)
+    newer = run(alice, "remember", memory=TEA)["id"]
+    run(alice, "restore_memory", memory_id=older)
+    run(alice, "update_memory", memory_id=newer, memory="Alice likes coffee now")
+    assert hash_holders(alice_scope) == sorted([older, newer])  # each text's own holder
+    assert run(alice, "remember", memory=TEA) == {"id": older, "duplicate": True}
+
+
 # --- F7: a deleted hash holder hands its hash to another live copy --------------------------------
 @pytest.mark.parametrize(
     ("first", "again"),
