@@ -1260,6 +1260,12 @@ def memory_forget_bulk(
         memory_ids = engine_memory_ids(
             scope, containment=containment, created_from=created_from, created_before=created_before
         )
+        matched: dict[str, EngineMemory] = {}
+        if memory_ids:
+            # As memory_delete: the other row of a store_memory message goes too (recall
+            # shows the pair as one memory), so a dry run counts it as the forget will.
+            matched = engine_lock_owned_many(scope, memory_ids=memory_ids)
+            memory_ids = list(dict.fromkeys([*memory_ids, *_bulk_twin_ids(scope, list(matched.values()))]))
         if dry_run:
             call_succeeded(
                 scope,
@@ -1272,10 +1278,7 @@ def memory_forget_bulk(
         held: dict[str, str] = {}
         texts: dict[str, str] = {}
         if memory_ids:
-            # As memory_delete: the other row of a store_memory message goes too (recall
-            # shows the pair as one memory), and a hash goes to a live copy of its text.
-            matched = engine_lock_owned_many(scope, memory_ids=memory_ids)
-            memory_ids = list(dict.fromkeys([*memory_ids, *_bulk_twin_ids(scope, list(matched.values()))]))
+            # As memory_delete: a hash goes to a live copy of its text.
             hashes = ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=memory_ids)
             held = {str(memory_id): digest for memory_id, digest in hashes.values_list("memory_id", "sha256")}
             locked = {**matched, **engine_lock_owned_many(scope, memory_ids=[i for i in held if i not in matched])}

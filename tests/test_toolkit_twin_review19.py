@@ -140,6 +140,8 @@ def test_a_bulk_forget_that_matches_one_row_of_a_message_takes_both(alice):
     stm_id = store(alice)
     ltm_id = ltm_id_of(alice)
     run(alice, "update_memory", memory_id=ltm_id, memory_type="project")  # as the enrichment would
+    counted = run(alice, "toolkit_delete_memory", memory_type="project", dry_run=True)
+    assert counted == {"deleted_count": 2, "dry_run": True}  # the dry run counts what the forget takes
     forgotten = run(alice, "toolkit_delete_memory", memory_type="project", confirm=True)
     assert forgotten == {"deleted_count": 2, "dry_run": False}
     assert [r for r in recalled(alice) if r["content"] == PRIVATE] == []
