@@ -458,15 +458,21 @@ def _turn_fact_durable_attrs(attrs: MemoryAttrs) -> MemoryAttrs | None:
 def _hash_owners(scope: MemoryScope, *, digests: list[str]) -> dict[str, str]:
     """`_hash_owner` for many texts in two statements (an import): digest -> live memory
     id, row-locked; hashes whose memory went away behind their back are removed."""
+    return {digest: owner.id for digest, owner in _hash_owner_rows(scope, digests=digests).items()}
+
+
+def _hash_owner_rows(scope: MemoryScope, *, digests: list[str]) -> dict[str, EngineMemory]:
+    """`_hash_owners`, as the memories themselves."""
     known = {
         row.sha256: row for row in ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256__in=digests)
     }
     rows = engine_lock_owned_many(scope, memory_ids=[str(h.memory_id) for h in known.values()])
-    owners: dict[str, str] = {}
+    owners: dict[str, EngineMemory] = {}
     stale: list[int] = []
     for digest, known_hash in known.items():
-        if _holds_text(rows.get(str(known_hash.memory_id)), scope, digest=digest):
-            owners[digest] = str(known_hash.memory_id)
+        row = rows.get(str(known_hash.memory_id))
+        if row is not None and _holds_text(row, scope, digest=digest):
+            owners[digest] = row
         else:
             stale.append(known_hash.pk)
     if stale:
@@ -1385,23 +1391,28 @@ def _restored_hashes(scope: MemoryScope, *, restored: list[EngineMemory]) -> Non
     erasure lock. Per text, the restored memory that holds one in live data gets it
     (`_holds_hash_first` first, in restore order otherwise; a short-term copy never),
     unless a live memory holds it already; a hash whose memory went away (expired) is
-    taken over."""
-    holders: dict[str, str] = {}
+    taken over. A live holder with an expiry hands it to a restored one without: when
+    the holder expires, the purge drops its hash, and the copy left would hold none."""
+    holders: dict[str, EngineMemory] = {}
     for item in sorted(restored, key=lambda item: not _holds_hash_first(item)):  # stable
         if item.metadata.get(TIER_KEY) != "stm":
-            holders.setdefault(content_sha256(item.text), item.id)
+            holders.setdefault(content_sha256(item.text), item)
     digests = list(holders)
-    owned: dict[str, str] = {}
+    owned: dict[str, EngineMemory] = {}
     for start in range(0, len(digests), RESTORE_HASH_BATCH):
-        owned |= _hash_owners(scope, digests=digests[start : start + RESTORE_HASH_BATCH])
+        owned |= _hash_owner_rows(scope, digests=digests[start : start + RESTORE_HASH_BATCH])
     ContentHash.objects.bulk_create(
         [
-            ContentHash(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id)
-            for digest, memory_id in holders.items()
+            ContentHash(engine_user_id=scope.engine_user_id, sha256=digest, memory_id=item.id)
+            for digest, item in holders.items()
             if digest not in owned
         ],
         ignore_conflicts=True,
     )
+    for digest, owner in owned.items():
+        heir = holders[digest]
+        if not _holds_hash_first(owner) and _holds_hash_first(heir):
+            ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256=digest).update(memory_id=heir.id)
 
 
 @dataclass(frozen=True)

@@ -100,10 +100,22 @@ def test_restoring_equal_texts_together_gives_the_hash_to_the_one_without_expiry
     durable = run(alice, "remember", memory="Passport renewal is due in May")["id"]
     run(alice, "delete_memory", memory_id=durable)
     expiring = run(alice, "remember", memory="passport renewal is due in may", ttl_days=30)["id"]
-    run(alice, "restore_memory", memory_id=durable)  # beside the newer copy, which keeps the hash
-    assert hash_holders(alice_scope) == [expiring]
+    run(alice, "restore_memory", memory_id=durable)  # beside the newer copy, which hands it the hash
+    assert hash_holders(alice_scope) == [durable]
     assert sorted(clear_and_restore(alice)) == sorted([expiring, durable])
     assert hash_holders(alice_scope) == [durable]
+
+
+def test_a_durable_copy_restored_beside_an_expiring_holder_keeps_the_text_deduped(alice, alice_scope):
+    """The expiring holder kept the hash; the purge then dropped it with the holder, and
+    the durable copy left held none: remembering the text again stored a third copy."""
+    durable = run(alice, "remember", memory=TEA)["id"]
+    run(alice, "delete_memory", memory_id=durable)
+    expiring = run(alice, "remember", memory=TEA, ttl_days=1)["id"]
+    run(alice, "restore_memory", memory_id=durable)
+    assert memory_purge_due(now=datetime.now(UTC) + timedelta(days=2)) == 1
+    assert list(listed(alice)) == [durable] and expiring != durable
+    assert run(alice, "remember", memory=TEA) == {"id": durable, "duplicate": True}
 
 
 def test_a_copy_without_the_hash_may_resend_its_own_text(alice, alice_scope):
