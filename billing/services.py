@@ -174,6 +174,13 @@ def _quoted(text: str, *, limit: int) -> str:
     return " ".join(text.split())[:limit]
 
 
+# 4xx answers that say nothing against the events themselves: our key or the URL is wrong
+# (an operator's fix, as a redirect is), or the gateway timed out or is busy. Failing the
+# events for good would leave them undelivered after the fix until staff re-queued them,
+# so they wait with the capped backoff instead, the status quoted for staff.
+_NOT_ABOUT_THE_EVENTS = frozenset((401, 403, 404, 405, 407, 408, 421, 425, 429))
+
+
 def _redirect_reason(response: httpx.Response) -> str:
     # Following it would send the API key wherever the answer points, so the events wait
     # (retried with the capped backoff) until an operator sets the final URL. Only the
@@ -227,7 +234,8 @@ def _post(events: list[UsageEvent]) -> _Outcome:
         return _Outcome("retry", _redirect_reason(response))
     text = body.decode(response.encoding or "utf-8", errors="replace")
     reason = f"HTTP {response.status_code}: {_quoted(text, limit=_QUOTED_BODY_CHARS)}".rstrip()
-    return _Outcome("refused" if 400 <= response.status_code < 500 and response.status_code != 429 else "retry", reason)
+    refused = 400 <= response.status_code < 500 and response.status_code not in _NOT_ABOUT_THE_EVENTS
+    return _Outcome("refused" if refused else "retry", reason)
 
 
 def _superseded(count: int, report: DeliveryReport) -> None:

@@ -289,6 +289,7 @@ class FakeGateway(FakeServer):
             self.hang_s = 3.0
             self.slow_s = 0.0  # sleep this long before answering every request
             self.refuse_ids: set[str] = set()  # 422 for any batch holding one of these
+            self.answer_status: int | None = None  # answer every request with this status
             self.started = threading.Event()
 
     def handle(self, method, path, headers, payload):
@@ -299,6 +300,8 @@ class FakeGateway(FakeServer):
             if self.fail_next:
                 self.fail_next -= 1
                 return 503, {"error": "busy"}
+            if self.answer_status is not None:
+                return self.answer_status, {"error": "answered as configured"}
             hang = self.hang_next > 0
             self.hang_next -= 1 if hang else 0
             events = payload["events"]

@@ -219,3 +219,27 @@ def test_the_call_that_opens_a_window_does_not_wait_for_the_broker(monkeypatch, 
     release.set()
     services._publisher.submit(lambda: None).result(5)
     assert published == [{"countdown": None}]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("status", [401, 403, 404, 408])
+def test_a_wrong_key_or_url_keeps_the_events_waiting_for_the_fix(api_client, alice_key, fake_gateway, settings, status):
+    """A 401 (our key rotated), 404 (a wrong path) or 408 (the gateway timed out) says
+    nothing against the events: they failed for good, and after the operator's fix
+    nothing went until staff re-queued every one of them."""
+    settings.PAYMENT_GATEWAY_URL = f"{fake_gateway.url}/usage"
+    settings.USAGE_INGEST_API_KEY = GATEWAY_KEY
+    client = api_client(alice_key)
+    for i in range(3):
+        client.post("/v1/memories", {"memory": f"Waiting for the key {i}"}, format="json")
+    fake_gateway.answer_status = status
+
+    report = usage_events_deliver()
+
+    assert (report.retrying, report.failed, report.delivered) == (3, 0, 0)
+    assert {e.last_error[:8] for e in UsageEvent.objects.all()} == {f"HTTP {status}"}
+    assert set(UsageEvent.objects.values_list("status", flat=True)) == {"pending"}
+    fake_gateway.answer_status = None  # the operator's fix
+    UsageEvent.objects.update(next_attempt_at=timezone.now())  # past the backoff
+    assert usage_events_deliver().delivered == 3
+    assert set(fake_gateway.received_ids()) == set(_outbox_ids())
