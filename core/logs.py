@@ -19,9 +19,19 @@ from core.request_ids import request_bound
 
 TEXT_FORMAT = "[%(asctime)s] [%(levelname)s] [rid=%(request_id)s] [%(name)s] %(message)s"
 
-# API keys (msk_<id>_<secret>), bearer tokens, and key=value secrets in URLs or messages.
+# API keys (msk_<id>_<secret>), our OAuth tokens and codes (mso_at_, mso_rt_, mso_ac_),
+# upstream chat API keys (sk-...), bearer tokens, and secrets as key=value in URLs or
+# messages or as "key": "value" in JSON a library echoes (an OAuth token response).
 _SECRETS = [
     (re.compile(r"msk_[A-Za-z0-9_-]+"), "msk_[redacted]"),
+    (re.compile(r"mso_[A-Za-z0-9_-]+"), "mso_[redacted]"),
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), "sk-[redacted]"),
+    (
+        re.compile(
+            r'(?i)("(?:access_token|refresh_token|id_token|client_secret|api_key|password|secret|token)"\s*:\s*")[^"]*'
+        ),
+        r"\1[redacted]",
+    ),
     (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1[redacted]"),
     (re.compile(r"(?i)((?:api[_-]?key|token|secret|password)=)[^&\s\"']+"), r"\1[redacted]"),
 ]

@@ -78,6 +78,11 @@ def test_secrets_and_query_strings_are_scrubbed_from_log_lines():
     assert "s3cr3t" not in scrub_secrets("Authorization: Bearer s3cr3t.token")
     assert "abcdef" not in scrub_secrets("key msk_AbC123_abcdef used")
     assert "hunter2" not in scrub_secrets("GET /x?token=hunter2&a=1")
+    # OAuth tokens and codes, an upstream chat key, and a token response a library echoes.
+    for secret in ("mso_at_Zx9Kq", "mso_rt_Zx9Kq", "mso_ac_Zx9Kq", "sk-proj-0123456789abcdefXYZ"):
+        assert secret[-5:] not in scrub_secrets(f"oauth said {secret} here"), secret
+    echoed = scrub_secrets('{"access_token": "opaque-1", "client_secret":"opaque-2", "scope": "memory"}')
+    assert "opaque" not in echoed and '"scope": "memory"' in echoed
     record = logging.LogRecord(
         "uvicorn.access",
         logging.INFO,
