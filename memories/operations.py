@@ -18,13 +18,14 @@ from pydantic import BaseModel
 
 from core.calls import subject_claim_of
 from core.choices import ALL_PERMISSIONS, Operation, Permission
-from core.errors import ErrorCode, ServiceError
+from core.errors import ErrorCode, ServiceError, not_found
 from core.inputs import text_problem
 from core.metrics import call_observed, lines_observed
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
 from memories.call_record import failures_audited
+from memories.selectors import memory_get_owned
 from memories.services import (
     memory_clear_all,
     memory_delete,
@@ -487,7 +488,10 @@ def _admitted(
             raise ServiceError(ErrorCode.FORBIDDEN, definition.refusal(principal.permissions), denied=True)
         if claimed_scope is not None:
             principal_claim_check(effective, claimed_scope)
-        return scope, schemas.validate_input(definition.input_model, arguments)
+        validated = schemas.validate_input(definition.input_model, arguments)
+        if claimed_scope and memory_id is not None:
+            memory_narrowing_check(scope, memory_id=memory_id, claimed=claimed_scope)
+        return scope, validated
 
 
 def principal_effective(principal: Principal, *, subject: str = "", claimed: dict[str, Any] | None = None) -> Principal:
@@ -510,6 +514,17 @@ def principal_effective(principal: Principal, *, subject: str = "", claimed: dic
         username=username,
     )
     return principal.acting_for(user, tenant=tenant)
+
+
+def memory_narrowing_check(scope: MemoryScope, *, memory_id: str, claimed: dict[str, Any]) -> None:
+    """Seed 001's `scope.agent_id`/`session_id` narrow a call on one memory: a memory of
+    another agent or session is `not_found`, as a missing or another user's id is."""
+    narrowing = {key: claimed[key] for key in ("agent_id", "session_id") if claimed.get(key)}
+    if not narrowing:
+        return
+    attrs = memory_get_owned(scope, memory_id=memory_id).attrs
+    if any(getattr(attrs, key) != value for key, value in narrowing.items()):
+        raise not_found()
 
 
 def principal_claim_check(principal: Principal, claimed: dict[str, Any]) -> None:
@@ -597,6 +612,8 @@ def _turn_operations() -> list[OperationDef]:
             messages=[m.model_dump() for m in args.messages],
             limit=args.limit,
             project=args.project,
+            agent_id=args.agent_id,
+            session_id=args.session_id,
             call=call,
         )
 

@@ -13,7 +13,7 @@ from django.conf import settings
 from pydantic import BaseModel, BeforeValidator, Field, StrictInt, StrictStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from memories.schemas import QUERY_MAX_CHARS, TAG_MAX_CHARS, MemoryOut, Message, StrictInput
+from memories.schemas import QUERY_MAX_CHARS, TAG_MAX_CHARS, MemoryOut, Message, ScopeId, StrictInput
 from memories.turns.extraction import FACT_MAX_CHARS, FACTS_PER_TURN_MAX, PROJECT_TAG_PREFIX
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -227,6 +227,9 @@ class PrefetchInput(TurnInput):
     messages: list[Message] = Field(default_factory=list, max_length=50)
     limit: Annotated[StrictInt | None, Field(default=None, ge=1, le=50)] = None
     project: Project = ""
+    # Seed 001's narrower scope (the REST view passes its `scope.agent_id`/`session_id`).
+    agent_id: ScopeId | None = None
+    session_id: ScopeId | None = None
 
     @model_validator(mode="after")
     def _one(self) -> PrefetchInput:

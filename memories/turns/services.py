@@ -150,16 +150,26 @@ class MemoryBlock:
         return "\n".join([MEMORY_BLOCK_HEADER, *(f"- {fact.text}" for fact in facts)])
 
 
-def memory_block_build(scope: MemoryScope, *, query: str, limit: int, project: str = "") -> MemoryBlock:
+def memory_block_build(
+    scope: MemoryScope,
+    *,
+    query: str,
+    limit: int,
+    project: str = "",
+    agent_id: str | None = None,
+    session_id: str | None = None,
+) -> MemoryBlock:
     """The `limit` best live memories for `query` (hybrid retrieval, then age decay), as
     the notes block both before_turn and prefetch inject. A project narrows to its own
-    facts and the user-wide ones (no `project:` tag); other projects' stay out."""
+    facts and the user-wide ones (no `project:` tag); other projects' stay out. An
+    agent or session (seed 001's narrower scope) keeps to that agent's or session's."""
     query = query.strip()[-2000:]
     if not query or limit <= 0:
         return MemoryBlock(facts=[], scores=[])
     pool = min(100, limit * settings.SEARCH_CANDIDATE_FACTOR)
+    narrowed = attrs_containment(agent_id=agent_id, session_id=session_id)
     try:
-        candidates = hybrid_search(scope, query=query, limit=pool)
+        candidates = hybrid_search(scope, query=query, limit=pool, filters=narrowed or None)
         if project:
             own = project_tag(project)
             allowed = [c for c in candidates if not project_tags(c.attrs.tags) or own in c.attrs.tags]
@@ -167,7 +177,8 @@ def memory_block_build(scope: MemoryScope, *, query: str, limit: int, project: s
                 # Other projects' facts took places in the pool: the project's own search
                 # fills in what they crowded out (user-wide ones rarely are: few and broad).
                 seen = {c.id for c in allowed}
-                own_hits = hybrid_search(scope, query=query, limit=pool, filters=attrs_containment(tags=[own]))
+                own_only = attrs_containment(tags=[own], agent_id=agent_id, session_id=session_id)
+                own_hits = hybrid_search(scope, query=query, limit=pool, filters=own_only)
                 allowed += [c for c in own_hits if c.id not in seen]
             candidates = allowed
     except EngineError as exc:
@@ -957,12 +968,21 @@ def memory_prefetch(
     messages: list[dict[str, str]],
     limit: int | None,
     project: str,
+    agent_id: str | None = None,
+    session_id: str | None = None,
     call: CallContext,
 ) -> dict[str, Any]:
     rate_limit_consume(scope, operation=Operation.MEMORY_PREFETCH)
     items = [message(m["role"], m["content"]) for m in messages]
     text = query if query.strip() else _query_of(items)
-    block = memory_block_build(scope, query=text, limit=limit or settings.MCP_MEMORY_SEARCH_LIMIT, project=project)
+    block = memory_block_build(
+        scope,
+        query=text,
+        limit=limit or settings.MCP_MEMORY_SEARCH_LIMIT,
+        project=project,
+        agent_id=agent_id,
+        session_id=session_id,
+    )
     with transaction.atomic():
         call_succeeded(
             scope,

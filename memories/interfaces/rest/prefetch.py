@@ -13,7 +13,15 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from memories.interfaces.rest.seed001 import _body_dict, _effective, _execute, _only, _scope_of, seed_memory
+from memories.interfaces.rest.seed001 import (
+    _body_dict,
+    _effective,
+    _execute,
+    _narrowing,
+    _only,
+    _scope_of,
+    seed_memory,
+)
 from memories.interfaces.rest.views import COMMON_ERRORS, _errors
 
 _prefetch_request = inline_serializer(
@@ -27,7 +35,10 @@ _prefetch_request = inline_serializer(
             required=False, help_text="How many notes (default MCP_MEMORY_SEARCH_LIMIT)."
         ),
         "project": serializers.CharField(required=False, help_text="Narrow to facts of one project."),
-        "scope": serializers.DictField(required=False, help_text="Checked against the caller, never selects."),
+        "scope": serializers.DictField(
+            required=False,
+            help_text="tenant_id/user_id are checked against the caller, never select; agent_id/session_id narrow.",
+        ),
     },
 )
 _prefetch_response = inline_serializer(
@@ -57,7 +68,7 @@ class SeedMemoryPrefetchView(APIView):
             body = _body_dict(request)
             claimed = _scope_of(body.pop("scope", None))
             _only(body, {"query", "messages", "limit", "project"})
-            return dict(body), claimed
+            return {**body, **_narrowing(claimed)}, claimed
 
         result = _execute(request, "memory_prefetch", build)
         return Response(

@@ -3,7 +3,9 @@
 Thin views over the same `operation_execute` as /v1/memories and MCP (same services,
 audit rows, usage events, rate limits). A client's `scope` never selects whose memories
 are touched: `tenant_id`/`user_id` are checked against the caller (403 `forbidden`
-otherwise), `agent_id`/`session_id` narrow inside the caller's own memories."""
+otherwise), `agent_id`/`session_id` narrow inside the caller's own memories: a store puts
+the memory there, a search, list or prefetch keeps to them, and an update or forget of a
+memory outside them answers `not_found`, as for a missing id."""
 
 from __future__ import annotations
 
@@ -320,7 +322,9 @@ class SeedMemoryItemView(APIView):
             body = _body_dict(request)
             claimed = _scope_of(body.pop("scope", None))
             _only(body, set(STORE_FIELDS) | {"content", "metadata"})
-            arguments = {**body, **_narrowing(claimed), "memory_id": memory_id}
+            # The scope's agent_id/session_id narrow (the dispatcher answers not_found for
+            # a memory outside them); they never move the memory to another agent.
+            arguments = {**body, "memory_id": memory_id}
             if "content" in arguments:
                 arguments["memory"] = arguments.pop("content")
             return arguments, claimed

@@ -1,0 +1,84 @@
+"""Seed 001: "optional agent and session fields become narrower filters". An update or a
+forget naming another agent or session than the memory's answers as for a missing id
+(an update moved the memory to the named agent, a forget deleted it), and a prefetch keeps
+to the named agent or session as search does."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from audit.models import AuditEvent
+from billing.models import UsageEvent
+from memories.services import api_key_issue
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+ALICE = {"tenant_id": "default", "user_id": "alice"}
+AGENT_A = {**ALICE, "agent_id": "agent-a"}
+AGENT_B = {**ALICE, "agent_id": "agent-b"}
+
+
+@pytest.fixture
+def client(api_client, alice):
+    return api_client(api_key_issue(user=alice, name="narrowing")[1])
+
+
+def stored(client, text: str, scope: dict) -> dict:
+    answer = client.post("/v1/memory", {"content": text, "scope": scope}, format="json")
+    assert answer.status_code == 201, answer.content
+    return answer.json()["memory"]
+
+
+def listed(client) -> dict[str, dict]:
+    return {m["id"]: m for m in client.get("/v1/memory").json()["memories"]}
+
+
+def test_an_update_naming_another_agent_is_not_found_and_changes_nothing(client):
+    memory = stored(client, "Alice prefers vim", AGENT_A)
+    missing = client.put(f"/v1/memory/{uuid.uuid4()}", {"content": "x", "scope": AGENT_B}, format="json")
+    other = client.put(f"/v1/memory/{memory['id']}", {"content": "changed by b", "scope": AGENT_B}, format="json")
+    assert other.status_code == missing.status_code == 404
+    assert other.json() == missing.json()
+    kept = listed(client)[memory["id"]]
+    assert (kept["content"], kept["scope"]["agent_id"]) == ("Alice prefers vim", "agent-a")
+    refused = AuditEvent.objects.filter(operation="update_memory").order_by("id").last()
+    assert refused.outcome != "ok" and refused.memory_ids == [memory["id"]]
+    assert not UsageEvent.objects.filter(operation="update_memory").exists()
+    # Its own agent may update it, and the update keeps it there.
+    body = {"content": "Alice prefers neovim", "scope": AGENT_A}
+    same = client.put(f"/v1/memory/{memory['id']}", body, format="json")
+    assert same.status_code == 200, same.content
+    assert same.json()["memory"]["scope"]["agent_id"] == "agent-a"
+    assert same.json()["memory"]["content"] == "Alice prefers neovim"
+
+
+def test_an_update_naming_an_agent_never_moves_the_memory(client):
+    memory = stored(client, "Alice reads in the evening", ALICE)  # no agent
+    moved = client.put(f"/v1/memory/{memory['id']}", {"importance": 0.9, "scope": AGENT_B}, format="json")
+    assert moved.status_code == 404
+    assert listed(client)[memory["id"]]["scope"]["agent_id"] is None
+
+
+def test_a_forget_naming_another_session_is_not_found_and_deletes_nothing(client):
+    memory = stored(client, "Alice prefers emacs", {**AGENT_A, "session_id": "s-1"})
+    for scope in ({**ALICE, "session_id": "s-2"}, AGENT_B):
+        missing = client.post(f"/v1/memory/{uuid.uuid4()}/forget", {"scope": scope}, format="json")
+        other = client.post(f"/v1/memory/{memory['id']}/forget", {"scope": scope}, format="json")
+        assert other.status_code == missing.status_code == 404
+        assert other.json() == missing.json()
+    assert memory["id"] in listed(client)
+    own = client.post(f"/v1/memory/{memory['id']}/forget", {"scope": {**ALICE, "session_id": "s-1"}}, format="json")
+    assert own.status_code == 200 and memory["id"] not in listed(client)
+
+
+def test_a_prefetch_keeps_to_the_named_agent_as_search_does(client):
+    memory = stored(client, "Alice prefers emacs keybindings", AGENT_A)
+    for scope, expected in ((AGENT_B, []), (AGENT_A, [memory["id"]]), (ALICE, [memory["id"]])):
+        body = {"query": "emacs keybindings", "scope": scope}
+        searched = client.post("/v1/memory/search", body, format="json").json()["memories"]
+        prefetched = client.post("/v1/memory/prefetch", body, format="json").json()
+        assert [m["id"] for m in searched] == expected
+        assert [m["id"] for m in prefetched["memories"]] == expected
+        assert ("emacs" in prefetched["notes"]) == bool(expected)
