@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from core.choices import Role
+from core.inputs import text_problem
 from core.scope import DEFAULT_TENANT, user_tenant
 from memories.models import ExternalIdentity, Tenant, TenantMembership
 from memories.portability import LABEL_MAX_CHARS
@@ -61,26 +62,37 @@ def verify_access_token(token: str) -> dict | None:
         return None
 
 
+IDENTITY_MAX_CHARS = 255  # ExternalIdentity.issuer and .subject
+
+
 def _username_for(issuer: str, subject: str, claims: dict) -> str:
     User = get_user_model()
-    preferred = str(claims.get("preferred_username") or "")[:100]
-    if preferred and not User.objects.filter(username=preferred).exists():
+    # As create_user will store it (NFKC): a fullwidth "ａlice" is "alice", maybe taken.
+    preferred = User.normalize_username(str(claims.get("preferred_username") or "")[:100])
+    if preferred and not text_problem(preferred) and not User.objects.filter(username=preferred).exists():
         return preferred
     return "oidc-" + hashlib.sha256(f"{issuer}|{subject}".encode()).hexdigest()[:24]
 
 
+def _email_of(claims: dict) -> str:
+    email = str(claims.get("email") or "")[:254]
+    return "" if text_problem(email) else email  # a NUL cannot be stored; the email is optional
+
+
 def user_for_subject(*, issuer: str, subject: str, claims: dict, tenant: str | None = None):
     """The local user of an OIDC subject, created (in `tenant`, default: the default
-    tenant) on first sight."""
+    tenant) on first sight. None for an issuer or subject we cannot keep (longer than
+    its column, or a NUL): the token or login is refused, as any unusable one is."""
+    if any(len(value) > IDENTITY_MAX_CHARS or text_problem(value) for value in (issuer, subject)):
+        logger.info("rejected an OIDC identity: its issuer or subject cannot be stored")
+        return None
     identity = ExternalIdentity.objects.select_related("user").filter(issuer=issuer, subject=subject).first()
     if identity:
         return identity.user
     User = get_user_model()
     try:
         with transaction.atomic():
-            user = User.objects.create_user(
-                username=_username_for(issuer, subject, claims), email=str(claims.get("email") or "")[:254]
-            )
+            user = User.objects.create_user(username=_username_for(issuer, subject, claims), email=_email_of(claims))
             if tenant is not None:
                 TenantMembership.objects.create(user=user, tenant=tenant_ensure(name=tenant))
             ExternalIdentity.objects.create(user=user, issuer=issuer, subject=subject)
@@ -135,7 +147,7 @@ def oidc_principal(token: str):
         logger.info("rejected an OIDC access token: unknown tenant")
         return None
     user = user_for_subject(issuer=claims["iss"], subject=str(claims["sub"]), claims=claims, tenant=tenant)
-    if not user.is_active:
+    if user is None or not user.is_active:
         return None
     if user_tenant(user) != tenant:
         # A user belongs to one tenant (its partition key); a token naming another is refused.
