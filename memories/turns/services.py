@@ -359,18 +359,22 @@ def _guard_release(guard: TurnGuard, *, owner: str) -> None:
         logger.warning("after_turn: could not release the turn guard")
 
 
+def _tier_expiry(tier: str, *, now: datetime) -> str | None:
+    """When a fact of `tier` said at `now` expires (None: long-term, never)."""
+    if tier == TIER_L1:
+        return engine_timestamp(now + timedelta(days=settings.MCP_MEMORY_L1_RETENTION_DAYS))
+    if tier == TIER_L2:
+        return engine_timestamp(now + timedelta(days=settings.MCP_MEMORY_L2_RETENTION_DAYS))
+    return None
+
+
 def _fact_attrs(fact: Fact, *, project: str, session_id: str, now: datetime) -> MemoryAttrs:
     tags = [FACT_TAG, tier_tag(fact.tier)] + ([project_tag(project)] if project else [])
-    expires = None
-    if fact.tier == TIER_L1:
-        expires = engine_timestamp(now + timedelta(days=settings.MCP_MEMORY_L1_RETENTION_DAYS))
-    elif fact.tier == TIER_L2:
-        expires = engine_timestamp(now + timedelta(days=settings.MCP_MEMORY_L2_RETENTION_DAYS))
     return MemoryAttrs(
         memory_type=MemoryType.USER.value,
         tags=tuple(tags),
         session_id=session_id,
-        expires_at=expires,
+        expires_at=_tier_expiry(fact.tier, now=now),
         importance=0.5 if fact.tier not in (TIER_L1, TIER_L2) else 0.3,
         why_stored=f"extracted by after_turn ({fact.tier}) in session {session_id}"[:500],
     )
@@ -384,15 +388,17 @@ def _facts_store(
     session_id: str,
     turn_id: str,
     call: CallContext,
-) -> tuple[list[str], list[str]]:
+) -> tuple[list[str], list[str], list[str]]:
     """Store the facts in the caller's transaction under the one dedupe rule: a text the
-    user already has answers the existing memory's id (never a second copy). Returns the
-    fact ids and those of existing facts that gained this project's tag."""
+    user already has answers the existing memory's id (never a second copy), refreshed
+    for this statement (`_fact_restated_attrs`). Returns the fact ids, those of existing
+    facts that gained this project's tag and those whose expiry was refreshed."""
     digests = [content_sha256(fact.text) for fact, _ in facts]
     if digests:
         advisory_xact_lock(*(_text_lock_key(scope, digest) for digest in digests))
     ids: list[str] = []
     tagged: list[str] = []
+    refreshed: list[str] = []
     now = _now()
     for (fact, embedded), digest in zip(facts, digests, strict=True):
         existing = _hash_owner_memory(scope, digest=digest)
@@ -414,30 +420,54 @@ def _facts_store(
             existing = _hash_owner_memory(scope, digest=digest)
             if existing is None:  # and it went again: the caller's retry stores it
                 raise ServiceError(ErrorCode.CONFLICT, "The same text was stored and removed meanwhile; retry.")
-        if _project_tag_add(existing, project=project, call=call):
+        # The row is locked (the hash owner): one update, its history attributed to this call.
+        project_tagged = _project_tag_added(existing.attrs.tags, project=project)
+        said = existing.attrs if project_tagged is None else replace(existing.attrs, tags=project_tagged)
+        attrs = _fact_restated_attrs(said, tier=fact.tier, now=now)
+        if attrs != existing.attrs:
+            with _attributed(call):
+                engine_update_row(existing.id, embedded=None, metadata=None, attrs=attrs)
+        if project_tagged is not None:
             tagged.append(existing.id)
+        if attrs != said:
+            refreshed.append(existing.id)
         ids.append(existing.id)
-    return list(dict.fromkeys(ids)), list(dict.fromkeys(tagged))
+    return list(dict.fromkeys(ids)), list(dict.fromkeys(tagged)), list(dict.fromkeys(refreshed))
 
 
-def _project_tag_add(existing: EngineMemory, *, project: str, call: CallContext) -> bool:
+def _project_tag_added(tags: tuple[str, ...], *, project: str) -> tuple[str, ...] | None:
     """The same fact said in another project is that project's too: the one memory (the
     dedupe rule) gains the project's tag, or that project's recall would never see it.
-    A memory with no project tag is user-wide already. The row is locked (the hash owner).
+    A memory with no project tag is user-wide already (None: the tags stay).
 
     A memory holds at most TAGS_MAX tags, whoever set them (what `remember` and the import
     take): a fact whose tags are full becomes user-wide instead, its project tags removed,
     so it is recalled in every project, this one too (said in that many, it is the user's)."""
-    tags = existing.attrs.tags
     if not project or not project_tags(tags) or project_tag(project) in tags:
-        return False
+        return None
     if len(tags) < TAGS_MAX:
-        changed = (*tags, project_tag(project))
-    else:
-        changed = tuple(tag for tag in tags if tag not in project_tags(tags))
-    with _attributed(call):  # its history shows the change, attributed to this call
-        engine_update_row(existing.id, embedded=None, metadata=None, attrs=replace(existing.attrs, tags=changed))
-    return True
+        return (*tags, project_tag(project))
+    return tuple(tag for tag in tags if tag not in project_tags(tags))
+
+
+def _fact_restated_attrs(attrs: MemoryAttrs, *, tier: str, now: datetime) -> MemoryAttrs:
+    """An expiring turn fact said again, as `tier` at `now`: refreshed, or retention would
+    delete it on the first statement's schedule. Long-term makes it durable (as remember
+    and pinning do); L1 or L2 extend its expiry to that tier's from now, and L2 promotes an
+    L1 fact's tier. Its life is never shortened: a later expiry it has stays. A memory
+    without an expiry (long-term, pinned, remembered) or that is no turn fact (remembered
+    or imported with the owner's own fields) is left as it is."""
+    current = attrs.expires_at
+    if FACT_TAG not in attrs.tags or current is None:
+        return attrs
+    expires = _tier_expiry(tier, now=now)
+    if expires is None:
+        return _turn_fact_durable_attrs(attrs) or attrs
+    tags = attrs.tags
+    if tier == TIER_L2:
+        tags = tuple(dict.fromkeys(tier_tag(TIER_L2) if tag == tier_tag(TIER_L1) else tag for tag in tags))
+    # engine_timestamp texts compare as the instants they are.
+    return replace(attrs, tags=tags, expires_at=max(current, expires))
 
 
 def turn_after(
@@ -485,7 +515,7 @@ def turn_after(
                 scope, session_id=session_id, project=project, turn_id=turn_id, items=[*input_items, *output_items]
             )
             try:
-                fact_ids, tagged = _facts_store(
+                fact_ids, tagged, refreshed = _facts_store(
                     scope, facts=embedded, project=project, session_id=session_id, turn_id=turn_id, call=call
                 )
             except EngineError as exc:
@@ -508,6 +538,7 @@ def turn_after(
                     "facts": tiers,
                     **({"facts_left_out": left_out} if (left_out := extraction.report()) else {}),
                     **({"project_tagged": tagged} if tagged else {}),
+                    **({"facts_refreshed": refreshed} if refreshed else {}),
                 },
             )
     except BaseException:
