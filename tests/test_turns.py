@@ -310,6 +310,25 @@ def test_maintenance_consolidates_near_duplicates(alice, alice_scope, clean_vect
     assert run(alice, "memory_run_maintenance", session_id="s")["consolidated_facts"] == 0
 
 
+def test_maintenance_never_merges_the_same_words_in_another_order(alice, alice_scope, clean_vectors):
+    outbound, back = "I have a flight to Rome from Berlin.", "I have a flight to Berlin from Rome."
+    turn(alice, "s", "t1", outbound)
+    turn(alice, "s", "t2", back)
+    assert run(alice, "memory_run_maintenance", session_id="s")["consolidated_facts"] == 0
+    assert sorted(row.payload["data"] for row in facts_of(alice_scope)) == [back, outbound]
+
+
+def test_near_duplicates_differ_only_in_filler_words_in_the_same_order():
+    def same(one: str, other: str) -> bool:
+        return turns._near_duplicate(turns._words(one), turns._words(other))
+
+    assert same("I prefer tea over coffee in the morning.", "I prefer tea over coffee in the morning!")
+    assert same("I prefer tea over coffee in the morning.", "I really prefer tea over coffee in the morning.")
+    assert not same("I prefer tea over coffee in the morning.", "I prefer coffee over tea in the morning.")
+    assert not same("My sister Anna is older than my sister Maria.", "My sister Maria is older than my sister Anna.")
+    assert not same("I have a flight to Rome from Berlin.", "I have a flight to Berlin from Rome.")
+
+
 def test_list_dir_with_abstract(alice, clean_vectors):
     turn(alice, "s1", "t1", "I prefer tea.")
     run(alice, "memory_run_maintenance", session_id="s1")

@@ -780,23 +780,34 @@ def _summary_write(scope: MemoryScope, *, project: str, session_id: str, now: da
 _WORD = re.compile(r"\w+")
 # Words whose presence or absence does not change what a fact says. Nothing else may
 # differ between two facts merged as one: not a name ("Anna" / "Maria"), a number, a
-# negation ("not", "don't" -> "don", "t") or any other content word.
+# negation ("not", "don't" -> "don", "t") or any other content word, nor their order.
 _FILLER_WORDS = frozenset(
     {"a", "an", "the", "and", "of", "to", "in", "on", "at", "that", "so"}  # articles, links
     | {"very", "really", "just", "also", "too", "quite", "actually"}  # intensifiers, fillers
 )
 
 
-def _words(text: str) -> frozenset[str]:
-    return frozenset(word.casefold() for word in _WORD.findall(text))
+@dataclass(frozen=True)
+class _Words:
+    """A fact's words, case folded, punctuation ignored: its content words in their order
+    (what it says: "a flight to Rome from Berlin" is not "to Berlin from Rome") and the
+    set of all its words."""
+
+    content: tuple[str, ...]
+    all: frozenset[str]
 
 
-def _near_duplicate(words: frozenset[str], other: frozenset[str]) -> bool:
-    """The same fact twice: the word sets (case folded, punctuation ignored) differ only
-    in filler words, and overlap by word Jaccard >= 0.85."""
-    if not words or not other or not (words ^ other) <= _FILLER_WORDS:
+def _words(text: str) -> _Words:
+    words = [word.casefold() for word in _WORD.findall(text)]
+    return _Words(content=tuple(word for word in words if word not in _FILLER_WORDS), all=frozenset(words))
+
+
+def _near_duplicate(words: _Words, other: _Words) -> bool:
+    """The same fact twice: the same content words in the same order (only filler words
+    differ), and the word sets overlap by Jaccard >= 0.85."""
+    if not words.all or not other.all or words.content != other.content:
         return False
-    return len(words & other) / len(words | other) >= NEAR_DUPLICATE_JACCARD
+    return len(words.all & other.all) / len(words.all | other.all) >= NEAR_DUPLICATE_JACCARD
 
 
 def _fact_group(fact: EngineMemory) -> tuple[str, frozenset[str]]:
@@ -820,7 +831,7 @@ def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallC
         owned = _owner_kept(facts)
         # The owner's facts first (sorted is stable: newest first within each part).
         ordered = sorted(facts, key=lambda fact: fact.id not in owned)
-        kept: list[tuple[tuple[str, frozenset[str]], frozenset[str]]] = []
+        kept: list[tuple[tuple[str, frozenset[str]], _Words]] = []
         doomed: list[str] = []
         for fact in ordered:
             group, words = _fact_group(fact), _words(fact.text)
