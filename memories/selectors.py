@@ -87,16 +87,18 @@ def memory_view(item: EngineMemory, *, score: float | None = None) -> MemoryView
     )
 
 
-def memory_get_owned(scope: MemoryScope, *, memory_id: str) -> EngineMemory:
+def memory_get_owned(scope: MemoryScope, *, memory_id: str, live: bool = True) -> EngineMemory:
     """The memory if it is the scope's and live; `not_found` for missing and foreign ids
-    alike, and for the scope's own memories in the trash or expired (invisible at once)."""
+    alike, and for the scope's own memories in the trash or expired (invisible at once).
+    `live=False` also returns the scope's own memory in the trash or expired: for a call
+    that just stored it answering what it stored, though it expired or was cleared since."""
     try:
         item = engine_get(memory_id)
     except EngineError as exc:
         raise backend_unavailable() from exc
     if item is None or item.user_id != scope.engine_user_id:
         raise not_found(denied=item is not None)
-    if item.trash is not None or item.expired(datetime.now(UTC)):
+    if live and (item.trash is not None or item.expired(datetime.now(UTC))):
         raise not_found()
     return item
 

@@ -196,8 +196,10 @@ def seed_memory(principal: Principal, memory: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stored(principal: Principal, memory_id: str) -> dict[str, Any]:
-    # A pure read of what the call just wrote (its audit row is the store's own).
-    return memory_view(memory_get_owned(principal.scope(), memory_id=memory_id)).as_dict()
+    # A pure read of what the call just wrote (its audit row is the store's own). The
+    # store succeeded and is billed: a memory that expired since (an `expires_at` passed
+    # during the call) or was cleared meanwhile is still answered, not a 404.
+    return memory_view(memory_get_owned(principal.scope(), memory_id=memory_id, live=False)).as_dict()
 
 
 class SeedMemoryCollectionView(APIView):
