@@ -82,3 +82,13 @@ def test_a_prefetch_keeps_to_the_named_agent_as_search_does(client):
         assert [m["id"] for m in searched] == expected
         assert [m["id"] for m in prefetched["memories"]] == expected
         assert ("emacs" in prefetched["notes"]) == bool(expected)
+
+
+def test_a_claim_for_another_user_is_refused_first_even_beside_a_bad_argument(api_client, bob):
+    """A body naming another user and holding a bad argument was answered 400 and audited
+    without the claim: the refusal of the claim is what the audit row must show."""
+    client = api_client(api_key_issue(user=bob, name="claims")[1])
+    answer = client.post("/v1/memory/search", {"query": "x", "scope": ALICE, "limit": 0}, format="json")
+    assert answer.status_code == 403 and answer.json()["error"]["code"] == "forbidden"
+    row = AuditEvent.objects.filter(operation="search_memory").order_by("id").last()
+    assert row.outcome == "denied" and row.detail.get("subject_claim") == "default/alice"

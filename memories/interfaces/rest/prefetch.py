@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 
 from memories.interfaces.rest.seed001 import (
     _body_dict,
+    _claimed,
     _effective,
     _execute,
     _narrowing,
@@ -66,7 +67,7 @@ class SeedMemoryPrefetchView(APIView):
     def post(self, request):
         def build() -> tuple[dict[str, Any], dict[str, Any]]:
             body = _body_dict(request)
-            claimed = _scope_of(body.pop("scope", None))
+            claimed = _claimed(request, _scope_of(body.pop("scope", None)))
             _only(body, {"query", "messages", "limit", "project"})
             return {**body, **_narrowing(claimed)}, claimed
 

@@ -151,12 +151,21 @@ def _execute(request, operation: str, build: Callable[[], tuple[dict[str, Any], 
     try:
         arguments, claimed = build()
     except _Rejected as rejected:
-        return operation_execute(request.auth, operation, rejected.arguments, call=_call(request))
+        # A scope claim read before the bad argument still counts: a claim the caller may
+        # not make is refused first, and the audit row names whom it claimed.
+        claim = getattr(request, "memsite_claim", None) or None
+        return operation_execute(request.auth, operation, rejected.arguments, call=_call(request), claimed_scope=claim)
     call = _call(request)
     result = operation_execute(request.auth, operation, arguments, call=call, claimed_scope=claimed)
     # Whom the call ran as (the subject, when a service acts for one): shapes the answer.
     request.memsite_effective = principal_effective(request.auth, subject=call.subject, claimed=claimed)
     return result
+
+
+def _claimed(request, claimed: dict[str, Any]) -> dict[str, Any]:
+    """Note the scope a request claims as soon as it is read (see `_execute`)."""
+    request.memsite_claim = {**getattr(request, "memsite_claim", {}), **claimed}
+    return claimed
 
 
 def _effective(request) -> Principal:
@@ -224,21 +233,21 @@ class SeedMemoryCollectionView(APIView):
         # second read would hide why the body was refused (too large, not JSON, NUL).
         raw = _body(request)
         if isinstance(raw, dict) and raw.get("messages") is not None and raw.get("content") is None:
-            result = _execute(request, "ingest", lambda: self._arguments(raw, messages=True))
+            result = _execute(request, "ingest", lambda: self._arguments(request, raw, messages=True))
             return Response({"memories": result["results"]}, status=status.HTTP_201_CREATED)
-        result = _execute(request, "remember", lambda: self._arguments(raw, messages=False))
+        result = _execute(request, "remember", lambda: self._arguments(request, raw, messages=False))
         memory = seed_memory(_effective(request), _stored(_effective(request), result["id"]))
         code = status.HTTP_200_OK if result["duplicate"] else status.HTTP_201_CREATED
         return Response({"memory": memory, "duplicate": result["duplicate"]}, status=code)
 
     @staticmethod
     def _arguments(
-        raw: dict[str, Any] | schemas.RejectedArguments, *, messages: bool
+        request, raw: dict[str, Any] | schemas.RejectedArguments, *, messages: bool
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         if isinstance(raw, schemas.RejectedArguments):
             raise _RejectedBody(raw)
         body = dict(raw)
-        claimed = _scope_of(body.pop("scope", None))
+        claimed = _claimed(request, _scope_of(body.pop("scope", None)))
         content, items = body.pop("content", None), body.pop("messages", None)
         _only(body, set(STORE_FIELDS) | {"metadata"})
         if (content is None) == (items is None):
@@ -264,7 +273,7 @@ class SeedMemoryCollectionView(APIView):
         def build() -> tuple[dict[str, Any], dict[str, Any]]:
             query = request.query_params
             _query_only(query, {*SCOPE_KEYS, "memory_type", "tags", "limit", "cursor"})
-            claimed = _query_claim_of(query)
+            claimed = _claimed(request, _query_claim_of(query))
             arguments = field_filter_arguments(query)
             if "limit" in query:
                 arguments["page_size"] = _limit(query["limit"], schemas.PAGE_SIZE_MAX)
@@ -302,7 +311,7 @@ class SeedMemorySearchView(APIView):
     def post(self, request):
         def build() -> tuple[dict[str, Any], dict[str, Any]]:
             body = _body_dict(request)
-            claimed = _scope_of(body.pop("scope", None))
+            claimed = _claimed(request, _scope_of(body.pop("scope", None)))
             _only(body, {"query", "memory_type", "tags", "limit"})
             arguments: dict[str, Any] = {key: body[key] for key in ("query", "memory_type", "tags") if key in body}
             arguments["top_k"] = _limit(body.get("limit", 10), schemas.TOP_K_MAX)
@@ -322,7 +331,7 @@ class SeedMemoryItemView(APIView):
     def put(self, request, memory_id: str):
         def build() -> tuple[dict[str, Any], dict[str, Any]]:
             body = _body_dict(request)
-            claimed = _scope_of(body.pop("scope", None))
+            claimed = _claimed(request, _scope_of(body.pop("scope", None)))
             _only(body, set(STORE_FIELDS) | {"content", "metadata"})
             # The scope's agent_id/session_id narrow (the dispatcher answers not_found for
             # a memory outside them); they never move the memory to another agent.
@@ -345,8 +354,8 @@ class SeedMemoryItemView(APIView):
 
 def _query_claim(request) -> dict[str, Any]:
     query = request.query_params
-    _query_only(query, {"tenant_id", "user_id"})
-    return _query_claim_of(query)
+    _query_only(query, {"tenant_id", "user_id"})  # first: a repeated tenant_id or user_id is no claim
+    return _claimed(request, _query_claim_of(query))
 
 
 class SeedMemoryForgetView(APIView):
@@ -366,7 +375,7 @@ class SeedMemoryForgetView(APIView):
             # Refused before anything is deleted: {"dry_run": true} must not delete.
             _only(body, {"scope"})
             if body.get("scope") is not None:
-                claimed = {**claimed, **_scope_of(body["scope"])}
+                claimed = {**claimed, **_claimed(request, _scope_of(body["scope"]))}
             return {"memory_id": memory_id}, claimed
 
         return Response(_execute(request, "forget_memory", build))
