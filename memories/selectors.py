@@ -201,8 +201,9 @@ def memory_count(scope: MemoryScope) -> int:
     return engine_memory_count(scope)
 
 
-def memory_ids_owned(scope: MemoryScope) -> list[str]:
-    return engine_memory_ids(scope)
+def memory_ids_owned(scope: MemoryScope, *, as_of: str | None = None) -> list[str]:
+    """Ids of the scope's live memories, live now or at `as_of` (an engine timestamp)."""
+    return engine_memory_ids(scope, as_of=as_of)
 
 
 def usage_by_day(scope: MemoryScope, *, days: int = 30) -> list[dict[str, Any]]:

@@ -1748,7 +1748,8 @@ def memory_export_stream(
     its pages and Markdown's two passes (pinned memories first) all see the same memories
     and it imports whole whatever is written meanwhile: those of the audited memories
     still live when the snapshot starts (a memory stored after the audit row is left
-    out). `progress(done, total)` follows the memories written."""
+    out; one expiring during the download is written, its expiry with it).
+    `progress(done, total)` follows the memories written."""
     with failures_audited(scope, call=call, operation=Operation.EXPORT_MEMORIES):
         if file_format not in EXPORT_FORMATS:
             raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"format must be one of {', '.join(EXPORT_FORMATS)}")
@@ -1770,11 +1771,11 @@ def memory_export_stream(
 
     written = 0
 
-    def records(live: set[str], pinned: bool | None) -> Iterator[ExportRecord]:
+    def records(live: set[str], as_of: str, pinned: bool | None) -> Iterator[ExportRecord]:
         nonlocal written
         after: tuple[str, str] | None = None
         while True:
-            page = engine_memories_page(scope, after=after, limit=EXPORT_PAGE_SIZE)
+            page = engine_memories_page(scope, after=after, limit=EXPORT_PAGE_SIZE, as_of=as_of)
             views = [memory_view(item) for item in page if item.id in live]
             for record in _export_records(
                 scope, [v for v in views if pinned is None or v.pinned is pinned], owned_ids=live
@@ -1787,15 +1788,15 @@ def memory_export_stream(
                 return
             after = (page[-1].created_at or "", page[-1].id)
 
-    def file_lines(live: set[str]) -> Iterator[str]:
+    def file_lines(live: set[str], as_of: str) -> Iterator[str]:
         if file_format == "jsonl":
             yield export_jsonl_header(count=len(live), exported_at=exported_at)
-            yield from (export_jsonl_line(record) for record in records(live, None))
+            yield from (export_jsonl_line(record) for record in records(live, as_of, None))
             return
         username = call.actor_username or "you"
         yield export_markdown_title(count=len(live), exported_at=exported_at, username=username)
         for pinned in (True, False):
-            group = records(live, pinned)
+            group = records(live, as_of, pinned)
             first = next(group, None)
             if first is not None:
                 yield export_markdown_section(pinned)
@@ -1805,7 +1806,10 @@ def memory_export_stream(
     def lines() -> Iterator[str]:
         try:
             with read_only_snapshot():
-                yield from file_lines(audited & set(memory_ids_owned(scope)))
+                # One instant for the whole file, as one snapshot: a memory expiring while
+                # a slow client downloads is counted in the header and so must be written.
+                as_of = engine_timestamp(datetime.now(UTC))
+                yield from file_lines(audited & set(memory_ids_owned(scope, as_of=as_of)), as_of)
         except EngineError as exc:  # the file is cut short: its header's count says so
             raise backend_unavailable() from exc
 

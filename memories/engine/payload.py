@@ -227,12 +227,15 @@ def engine_rows_owned(
     created_from: str | None = None,
     created_before: str | None = None,
     containment: dict[str, Any] | None = None,
+    as_of: str | None = None,
 ) -> QuerySet[EngineMemoryRow]:
     """The scope's live rows (not in the trash, not expired; annotated with `created`),
     optionally filtered on metadata and on fields (`attrs_containment`), both by JSON
     containment, and on a creation-time range (ISO-8601 UTC text, which compares
-    correctly as text)."""
-    now = engine_timestamp(datetime.now(UTC))
+    correctly as text). `as_of` (an `engine_timestamp`) is the instant expiry is judged
+    at, now by default: a reader of several pages passes one, so a memory expiring
+    between two pages is not live in one and gone from the other."""
+    now = as_of or engine_timestamp(datetime.now(UTC))
     live = Q(expires__isnull=True) | Q(expires__gt=now)
     rows = _rows_of(scope).exclude(payload__has_key=KEY_TRASH).filter(live)
     if filters:
@@ -257,11 +260,18 @@ def engine_memories_page(
     created_from: str | None = None,
     created_before: str | None = None,
     containment: dict[str, Any] | None = None,
+    as_of: str | None = None,
 ) -> list[EngineMemory]:
     """Up to `limit` of the scope's memories in creation order (id breaking ties),
-    starting after the (created_at, id) position `after`."""
+    starting after the (created_at, id) position `after`; live `as_of` (see
+    engine_rows_owned)."""
     rows = engine_rows_owned(
-        scope, filters=filters, created_from=created_from, created_before=created_before, containment=containment
+        scope,
+        filters=filters,
+        created_from=created_from,
+        created_before=created_before,
+        containment=containment,
+        as_of=as_of,
     )
     if after is not None:
         created_at, memory_id = after
@@ -279,9 +289,13 @@ def engine_memory_ids(
     containment: dict[str, Any] | None = None,
     created_from: str | None = None,
     created_before: str | None = None,
+    as_of: str | None = None,
 ) -> list[str]:
-    """Ids of the scope's live memories, optionally narrowed (bulk forget)."""
-    rows = engine_rows_owned(scope, containment=containment, created_from=created_from, created_before=created_before)
+    """Ids of the scope's live memories (`as_of`: see engine_rows_owned), optionally
+    narrowed (bulk forget)."""
+    rows = engine_rows_owned(
+        scope, containment=containment, created_from=created_from, created_before=created_before, as_of=as_of
+    )
     return [str(i) for i in rows.values_list("id", flat=True)]
 
 
