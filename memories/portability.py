@@ -59,6 +59,9 @@ class ImportItem:
     fields: dict[str, Any] = field(default_factory=dict)
     access_count: int = 0
     last_recalled_at: str | None = None
+    # The memory's id where it was exported (memsite files): only to follow links between
+    # the file's memories (a store_memory candidate's `stm_id`); the import makes new ids.
+    exported_id: str | None = None
 
     @property
     def kind(self) -> tuple[str, str, str]:
@@ -245,6 +248,7 @@ def _parse_memsite(data: bytes) -> list[ImportItem]:
                 fields=fields,
                 access_count=_count(record.get("access_count"), where=where),
                 last_recalled_at=_timestamp(record.get("last_recalled_at"), where=f"{where} last_recalled_at"),
+                exported_id=record["id"] if isinstance(record.get("id"), str) else None,
             )
         )
     return items

@@ -54,6 +54,7 @@ from memories.engine import (
     engine_memories_page,
     engine_memory_ids,
     engine_metadata_merge,
+    engine_new_memory_id,
     engine_purge_due,
     engine_purge_messages,
     engine_recalls_fold,
@@ -1942,6 +1943,34 @@ def _import_groups(items: list[ImportItem]) -> dict[str, list[ImportItem]]:
     }
 
 
+def _imported_stm_ids(writing: dict[str, list[ImportItem]], new_ids: dict[int, str]) -> dict[str, str]:
+    """Exported id -> new id of the store_memory short-term rows this import writes (an id
+    the file gives twice names no one row: left out)."""
+    found: dict[str, str | None] = {}
+    for group in writing.values():
+        for item in group:
+            if item.exported_id and item.source == STORE_MEMORY_SOURCE and item.metadata.get(TIER_KEY) == "stm":
+                found[item.exported_id] = None if item.exported_id in found else new_ids[id(item)]
+    return {old: new for old, new in found.items() if new}
+
+
+def _stm_link_imported(item: ImportItem, stm_ids: dict[str, str]) -> dict[str, Any]:
+    """The metadata of an imported memory, a store_memory candidate's `stm_id` pointing at
+    its short-term row's new id, so deleting either still deletes both (`_pairs`). When
+    that row is not written by this import (not in the file, expired, a duplicate), the
+    link is dropped: the old id names a row of the exporting data, at best nothing here,
+    at worst a row of the exporting user in this same database. Other memories' metadata
+    is the user's own and kept as it is, an `stm_id` in it too."""
+    metadata = item.metadata
+    if item.source != STORE_MEMORY_SOURCE or metadata.get(TIER_KEY) != "ltm" or STM_LINK_KEY not in metadata:
+        return metadata
+    linked = metadata[STM_LINK_KEY]
+    kept = {key: value for key, value in metadata.items() if key != STM_LINK_KEY}
+    if isinstance(linked, str) and linked in stm_ids:
+        kept[STM_LINK_KEY] = stm_ids[linked]
+    return kept
+
+
 def _import_write(
     scope: MemoryScope,
     *,
@@ -1970,17 +1999,19 @@ def _import_write(
             # the hash's unique constraint, and the whole import answers `conflict` (retry).
             user_write_locks(scope)
             owned = _hash_owners(scope, digests=list(wanted))
-            for digest, group in wanted.items():
-                if digest in owned:
-                    continue
-                if any(item.text not in embedded for item in group):
-                    raise _HashGone()
+            writing = {digest: group for digest, group in wanted.items() if digest not in owned}
+            if any(item.text not in embedded for group in writing.values() for item in group):
+                raise _HashGone()
+            new_ids = {id(item): engine_new_memory_id() for group in writing.values() for item in group}
+            stm_ids = _imported_stm_ids(writing, new_ids)
+            for digest, group in writing.items():
                 for position, item in enumerate(group):
                     memory_id = engine_insert_imported(
                         scope,
+                        memory_id=new_ids[id(item)],
                         embedded=embedded[item.text],
                         metadata={
-                            **item.metadata,
+                            **_stm_link_imported(item, stm_ids),
                             "pinned": item.pinned,
                             "source": item.source,
                             "client_app": item.client_app if keep_client_app else item.client_app or scope.client_app,

@@ -9,9 +9,17 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.scope import MemoryScope
+from core.scope import CallContext, MemoryScope
+from memories.auth import Principal
 from memories.engine import payload
-from memories.services import memory_export_stream, memory_import_file, memory_remember
+from memories.operations import operation_execute
+from memories.services import (
+    memory_export,
+    memory_export_stream,
+    memory_import_file,
+    memory_list,
+    memory_remember,
+)
 from tests.conftest import internal_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
@@ -49,3 +57,62 @@ def test_a_memory_expiring_during_the_download_is_written_as_counted(alice_scope
         call=internal_call(),
     )  # fmt: skip
     assert (result.imported, result.expired) == (2, 0)
+
+
+# --- store_memory pairs ------------------------------------------------------------------
+PRIVATE = "My home address is 12 Rue des Lilas, please keep it private."
+
+
+def run(user, name: str, **arguments) -> dict:
+    principal = Principal(user=user, method="api_key", client_app="agent")
+    return operation_execute(principal, name, arguments, call=CallContext(channel="mcp"))
+
+
+def _export_lines(user) -> list[dict]:
+    content = memory_export(MemoryScope.for_user(user), file_format="jsonl", call=internal_call()).content
+    return [json.loads(line) for line in content.splitlines()]
+
+
+def _import_lines(user, lines: list[dict]) -> None:
+    header, *records = lines
+    data = "\n".join(json.dumps(r) for r in [{**header, "count": len(records)}, *records]) + "\n"
+    memory_import_file(MemoryScope.for_user(user), data=data.encode(), source="memsite", call=internal_call())
+
+
+def _by_tier(user) -> dict[str, dict]:
+    memories = memory_list(MemoryScope.for_user(user), page_size=50, call=internal_call()).memories
+    return {str(m.metadata.get("tier")): m.as_dict() for m in memories}
+
+
+def test_a_store_memory_pair_is_still_one_message_after_export_and_import(alice, bob):
+    run(alice, "store_memory", conversation_id="c1", messages=[{"role": "human", "content": PRIVATE}])
+    _import_lines(bob, _export_lines(alice))
+
+    rows = _by_tier(bob)
+    assert rows["ltm"]["metadata"]["stm_id"] == rows["stm"]["id"]
+    assert run(bob, "toolkit_delete_memory", memory_id=rows["stm"]["id"])["deleted_count"] == 2
+    assert _by_tier(bob) == {}
+
+
+def test_a_candidate_whose_short_term_row_is_not_imported_loses_the_dead_link(alice, bob):
+    """The short-term row expired before the export (or is cut from the file): the old id
+    names a row of alice's, never one of bob's."""
+    run(alice, "store_memory", conversation_id="c1", messages=[{"role": "human", "content": PRIVATE}])
+    header, *records = _export_lines(alice)
+    _import_lines(bob, [header, *[r for r in records if r["metadata"]["tier"] == "ltm"]])
+
+    (only,) = _by_tier(bob).values()
+    assert "stm_id" not in only["metadata"] and only["metadata"]["tier"] == "ltm"
+    assert run(bob, "toolkit_delete_memory", memory_id=only["id"])["deleted_count"] == 1
+
+
+def test_an_stm_id_another_surface_set_is_the_users_metadata_and_kept(alice, bob):
+    stm_id = run(alice, "store_memory", conversation_id="c1", messages=[{"role": "assistant", "content": "Noted."}])[
+        "stm_ids"
+    ][0]
+    memory_remember(
+        MemoryScope.for_user(alice), memory="A note", metadata={"tier": "ltm", "stm_id": stm_id}, call=internal_call()
+    )
+    _import_lines(bob, _export_lines(alice))
+
+    assert _by_tier(bob)["ltm"]["metadata"]["stm_id"] == stm_id

@@ -479,6 +479,11 @@ def _entities_purge(user_id: str) -> None:
 
 
 # --- import (issue 17) --------------------------------------------------------------------
+def engine_new_memory_id() -> str:
+    """An id for a memory not written yet (an import links a file's memories first)."""
+    return str(uuid.uuid4())
+
+
 @engine_timed_function("add")  # memsite_engine_duration_seconds
 def engine_insert_imported(
     scope: MemoryScope,
@@ -490,13 +495,16 @@ def engine_insert_imported(
     updated_at: str | None,
     recall: tuple[int, str | None] = (0, None),
     versions: list[dict[str, Any]] | None = None,
+    memory_id: str | None = None,
 ) -> str:
     """Store an imported memory as `engine_insert_text` does, but keeping its creation and
     update times, its recall counters and its history versions (written instead of a
-    fresh ADD row; none given -> one ADD at its creation time). Caller's transaction."""
+    fresh ADD row; none given -> one ADD at its creation time). Caller's transaction.
+    `memory_id`: a new id from `engine_new_memory_id`, when the caller needs the ids of a
+    file's memories before writing them (links between them); a fresh one otherwise."""
     _require_transaction()
     vector = _vector_for_table(embedded)
-    memory_id = str(uuid.uuid4())
+    memory_id = memory_id or engine_new_memory_id()
     created = created_at or _now()
     payload = {k: v for k, v in (metadata or {}).items() if k not in _IDENTITY_KEYS}
     payload.update(
