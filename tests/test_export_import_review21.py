@@ -8,7 +8,11 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
+from audit.models import AuditEvent
+from billing.models import UsageEvent
 from core.scope import CallContext, MemoryScope
 from memories.auth import Principal
 from memories.engine import payload
@@ -116,3 +120,69 @@ def test_an_stm_id_another_surface_set_is_the_users_metadata_and_kept(alice, bob
     _import_lines(bob, _export_lines(alice))
 
     assert _by_tier(bob)["ltm"]["metadata"]["stm_id"] == stm_id
+
+
+# --- manage.py export_memories -o ----------------------------------------------------------
+def _export_calls() -> tuple[int, int]:
+    return (
+        UsageEvent.objects.filter(operation="export_memories").count(),
+        AuditEvent.objects.filter(operation="export_memories").count(),
+    )
+
+
+def test_export_to_a_missing_directory_is_refused_before_anything_is_read_or_billed(alice, tmp_path):
+    memory_remember(MemoryScope.for_user(alice), memory="Alice likes tea", call=internal_call())
+    target = tmp_path / "missing" / "alice.jsonl"
+
+    with pytest.raises(CommandError, match=f"cannot write the export to {target}: No such file or directory"):
+        call_command("export_memories", "alice", "-o", str(target))
+
+    assert _export_calls() == (0, 0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_export_file_is_readable_by_its_owner_only(alice, tmp_path):
+    memory_remember(MemoryScope.for_user(alice), memory="Alice likes tea", call=internal_call())
+    target = tmp_path / "alice.jsonl"
+    target.write_text("an older export")
+    target.chmod(0o644)
+    (tmp_path / "alice.jsonl.partial").write_text("left by a killed run")  # not reused: made anew
+
+    call_command("export_memories", "alice", "-o", str(target))
+
+    assert target.stat().st_mode & 0o777 == 0o600
+    assert json.loads(target.read_text().splitlines()[0])["count"] == 1
+    assert list(tmp_path.iterdir()) == [target]
+
+
+def test_a_write_error_midway_is_a_clear_error_and_keeps_the_earlier_file(alice, tmp_path, monkeypatch):
+    from memories.management.commands import export_memories
+
+    scope = MemoryScope.for_user(alice)
+    for n in range(3):
+        memory_remember(scope, memory=f"Alice fact number {n}", call=internal_call())
+    target = tmp_path / "alice.jsonl"
+    target.write_text("an older export")
+    real_open = export_memories._partial_open
+
+    class DiskFull:
+        def __init__(self, out):
+            self.out, self.lines = out, 0
+
+        def write(self, text):
+            self.lines += 1
+            if self.lines == 3:
+                raise OSError(28, "No space left on device")
+            return self.out.write(text)
+
+        def __getattr__(self, name):
+            return getattr(self.out, name)
+
+    monkeypatch.setattr(export_memories, "_partial_open", lambda path: DiskFull(real_open(path)))
+
+    with pytest.raises(CommandError, match=f"writing the export to {target} failed: No space left on device"):
+        call_command("export_memories", "alice", "-o", str(target))
+
+    assert target.read_text() == "an older export"
+    assert list(tmp_path.iterdir()) == [target]
+    assert _export_calls() == (1, 1)  # read and billed, as the operator is told

@@ -1,5 +1,7 @@
 import os
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import TextIO
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -18,21 +20,26 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("username")
         parser.add_argument("--format", choices=EXPORT_FORMATS, default="jsonl")
-        parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+        parser.add_argument("-o", "--output", help="write to this file instead of stdout (created mode 0600)")
 
     def handle(self, *args, username: str, format: str, output: str | None, **options):  # noqa: A002
         scope, call = operator_scope(username)
+        # Before the export starts: it is audited and billed as soon as it does.
+        target = WholeFile(Path(output)) if output else None
         progress = ExportProgress()
-        progress.say(f"reading the memories of {username!r}")
         try:
+            progress.say(f"reading the memories of {username!r}")
             lines = memory_export_stream(scope, file_format=format, call=call, progress=progress)
-            if output:
-                _write_whole(Path(output), lines)
+            if target:
+                target.write(lines)
             else:
                 for line in lines:
                     self.stdout.write(line, ending="")
         except ServiceError as exc:
             raise CommandError(f"{exc.code.value}: {exc.message}") from None
+        finally:
+            if target:
+                target.discard()
         self.stderr.write(f"exported {progress.done} memories of {username!r}" + (f" to {output}" if output else ""))
 
 
@@ -48,14 +55,45 @@ class ExportProgress(ProgressLine):
         super().__call__(done, total)
 
 
-def _write_whole(path: Path, lines) -> None:
-    """The file appears complete or not at all: written beside it, then renamed over it
-    (an export cut short leaves neither a partial file nor a lost earlier one)."""
-    partial = path.with_name(path.name + ".partial")
-    try:
-        with partial.open("w", encoding="utf-8") as out:
+def _partial_open(path: Path) -> TextIO:
+    """A new file only its owner can read (it holds all of a user's memories), never one
+    already there or a symlink's target."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    return os.fdopen(fd, "w", encoding="utf-8")
+
+
+class WholeFile:
+    """The export's file appears complete or not at all: written beside it
+    (`<name>.partial`), then renamed over it, so an export cut short leaves neither a
+    partial file nor a lost earlier one. Opened before the export is read, so a place that
+    cannot be written is said before anything is audited or billed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.partial = path.with_name(path.name + ".partial")
+        if path.is_dir():
+            raise CommandError(f"cannot write the export to {path}: it is a directory")
+        try:
+            self.partial.unlink(missing_ok=True)  # left by a run killed before its rename
+            self.out = _partial_open(self.partial)
+        except OSError as exc:
+            raise CommandError(f"cannot write the export to {path}: {exc.strerror or exc}") from None
+
+    def write(self, lines: Iterator[str]) -> None:
+        try:
             for line in lines:
-                out.write(line)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+                self.out.write(line)
+            self.out.close()
+            os.replace(self.partial, self.path)
+        except OSError as exc:
+            raise CommandError(
+                f"writing the export to {self.path} failed: {exc.strerror or exc}; the file was not written"
+            ) from None
+        finally:
+            if isinstance(lines, Generator):
+                lines.close()  # ends its read-only snapshot (a transaction) now, not when collected
+
+    def discard(self) -> None:
+        """What is left after a failure: the partial file (none after a success)."""
+        self.out.close()
+        self.partial.unlink(missing_ok=True)
