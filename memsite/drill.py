@@ -32,6 +32,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -253,6 +255,39 @@ class DrillError(RuntimeError):
     pass
 
 
+# Signals that end the drill the way Ctrl-C does: `kill`, a CI job's timeout, a closed terminal.
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class DrillStopped(Exception):
+    """SIGTERM or SIGHUP arrived: raised in the main thread, as SIGINT raises KeyboardInterrupt."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _stopping_signals_raise() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into DrillStopped, so `run`'s `finally` stops the service it
+    started and removes its directory. By default they end the drill at once, and the
+    launcher (a plain child: no signal reaches it) goes on running Postgres, web, worker and
+    beat with nobody to stop them. A repeated signal is ignored while that cleanup runs,
+    so it is not cut short."""
+
+    def stop(signum: int, _frame: object) -> None:
+        for sig in STOPPING_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise DrillStopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOPPING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _verify(drill: Drill, acks: list[Ack], recovery_point: datetime) -> dict:
     import psycopg
 
@@ -381,16 +416,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
     try:
-        result = run(
-            load=args.load,
-            write_seconds=args.write_seconds,
-            archive_timeout_s=args.archive_timeout,
-            keep=args.keep,
-            s3=args.s3,
-        )
+        with _stopping_signals_raise():
+            result = run(
+                load=args.load,
+                write_seconds=args.write_seconds,
+                archive_timeout_s=args.archive_timeout,
+                keep=args.keep,
+                s3=args.s3,
+            )
     except DrillError as exc:
         _say(f"FAILED: {exc}")
         return 2
+    except DrillStopped as exc:
+        _say(f"stopped by {exc}; the service it started is stopped")
+        return 128 + exc.signum
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
