@@ -448,9 +448,18 @@ class EmbeddedPostgres:
             pid = int(pidfile.read_text().splitlines()[0])
         except (ValueError, IndexError, OSError):
             pid = None
-        if pid and _is_postgres(pid):
+        runs_on = _postgres_data_dir(pid) if pid else None
+        if runs_on is _UNKNOWN:
+            raise RuntimeError(
+                f"pid {pid} of {pidfile} is a postgres whose data directory could not be read; if it "
+                f"does not run on {self.paths.pgdata}, remove {pidfile} and start again"
+            )
+        if runs_on is not None and _same_dir(runs_on, self.paths.pgdata):
             raise RuntimeError(f"a postgres (pid {pid}) already runs on {self.paths.pgdata} outside our lock")
-        logger.warning("removing stale %s (pid %s is gone)", pidfile, pid)
+        # Our lock proves no memsite runs this data dir; a pid that is gone, or now belongs
+        # to any process but a postgres on this very data dir, leaves the file stale.
+        gone = "is gone" if runs_on is None else "is now a postgres of another data directory"
+        logger.warning("removing stale %s (pid %s %s)", pidfile, pid, gone)
         pidfile.unlink(missing_ok=True)
 
     def _spawn(self, user: str | None) -> None:
@@ -532,13 +541,53 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _is_postgres(pid: int) -> bool:
-    try:
-        import psutil
+# A postgres runs there, but where could not be read (another OS user's process).
+_UNKNOWN = Path("<unknown>")
 
-        return psutil.Process(pid).name() == "postgres"
-    except Exception:
-        return False
+
+def _postgres_data_dir(pid: int) -> Path | None:
+    """The data directory of process `pid` if it is a postgres (the postmaster or one of its
+    children: a stale postmaster.pid's pid may be reused by either), None if it is not
+    (or gone), `_UNKNOWN` if it is one whose data directory cannot be read. The server
+    runs in its data directory (it changes into it at start, its children inherit it);
+    its `-D` argument is the fallback where the working directory may not be read."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        if process.name() != "postgres":
+            return None
+        try:
+            return Path(process.cwd())
+        except psutil.AccessDenied:
+            return _data_dir_argument(process.cmdline()) or _UNKNOWN
+    except psutil.AccessDenied:
+        return _UNKNOWN
+    except psutil.Error:  # gone meanwhile
+        return None
+
+
+def _data_dir_argument(argv: list[str]) -> Path | None:
+    """An absolute `-D` of a postmaster's command line (a relative one is relative to where
+    it was started, unknown here)."""
+    for i, arg in enumerate(argv):
+        if arg in ("-D", "--pgdata") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--pgdata="):
+            value = arg.removeprefix("--pgdata=")
+        elif arg.startswith("-D") and len(arg) > 2:
+            value = arg[2:]
+        else:
+            continue
+        return Path(value) if os.path.isabs(value) else None
+    return None
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 def is_answering(data_dir: Path) -> bool:
