@@ -195,13 +195,27 @@ def _check_runs_as(user: str | None, config_path: Path) -> None:
         text=True,
     )
     if probe.returncode not in (0, 1) or "failed" in probe.stderr:
-        raise BackupError(f"the WAL archive command cannot run as {user!r}: {probe.stderr.strip()[-500:]}")
+        detail = _secrets_redacted(" ".join(probe.stderr.split())[-500:], config_path)
+        raise BackupError(f"the WAL archive command, run as {user!r}, failed: {detail}")
 
 
-def server_settings(data_dir: Path, *, archive: bool = True) -> dict[str, str]:
+def _secrets_redacted(text: str, config_path: Path) -> str:
+    """`text` without the target's keys or a password in its endpoint URL (a client's error
+    may quote its request; walarchive itself never prints the config)."""
+    config = json.loads(config_path.read_text())
+    for secret in (config.get("secret_key"), config.get("access_key")):
+        if secret:
+            text = text.replace(secret, "***")
+    return re.sub(r"(://)[^/@\s]*@", r"\1***@", text)
+
+
+def server_settings(data_dir: Path, *, archive: bool = True, check: bool = True) -> dict[str, str]:
     """`-c` settings for the embedded server on `data_dir`: WAL archiving when backups are on.
 
-    Called for every start of the server (launcher, manage.py), so no segment goes unarchived."""
+    Called for every start of the server (launcher, manage.py), so no segment goes unarchived.
+    `check`: first prove that the archive command runs as the server's OS user and reaches
+    the target (BackupError if not). Without it (a manage.py command while the target is
+    down), archiving is on all the same: Postgres keeps each segment until it is archived."""
     from django.conf import settings
 
     if not settings.BACKUP_ENABLED or not archive:
@@ -210,7 +224,8 @@ def server_settings(data_dir: Path, *, archive: bool = True) -> dict[str, str]:
     config = target_config()
     _prepare_target(config, user)
     config_path = _write_config(data_dir, config, user)
-    _check_runs_as(user, config_path)
+    if check:
+        _check_runs_as(user, config_path)
     return {
         "wal_level": "replica",
         "archive_mode": "on",

@@ -483,13 +483,34 @@ def embedded_database_for_command() -> Iterator[None]:
         yield
         return
     try:
-        # Archiving on for every start of this data dir, or its WAL would have a gap.
-        postgres.server_settings = _archive_settings(settings.DATA_DIR)
-        postgres.start()
+        try:
+            # Archiving on for every start of this data dir, or its WAL would have a gap.
+            postgres.server_settings = _command_archive_settings(settings.DATA_DIR)
+            postgres.start()
+        except (RuntimeError, OSError) as exc:  # BackupError included; never the command's own
+            raise SystemExit(f"manage.py: the embedded database did not start: {exc}") from None
         yield
     finally:
         postgres.stop()
         postgres.release_lock()
+
+
+def _command_archive_settings(data_dir: Path) -> dict[str, str]:
+    """The archive settings for a manage.py command's own start of the database. A backup
+    target that is down (S3 unreachable) does not stop the command, which is how an
+    operator inspects and repairs things meanwhile: archiving stays on, Postgres keeps the
+    segments the command writes until they can be archived, so the WAL has no gap. The
+    service still refuses to start until the target answers."""
+    from memsite.backup import BackupError, server_settings
+
+    try:
+        return server_settings(data_dir)
+    except BackupError as exc:
+        sys.stderr.write(
+            f"manage.py: warning: {exc}. WAL archiving stays on: Postgres keeps the WAL this command "
+            "writes until it can be archived (the service will not start until then).\n"
+        )
+        return server_settings(data_dir, check=False)
 
 
 def _wait_until_answering(data_dir: Path, timeout: float = 60.0) -> None:
