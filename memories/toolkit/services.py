@@ -373,13 +373,24 @@ def _search_tiers(
     return _search(scope, limit=limit, filters=filters or None, **kwargs)
 
 
+def _metadata_text(item: EngineMemory, key: str) -> str | None:
+    """One of the toolkit's metadata keys (summary, enrichment status, conversation id) as
+    the output schemas type it, `str | None`. The toolkit writes them as strings, but
+    remember, update_memory and an import may set the same keys to any JSON value, and one
+    such value made the client refuse the whole (already billed) result. A value that is
+    not a string is not the toolkit's, so it is reported as absent: converting it ("7",
+    "False") would pass it off as a summary or enrichment status the toolkit never made."""
+    value = item.metadata.get(key)
+    return value if isinstance(value, str) else None
+
+
 def _memory_dict(item: EngineMemory, *, user: str) -> dict[str, Any]:
     return {
         "_id": item.id,
         "user_id": user,
         "tier": _tier_of(item),
         "content": item.text,
-        "summary": item.metadata.get(schemas.SUMMARY_KEY),
+        "summary": _metadata_text(item, schemas.SUMMARY_KEY),
         "importance": item.attrs.importance,
         "created_at": item.created_at,
         "memory_type": item.attrs.memory_type,
@@ -451,8 +462,8 @@ def toolkit_memory_recall(
             **_memory_dict(item, user=user),
             "access_count": item.access_count,
             "last_accessed": item.last_recalled_at,
-            "enrichment_status": item.metadata.get(ENRICHMENT_KEY),
-            "conversation_id": item.metadata.get("conversation_id"),
+            "enrichment_status": _metadata_text(item, ENRICHMENT_KEY),
+            "conversation_id": _metadata_text(item, "conversation_id"),
             "final_score": round(score, 6),
         }
         for score, item in ranked

@@ -1,0 +1,91 @@
+"""Review 26 of seed 003's toolkit: results that match their output schema whatever the
+user put in a memory's metadata, web results the MCP response can carry, enrichment and
+recall pairing only of store_memory's own rows, the "Your data" export in one read,
+cache_invalidate's Unicode case folding, and the web UI's delete of an expired decision."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from billing.models import UsageEvent
+from memories.auth import Principal
+from memories.operations import operation_execute
+from memories.services import api_key_issue
+from memories.toolkit import schemas as toolkit_schemas
+from tests.conftest import internal_call
+from tests.test_mcp_asgi import Lifespan
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+TOOLKIT_URL = "http://localhost/engines/memory-toolkit/mcp"
+GREEN_TEA = "I like green tea with honey"
+
+
+@pytest.fixture(autouse=True)
+def unlimited(settings):
+    settings.RATE_LIMITS = {op: (0, 60) for op in settings.RATE_LIMITS}
+
+
+def run(user, name: str, arguments: dict | None = None) -> dict:
+    principal = Principal(user=user, method="api_key", client_app="seed003-agent")
+    return operation_execute(principal, name, arguments or {}, call=internal_call())
+
+
+def mcp_toolkit_call(token: str, name: str, arguments: dict):
+    """One tools/call through the official SDK client, in process (memsite.asgi over
+    httpx's ASGI transport). The client checks structuredContent against the tool's
+    output schema, and raises when it does not match or the response does not parse."""
+
+    async def main():
+        import httpx2
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        from memsite.asgi import build_application
+
+        application = build_application()
+        async with Lifespan(application):
+            transport = httpx2.ASGITransport(app=application)
+            headers = {"Authorization": f"Bearer {token}"}
+            async with (
+                httpx2.AsyncClient(
+                    transport=transport, base_url="http://localhost", headers=headers, timeout=60
+                ) as http,
+                Client(streamable_http_client(TOOLKIT_URL, http_client=http)) as client,
+            ):
+                await client.list_tools()
+                return await client.call_tool(name, arguments)
+
+    return asyncio.run(main())
+
+
+# --- 1: toolkit metadata keys the user set to other JSON types --------------------------------
+FOREIGN_TYPES = {"conversation_id": 7, "summary": 3, "enrichment_status": False}
+
+
+def test_recall_and_hybrid_search_report_non_string_toolkit_keys_as_absent(alice):
+    run(alice, "remember", {"memory": GREEN_TEA, "metadata": FOREIGN_TYPES})
+    recalled = run(alice, "recall_memory", {"query": "green tea"})
+    toolkit_schemas.RecallMemoryOutput.model_validate(recalled)
+    (memory,) = recalled["results"]
+    assert (memory["summary"], memory["enrichment_status"], memory["conversation_id"]) == (None, None, None)
+    searched = run(alice, "hybrid_search", {"query": "green tea"})
+    toolkit_schemas.HybridSearchOutput.model_validate(searched)
+    assert searched["results"][0]["summary"] is None
+
+
+def test_recall_keeps_string_toolkit_keys(alice):
+    run(alice, "remember", {"memory": GREEN_TEA, "metadata": {"conversation_id": "c-9", "summary": "Tea."}})
+    (memory,) = run(alice, "recall_memory", {"query": "green tea"})["results"]
+    assert (memory["summary"], memory["conversation_id"]) == ("Tea.", "c-9")
+
+
+def test_recall_over_mcp_passes_the_clients_output_schema_check(alice):
+    token = api_key_issue(user=alice, name="agent")[1]
+    run(alice, "remember", {"memory": GREEN_TEA, "metadata": FOREIGN_TYPES})
+    result = mcp_toolkit_call(token, "recall_memory", {"query": "green tea"})
+    assert not result.is_error
+    assert result.structured_content["results"][0]["conversation_id"] is None
+    assert UsageEvent.objects.filter(operation="recall_memory").count() == 1
