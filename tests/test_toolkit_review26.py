@@ -6,8 +6,10 @@ cache_invalidate's Unicode case folding, and the web UI's delete of an expired d
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
+from django.test import override_settings
 
 from billing.models import UsageEvent
 from memories.auth import Principal
@@ -15,6 +17,7 @@ from memories.operations import operation_execute
 from memories.services import api_key_issue
 from memories.toolkit import schemas as toolkit_schemas
 from tests.conftest import internal_call
+from tests.fakes import FakeTavily
 from tests.test_mcp_asgi import Lifespan
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
@@ -89,3 +92,32 @@ def test_recall_over_mcp_passes_the_clients_output_schema_check(alice):
     assert not result.is_error
     assert result.structured_content["results"][0]["conversation_id"] is None
     assert UsageEvent.objects.filter(operation="recall_memory").count() == 1
+
+
+# --- 2: web results with lone surrogates -------------------------------------------------------
+CUT_EMOJI = {"title": "Emoji \ud83d", "url": "https://e.x/\udc00", "content": "bell\x07 and NUL\x00 here"}
+
+
+def _with_provider_answer(answer: dict, work):
+    fake = FakeTavily(answer=answer).start()
+    try:
+        with override_settings(TAVILY_API_KEY="tvly-secret", TAVILY_ENDPOINT=f"{fake.url}/search"):
+            return work()
+    finally:
+        fake.stop()
+
+
+def test_search_web_cleans_what_the_provider_answers(alice):
+    found = _with_provider_answer({"results": [CUT_EMOJI]}, lambda: run(alice, "search_web", {"query": "emoji"}))
+    assert found["results"] == [{"title": "Emoji \ufffd", "url": "https://e.x/\ufffd", "content": "bell  and NUL here"}]
+    json.dumps(found, ensure_ascii=False).encode("utf-8")  # raised UnicodeEncodeError
+
+
+def test_search_web_over_mcp_answers_a_result_the_client_can_read(alice):
+    token = api_key_issue(user=alice, name="agent")[1]
+    result = _with_provider_answer(
+        {"results": [CUT_EMOJI]}, lambda: mcp_toolkit_call(token, "search_web", {"query": "emoji"})
+    )
+    assert not result.is_error
+    assert result.structured_content["results"][0]["title"] == "Emoji \ufffd"
+    assert UsageEvent.objects.filter(operation="search_web").count() == 1

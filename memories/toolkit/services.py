@@ -813,9 +813,12 @@ def toolkit_web_search(scope: MemoryScope, *, query: str, call: CallContext) -> 
         raise ServiceError(ErrorCode.WEB_SEARCH_UNAVAILABLE, WEB_UNAVAILABLE)
     rate_limit_consume(scope, operation=Operation.SEARCH_WEB)
     try:
-        results = provider.search(query, max_results=settings.WEB_SEARCH_MAX_RESULTS)
+        found = provider.search(query, max_results=settings.WEB_SEARCH_MAX_RESULTS)
     except WebSearchUnavailable as exc:
         raise ServiceError(ErrorCode.WEB_SEARCH_UNAVAILABLE, f"Web search service unavailable: {exc}") from None
+    # Cleaned as the enrichment cleans an LLM's text: a lone surrogate in a provider's title
+    # (a cut emoji) made the MCP response unencodable, for a call already billed.
+    results = [{field: enrichment.storable_text(text) for field, text in result.items()} for result in found]
     with transaction.atomic():
         call_succeeded(
             scope,
