@@ -12,10 +12,13 @@ import pytest
 from django.test import override_settings
 
 from billing.models import UsageEvent
+from core.scope import MemoryScope
 from memories.auth import Principal
 from memories.operations import operation_execute
+from memories.selectors import memory_get_owned
 from memories.services import api_key_issue
 from memories.toolkit import schemas as toolkit_schemas
+from memories.toolkit.services import toolkit_candidates_enrich
 from tests.conftest import internal_call
 from tests.fakes import FakeTavily
 from tests.test_mcp_asgi import Lifespan
@@ -34,6 +37,11 @@ def unlimited(settings):
 def run(user, name: str, arguments: dict | None = None) -> dict:
     principal = Principal(user=user, method="api_key", client_app="seed003-agent")
     return operation_execute(principal, name, arguments or {}, call=internal_call())
+
+
+def store(user, *messages: tuple[str, str], conversation_id: str = "c-1") -> dict:
+    arguments = {"conversation_id": conversation_id, "messages": [{"role": r, "content": c} for r, c in messages]}
+    return run(user, "store_memory", arguments)
 
 
 def mcp_toolkit_call(token: str, name: str, arguments: dict):
@@ -121,3 +129,28 @@ def test_search_web_over_mcp_answers_a_result_the_client_can_read(alice):
     assert not result.is_error
     assert result.structured_content["results"][0]["title"] == "Emoji \ufffd"
     assert UsageEvent.objects.filter(operation="search_web").count() == 1
+
+
+# --- 3: enrichment takes only store_memory's candidates -----------------------------------------
+DEPLOY = "Deploy the billing service only on Fridays please"
+DARK_MODE = "I always prefer dark mode interfaces in every editor I use"
+
+
+def test_enrichment_leaves_a_remembered_memory_with_candidate_metadata_alone(alice):
+    mine = run(
+        alice,
+        "remember",
+        {
+            "memory": DEPLOY,
+            "tags": ["mine"],
+            "importance": 0.9,
+            "memory_type": "reference",
+            "metadata": {"tier": "ltm", "enrichment_status": "pending"},
+        },
+    )
+    store(alice, ("human", DARK_MODE))
+    assert toolkit_candidates_enrich() == 1  # store_memory's candidate only
+    item = memory_get_owned(MemoryScope.for_user(alice), memory_id=mine["id"])
+    assert (item.attrs.tags, item.attrs.importance, item.attrs.memory_type) == (("mine",), 0.9, "reference")
+    assert item.metadata["enrichment_status"] == "pending" and "summary" not in item.metadata
+    assert toolkit_candidates_enrich(memory_ids=[mine["id"]]) == 0

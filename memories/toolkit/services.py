@@ -218,6 +218,16 @@ def toolkit_candidates_enrich(*, memory_ids: list[str] | None = None, limit: int
     return done
 
 
+# store_memory's long-term candidates. `tier` and `enrichment_status` are metadata any
+# surface may set, and a memory the user remembered with them must keep its own tags,
+# type and importance: only rows store_memory wrote (`source`, as `_pairs` checks) are taken.
+CANDIDATE_CONTAINMENT = {"source": SOURCE, TIER_KEY: "ltm", ENRICHMENT_KEY: "pending"}
+
+
+def _is_candidate(item: EngineMemory) -> bool:
+    return all(item.metadata.get(key) == value for key, value in CANDIDATE_CONTAINMENT.items())
+
+
 def _candidate_claim(
     *, memory_ids: list[str] | None, exclude_ids: list[str], call: CallContext
 ) -> tuple[EngineMemory, dict[str, str] | None] | None:
@@ -227,7 +237,7 @@ def _candidate_claim(
     failed here (claim None): no retry can enrich it, and it must not stay pending."""
     with _engine_errors(), transaction.atomic():
         rows = engine_rows_with_metadata(
-            containment={TIER_KEY: "ltm", ENRICHMENT_KEY: "pending"},
+            containment=CANDIDATE_CONTAINMENT,
             memory_ids=memory_ids,
             exclude_ids=exclude_ids,
             unclaimed=True,
@@ -264,7 +274,7 @@ def _candidate_enrich(item: EngineMemory, *, claim: dict[str, str], call: CallCo
         if (
             current is None
             or not _live(current, scope)
-            or current.metadata.get(ENRICHMENT_KEY) != "pending"
+            or not _is_candidate(current)
             or current.enrichment_claim != claim
         ):
             return False
