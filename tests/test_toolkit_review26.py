@@ -154,3 +154,18 @@ def test_enrichment_leaves_a_remembered_memory_with_candidate_metadata_alone(ali
     assert (item.attrs.tags, item.attrs.importance, item.attrs.memory_type) == (("mine",), 0.9, "reference")
     assert item.metadata["enrichment_status"] == "pending" and "summary" not in item.metadata
     assert toolkit_candidates_enrich(memory_ids=[mine["id"]]) == 0
+
+
+# --- 4: recall pairs only store_memory's two rows of a message ----------------------------------
+@pytest.mark.parametrize("links", [("a", "a"), (1, "1")])
+def test_recall_keeps_unrelated_memories_that_share_an_stm_id(alice, links):
+    run(alice, "remember", {"memory": GREEN_TEA, "metadata": {"stm_id": links[0]}})
+    run(alice, "remember", {"memory": "My cat is called Miso", "metadata": {"stm_id": links[1]}})
+    assert run(alice, "recall_memory", {"query": "tea cat"})["count"] == 2
+
+
+def test_recall_still_shows_a_store_memory_message_once(alice):
+    store(alice, ("human", DARK_MODE))
+    (memory,) = run(alice, "recall_memory", {"query": "dark mode editor"})["results"]
+    assert memory["content"] == DARK_MODE
+    assert len(run(alice, "hybrid_search", {"query": "dark mode editor"})["results"]) == 2  # both rows

@@ -64,6 +64,7 @@ from memories.services import (
     _hash_owner,
     _live,
     _message_twins,
+    _pairs,
     _system_metadata,
     _text_insert_claimed,
     _text_lock_key,
@@ -430,6 +431,16 @@ def _search(scope: MemoryScope, **kwargs: Any) -> list[EngineMemory]:
         raise backend_unavailable() from exc
 
 
+def _pair_key(scope: MemoryScope, item: EngineMemory, by_id: dict[str, EngineMemory]) -> str:
+    """The id `item` is ranked under: a long-term candidate under the id of its short-term
+    row when that row is among the candidates, every other row under its own. Only a real
+    store_memory pair counts (`_pairs`): `stm_id` is metadata any surface may set, and two
+    unrelated memories that both say `{"stm_id": "a"}` (or 1 and "1") are two results."""
+    linked = item.metadata.get(STM_LINK_KEY)
+    other = by_id.get(linked) if isinstance(linked, str) else None
+    return other.id if other is not None and _pairs(scope, item, other) else item.id
+
+
 def toolkit_memory_recall(
     scope: MemoryScope,
     *,
@@ -458,11 +469,12 @@ def toolkit_memory_recall(
     now = datetime.now(UTC)
     best = max((c.score or 0.0 for c in candidates), default=0.0)
     a, b, c = settings.RECALL_WEIGHT_RECENCY, settings.RECALL_WEIGHT_IMPORTANCE, settings.RECALL_WEIGHT_RELEVANCE
+    by_id = {item.id: item for item in candidates}
     by_pair: dict[str, tuple[float, EngineMemory]] = {}
     for item in candidates:
         relevance = max(0.0, (item.score or 0.0) / best) if best > 0 else 0.0
         score = a * _recency(item, now) + b * item.attrs.importance + c * relevance
-        pair = str(item.metadata.get("stm_id") or item.id)
+        pair = _pair_key(scope, item, by_id)
         if pair not in by_pair or score > by_pair[pair][0]:
             by_pair[pair] = (score, item)
     ranked = sorted(by_pair.values(), key=lambda pair: (-pair[0], pair[1].id))[:limit]
