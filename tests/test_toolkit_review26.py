@@ -11,6 +11,7 @@ import json
 import pytest
 from django.test import override_settings
 
+from audit.models import AuditEvent
 from billing.models import UsageEvent
 from core.scope import MemoryScope
 from memories.auth import Principal
@@ -18,8 +19,9 @@ from memories.operations import operation_execute
 from memories.selectors import memory_get_owned
 from memories.services import api_key_issue
 from memories.toolkit import schemas as toolkit_schemas
+from memories.toolkit import services as toolkit_services
 from memories.toolkit.services import toolkit_candidates_enrich
-from tests.conftest import internal_call
+from tests.conftest import elsewhere, internal_call
 from tests.fakes import FakeTavily
 from tests.test_mcp_asgi import Lifespan
 
@@ -169,3 +171,34 @@ def test_recall_still_shows_a_store_memory_message_once(alice):
     (memory,) = run(alice, "recall_memory", {"query": "dark mode editor"})["results"]
     assert memory["content"] == DARK_MODE
     assert len(run(alice, "hybrid_search", {"query": "dark mode editor"})["results"]) == 2  # both rows
+
+
+# --- 5: the "Your data" export reads each list in one statement ---------------------------------
+def _written_before_the_list_is_read(monkeypatch, name: str, write) -> None:
+    """Another request's write lands after the export asked for the list and before the
+    database answered (a list is a lazy query)."""
+    selector = getattr(toolkit_services, name)
+
+    def read_then_written_meanwhile(scope, **kwargs):
+        rows = selector(scope, **kwargs)
+        elsewhere(write)
+        return rows
+
+    monkeypatch.setattr(toolkit_services, name, read_then_written_meanwhile)
+
+
+def test_export_keeps_every_row_when_another_request_writes_meanwhile(alice, bob, monkeypatch):
+    run(alice, "store_decision", {"key": "b-theme", "value": "dark"})
+    run(alice, "store_cache", {"query": "older question", "response": "older answer"})
+    run(bob, "store_decision", {"key": "bobs", "value": "private"})
+    _written_before_the_list_is_read(
+        monkeypatch, "decision_list", lambda: run(alice, "store_decision", {"key": "a-lang", "value": "python"})
+    )
+    _written_before_the_list_is_read(
+        monkeypatch, "cache_entry_list", lambda: run(alice, "store_cache", {"query": "newer", "response": "newer"})
+    )
+    document = toolkit_services.toolkit_data_export(MemoryScope.for_user(alice), call=internal_call())
+    assert [d["key"] for d in document["decisions"]] == ["a-lang", "b-theme"]
+    assert [c["query"] for c in document["cached_answers"]] == ["newer", "older question"]
+    row = AuditEvent.objects.get(operation="export_decisions_and_cache")
+    assert row.detail["decisions"] == 2 and row.detail["cached_answers"] == 2

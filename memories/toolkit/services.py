@@ -77,7 +77,7 @@ from memories.services import (
 from memories.sessions import session_data_erase
 from memories.toolkit import enrichment
 from memories.toolkit.models import CacheEntry, Decision
-from memories.toolkit.selectors import cache_entry_count, cache_entry_list, decision_count, decision_list
+from memories.toolkit.selectors import cache_entry_list, decision_list
 from memories.toolkit.tasks import enrich_memories as enrich_memories_task
 from memories.toolkit.websearch import WebSearchUnavailable, web_search_provider
 
@@ -796,7 +796,9 @@ def toolkit_data_export(scope: MemoryScope, *, call: CallContext) -> dict[str, A
     rate limited, not billed."""
     rate_limit_consume_audited(scope, operation=Operation.EXPORT_DECISIONS_AND_CACHE, call=call)
     user = _user_label(scope, call=call)
-    decisions = [decision_as_dict(d, user=user) for d in decision_list(scope, limit=decision_count(scope))]
+    # Each list in one statement: a count read first missed a row when another request
+    # wrote one meanwhile (the new one took an existing one's place in the limit).
+    decisions = [decision_as_dict(d, user=user) for d in decision_list(scope, limit=None)]
     cached = [
         {
             "id": str(entry.id),
@@ -805,7 +807,7 @@ def toolkit_data_export(scope: MemoryScope, *, call: CallContext) -> dict[str, A
             "created_at": _iso(entry.created_at),
             "expires_at": _iso(entry.expires_at),
         }
-        for entry in cache_entry_list(scope, limit=cache_entry_count(scope))
+        for entry in cache_entry_list(scope, limit=None)
     ]
     with transaction.atomic():
         audit_record(
