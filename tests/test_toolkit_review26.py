@@ -20,6 +20,7 @@ from memories.selectors import memory_get_owned
 from memories.services import api_key_issue
 from memories.toolkit import schemas as toolkit_schemas
 from memories.toolkit import services as toolkit_services
+from memories.toolkit.models import CacheEntry
 from memories.toolkit.services import toolkit_candidates_enrich
 from tests.conftest import elsewhere, internal_call
 from tests.fakes import FakeTavily
@@ -202,3 +203,22 @@ def test_export_keeps_every_row_when_another_request_writes_meanwhile(alice, bob
     assert [c["query"] for c in document["cached_answers"]] == ["newer", "older question"]
     row = AuditEvent.objects.get(operation="export_decisions_and_cache")
     assert row.detail["decisions"] == 2 and row.detail["cached_answers"] == 2
+
+
+# --- 6: cache_invalidate folds case beyond ASCII ------------------------------------------------
+@pytest.mark.parametrize(
+    ("query", "pattern"),
+    [
+        ("Conseils pour l'ÉCOLE de Zürich", "école"),
+        ("Conseils pour l'école de Zürich", "ZÜRICH"),
+        ("Wo ist die Hauptstraße?", "HAUPTSTRASSE"),
+        ("Cafe\u0301 near ΟΔΟΣ", "CAFÉ NEAR οδος"),  # decomposed é; final sigma
+    ],
+)
+def test_cache_invalidate_pattern_ignores_case_in_every_script(alice, bob, query, pattern):
+    run(alice, "store_cache", {"query": query, "response": "r"})
+    run(alice, "store_cache", {"query": "something else entirely", "response": "r"})
+    run(bob, "store_cache", {"query": query, "response": "bob's"})
+    assert run(alice, "cache_invalidate", {"pattern": pattern})["deleted_count"] == 1
+    assert CacheEntry.objects.filter(user=alice).values_list("query", flat=True).get() == "something else entirely"
+    assert CacheEntry.objects.filter(user=bob).count() == 1

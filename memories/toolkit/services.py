@@ -10,6 +10,7 @@ memory model's `expires_at` (hidden at once, purged by `memories.purge_due`)."""
 from __future__ import annotations
 
 import logging
+import unicodedata
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -635,18 +636,36 @@ def toolkit_cache_store(scope: MemoryScope, *, query: str, response: str, call: 
     return {"cache_id": str(entry.id)}
 
 
+def _caseless(text: str) -> str:
+    """Unicode's canonical caseless form (D145: NFD(casefold(NFD(text)))): "ÉCOLE" and
+    "école" (precomposed or not), "STRASSE" and "straße" are the same text."""
+    return unicodedata.normalize("NFD", unicodedata.normalize("NFD", text).casefold())
+
+
+def _cache_ids_matching(scope: MemoryScope, pattern: str) -> list[uuid.UUID]:
+    """The user's cached entries whose query contains `pattern`, ignoring case. Compared
+    here, not by the database: its C locale folds ASCII letters only (`icontains` missed
+    "ÉCOLE" for "école"). The set is bounded: entries live CACHE_TTL_SECONDS (1 hour) and
+    store_cache is rate limited (120 a minute by default), and expired ones are purged
+    every 10 minutes; the queries (at most QUERY_MAX_CHARS each) are streamed, only the
+    matching ids kept."""
+    wanted = _caseless(pattern)
+    rows = CacheEntry.objects.filter(user_id=scope.user_pk).values_list("id", "query")
+    return [entry_id for entry_id, query in rows.iterator(chunk_size=1000) if wanted in _caseless(query)]
+
+
 def toolkit_cache_invalidate(
     scope: MemoryScope, *, pattern: str | None = None, invalidate_all: bool = False, call: CallContext
 ) -> dict[str, Any]:
     """Delete the user's cached entries: all, or those whose query contains `pattern`
-    (case-insensitive substring; no regular expressions)."""
+    (case-insensitive for every script, not only ASCII; a substring, no regular expressions)."""
     if not invalidate_all and not pattern:
         raise ServiceError(ErrorCode.INVALID_ARGUMENT, "give pattern, or invalidate_all: true")
     rate_limit_consume(scope, operation=Operation.CACHE_INVALIDATE)
     with transaction.atomic():
         entries = CacheEntry.objects.filter(user_id=scope.user_pk)
         if not invalidate_all:
-            entries = entries.filter(query__icontains=pattern or "")
+            entries = entries.filter(id__in=_cache_ids_matching(scope, pattern or ""))
         now = timezone.now()
         # Expired entries are gone for every reader already: they go too, uncounted.
         deleted, _ = entries.filter(expires_at__gt=now).delete()
