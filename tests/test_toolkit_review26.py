@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import timedelta
 
 import pytest
 from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from billing.models import UsageEvent
@@ -20,7 +23,7 @@ from memories.selectors import memory_get_owned
 from memories.services import api_key_issue
 from memories.toolkit import schemas as toolkit_schemas
 from memories.toolkit import services as toolkit_services
-from memories.toolkit.models import CacheEntry
+from memories.toolkit.models import CacheEntry, Decision
 from memories.toolkit.services import toolkit_candidates_enrich
 from tests.conftest import elsewhere, internal_call
 from tests.fakes import FakeTavily
@@ -222,3 +225,19 @@ def test_cache_invalidate_pattern_ignores_case_in_every_script(alice, bob, query
     assert run(alice, "cache_invalidate", {"pattern": pattern})["deleted_count"] == 1
     assert CacheEntry.objects.filter(user=alice).values_list("query", flat=True).get() == "something else entirely"
     assert CacheEntry.objects.filter(user=bob).count() == 1
+
+
+# --- 7: the web UI's delete of an expired decision ----------------------------------------------
+def test_web_delete_of_an_expired_decision_is_no_such_decision(client, alice):
+    run(alice, "store_decision", {"key": "theme", "value": "dark", "ttl_days": 1})
+    run(alice, "store_decision", {"key": "lang", "value": "python", "ttl_days": 1})
+    Decision.objects.filter(key="theme").update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert run(alice, "recall_decision", {"key": "theme"})["found"] is False
+    client.force_login(alice)
+    response = client.post(reverse("web-decision-delete"), {"key": "theme"}, follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["No such decision."]
+    row = AuditEvent.objects.get(operation="delete_decision")
+    assert row.detail["deleted"] is False
+    response = client.post(reverse("web-decision-delete"), {"key": "lang"}, follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["Deleted the decision lang."]
+    assert run(alice, "store_decision", {"key": "theme", "value": "light"})["action"] == "created"

@@ -20,6 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
@@ -796,9 +797,12 @@ def toolkit_decision_recall(scope: MemoryScope, *, key: str, call: CallContext) 
 
 
 def toolkit_decision_delete(scope: MemoryScope, *, key: str, call: CallContext) -> bool:
-    """A person deleting one of their decisions in the web UI (audited, not billed)."""
+    """A person deleting one of their decisions in the web UI (audited, not billed).
+    Another user's key and an expired decision's are "no such decision", as everywhere
+    else an expired decision is gone (the purge deletes it)."""
+    live = Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
     with transaction.atomic():
-        deleted, _ = Decision.objects.filter(user_id=scope.user_pk, key=key).delete()
+        deleted, _ = Decision.objects.filter(live, user_id=scope.user_pk, key=key).delete()
         audit_record(
             scope, call=call, operation=Operation.DELETE_DECISION, detail={"key": key, "deleted": bool(deleted)}
         )
