@@ -1,7 +1,8 @@
 """Review 26 of seed 003's toolkit: results that match their output schema whatever the
 user put in a memory's metadata, web results the MCP response can carry, enrichment and
 recall pairing only of store_memory's own rows, the "Your data" export in one read,
-cache_invalidate's Unicode case folding, and the web UI's delete of an expired decision."""
+cache_invalidate's Unicode case folding, the web UI's delete of an expired decision, and
+store_decision's time read after its lock."""
 
 from __future__ import annotations
 
@@ -241,3 +242,22 @@ def test_web_delete_of_an_expired_decision_is_no_such_decision(client, alice):
     response = client.post(reverse("web-decision-delete"), {"key": "lang"}, follow=True)
     assert [str(m) for m in response.context["messages"]] == ["Deleted the decision lang."]
     assert run(alice, "store_decision", {"key": "theme", "value": "light"})["action"] == "created"
+
+
+# --- suspected: store_decision's time read before it waits for the key's lock --------------------
+def test_store_decision_waiting_for_the_lock_never_moves_updated_at_back(alice, monkeypatch):
+    run(alice, "store_decision", {"key": "theme", "value": "dark"})
+    locks = toolkit_services.user_write_locks
+    seen: dict = {}
+
+    def another_store_takes_the_lock_first(scope, *keys):
+        if "waited" not in seen:
+            seen["waited"] = True
+            elsewhere(lambda: run(alice, "store_decision", {"key": "theme", "value": "light"}))
+            seen["updated_at"] = Decision.objects.get(key="theme").updated_at
+        return locks(scope, *keys)
+
+    monkeypatch.setattr(toolkit_services, "user_write_locks", another_store_takes_the_lock_first)
+    assert run(alice, "store_decision", {"key": "theme", "value": "solarized"})["action"] == "updated"
+    decision = Decision.objects.get(key="theme")
+    assert decision.value == "solarized" and decision.updated_at >= seen["updated_at"]

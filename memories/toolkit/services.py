@@ -751,11 +751,13 @@ def toolkit_decision_store(
     """Upsert by (user, key): `created` for a new key (or one whose decision had
     expired), `updated` otherwise. `ttl_days` sets the expiry; omitted, none."""
     rate_limit_consume(scope, operation=Operation.STORE_DECISION)
-    now = timezone.now()
-    expires_at = now + timedelta(days=ttl_days) if ttl_days else None
     with transaction.atomic():
         user_write_locks(scope, f"decision:{scope.user_pk}:{key}")
         existing = Decision.objects.select_for_update().filter(user_id=scope.user_pk, key=key).first()
+        # The time is read once the key is ours: a store that held it while this one waited
+        # wrote a later time, which an earlier reading would have moved back.
+        now = timezone.now()
+        expires_at = now + timedelta(days=ttl_days) if ttl_days else None
         before = None
         if existing is not None and (existing.expires_at is None or existing.expires_at > now):
             before = {"value": audit_text(existing.value)}
