@@ -50,6 +50,7 @@ TAGS_MAX = 20
 TAG_MAX_CHARS = 64
 SCOPE_ID_MAX_CHARS = 128
 SOURCE_MAX_CHARS = 64
+RESERVED_SOURCE = "store_memory"  # the toolkit's store_memory rows (services.STORE_MEMORY_SOURCE)
 WHY_STORED_MAX_CHARS = 500
 TTL_DAYS_MAX = 3650
 
@@ -241,6 +242,15 @@ class FieldsMixin(StrictInput):
     @classmethod
     def _tags_unique(cls, value: list[str] | None) -> list[str] | None:
         return None if value is None else list(dict.fromkeys(t.strip() for t in value if t.strip()))
+
+    @field_validator("source")
+    @classmethod
+    def _source_not_the_toolkits(cls, value: str | None) -> str | None:
+        # The toolkit's store_memory marks its own rows with it, and enrichment and the
+        # pair rule (`services._pairs`) trust it: a client must not pass one off as such.
+        if value == RESERVED_SOURCE:
+            raise ValueError(f"source {RESERVED_SOURCE!r} is reserved for the toolkit's store_memory")
+        return value
 
     @field_validator("expires_at")
     @classmethod

@@ -90,6 +90,7 @@ from memories.schemas import (
     MEMORY_MAX_CHARS,
     METADATA_MAX_BYTES,
     METADATA_MAX_KEYS,
+    RESERVED_SOURCE,
     SUMMARY_KEY,
     metadata_json_bytes,
     parse_instant,
@@ -1107,7 +1108,7 @@ def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, c
 # --- the two rows of a toolkit store_memory message --------------------------------------------
 # store_memory's rows (memories/toolkit/services.py): the short-term row of each message
 # and, for a human message, its long-term candidate linked to it by `stm_id`.
-STORE_MEMORY_SOURCE = "store_memory"
+STORE_MEMORY_SOURCE = RESERVED_SOURCE  # no client may set it (schemas.FieldsMixin)
 STM_LINK_KEY = "stm_id"
 
 

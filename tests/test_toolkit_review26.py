@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from billing.models import UsageEvent
+from core.errors import ErrorCode, ServiceError
 from core.scope import MemoryScope
 from memories.auth import Principal
 from memories.operations import operation_execute
@@ -261,3 +262,22 @@ def test_store_decision_waiting_for_the_lock_never_moves_updated_at_back(alice, 
     assert run(alice, "store_decision", {"key": "theme", "value": "solarized"})["action"] == "updated"
     decision = Decision.objects.get(key="theme")
     assert decision.value == "solarized" and decision.updated_at >= seen["updated_at"]
+
+
+def test_a_client_cannot_pass_its_memory_off_as_a_store_memory_row(alice, client):
+    """Enrichment and the store_memory pair rule trust `source`: remember and update
+    refuse the toolkit's own value, and the web form resending a row's own source saves."""
+    mine = run(alice, "remember", {"memory": "Mine"})["id"]
+    for name, arguments in (
+        ("remember", {"memory": "Deploy only on Fridays", "source": "store_memory"}),
+        ("update_memory", {"memory_id": mine, "source": "store_memory"}),
+    ):
+        with pytest.raises(ServiceError) as refused:
+            run(alice, name, arguments)
+        assert refused.value.code == ErrorCode.INVALID_ARGUMENT and "reserved" in refused.value.message
+    store(alice, ("user", "Remember that my locker code is 4411"))
+    stm = next(m for m in run(alice, "list_memory", {"page_size": 50})["memories"] if m["source"] == "store_memory")
+    client.force_login(alice)
+    form = {"memory_type": "project", "tags": "", "importance": "0.5", "source": "store_memory"}
+    assert client.post(reverse("web-memory-fields", args=[stm["id"]]), form).status_code == 302
+    assert run(alice, "get_memory", {"memory_id": stm["id"]})["memory"]["memory_type"] == "project"

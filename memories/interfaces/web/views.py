@@ -279,6 +279,8 @@ def memory_fields_edit(request, memory_id: str):
     current = _owned_or_404(request, "get_memory", {"memory_id": str(memory_id)})["memory"]
     if arguments["expires_at"] == current["expires_at"]:
         arguments.pop("expires_at")  # unchanged (and maybe passed by now); only a new date must be future
+    if arguments.get("source") == current["source"]:
+        arguments.pop("source")  # unchanged (a store_memory row's own source may not be set)
     if post.get("tags", "").strip() == ", ".join(current["tags"]):
         # Unchanged: the form shows them joined by commas, so a tag holding a comma
         # (the API allows it) would come back as two.
