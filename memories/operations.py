@@ -490,7 +490,9 @@ def _admitted(
             principal_claim_check(effective, claimed_scope)
         validated = schemas.validate_input(definition.input_model, arguments)
         if claimed_scope and memory_id is not None:
-            memory_narrowing_check(scope, memory_id=memory_id, claimed=claimed_scope)
+            # The validated id: the raw one may be another spelling (`urn:uuid:...`).
+            checked_id = str(getattr(validated, "memory_id", None) or memory_id)
+            memory_narrowing_check(scope, memory_id=checked_id, claimed=claimed_scope)
         return scope, validated
 
 

@@ -92,3 +92,12 @@ def test_a_claim_for_another_user_is_refused_first_even_beside_a_bad_argument(ap
     assert answer.status_code == 403 and answer.json()["error"]["code"] == "forbidden"
     row = AuditEvent.objects.filter(operation="search_memory").order_by("id").last()
     assert row.outcome == "denied" and row.detail.get("subject_claim") == "default/alice"
+
+
+def test_the_narrowing_reads_the_id_as_validated(client):
+    """Another spelling of the id (`urn:uuid:`) is valid; the narrowing check sent the raw
+    text to the database and answered 503."""
+    memory = stored(client, "Alice waters the plants", AGENT_A)
+    body = {"importance": 0.8, "scope": AGENT_A}
+    answer = client.put(f"/v1/memory/urn:uuid:{memory['id']}", body, format="json")
+    assert answer.status_code == 200, answer.content
