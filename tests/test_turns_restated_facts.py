@@ -71,6 +71,24 @@ def test_a_fact_restated_at_its_tier_expires_a_tier_after_it_was_last_said(
     assert facts_of(alice_scope) == []
 
 
+def test_a_fact_repeated_every_turn_is_refreshed_once_half_its_life_is_gone(
+    alice, alice_scope, monkeypatch, clean_vectors
+):
+    """Refreshed on every statement, a fact repeated each turn wrote an update and a
+    history row each turn, without limit."""
+    t0 = timezone.now()
+    for minutes in range(0, 60, 10):  # six statements within the hour
+        clock_at(monkeypatch, t0 + timedelta(minutes=minutes))
+        turn(alice, "s", f"t{minutes}", CAFE)
+    (fact_id,) = [str(row.id) for row in facts_of(alice_scope)]
+    assert not MemoryHistory.objects.filter(memory_id=fact_id, event=MemoryHistory.Event.UPDATE).exists()
+    assert attrs_of(alice_scope)["expires_at"] == engine_timestamp(t0 + timedelta(days=1))
+    clock_at(monkeypatch, t0 + timedelta(hours=13))  # less than half of the day left
+    turn(alice, "s", "t-late", CAFE)
+    assert MemoryHistory.objects.filter(memory_id=fact_id, event=MemoryHistory.Event.UPDATE).count() == 1
+    assert attrs_of(alice_scope)["expires_at"] == engine_timestamp(t0 + timedelta(hours=13, days=1))
+
+
 def test_restating_never_shortens_a_facts_life(alice, alice_scope, fake_llm, monkeypatch, clean_vectors):
     t0 = timezone.now()
     clock_at(monkeypatch, t0)

@@ -359,13 +359,19 @@ def _guard_release(guard: TurnGuard, *, owner: str) -> None:
         logger.warning("after_turn: could not release the turn guard")
 
 
+def _tier_retention(tier: str) -> timedelta | None:
+    """How long a fact of `tier` lives (None: long-term, for ever)."""
+    if tier == TIER_L1:
+        return timedelta(days=settings.MCP_MEMORY_L1_RETENTION_DAYS)
+    if tier == TIER_L2:
+        return timedelta(days=settings.MCP_MEMORY_L2_RETENTION_DAYS)
+    return None
+
+
 def _tier_expiry(tier: str, *, now: datetime) -> str | None:
     """When a fact of `tier` said at `now` expires (None: long-term, never)."""
-    if tier == TIER_L1:
-        return engine_timestamp(now + timedelta(days=settings.MCP_MEMORY_L1_RETENTION_DAYS))
-    if tier == TIER_L2:
-        return engine_timestamp(now + timedelta(days=settings.MCP_MEMORY_L2_RETENTION_DAYS))
-    return None
+    retention = _tier_retention(tier)
+    return None if retention is None else engine_timestamp(now + retention)
 
 
 def _fact_attrs(fact: Fact, *, project: str, session_id: str, now: datetime) -> MemoryAttrs:
@@ -460,14 +466,18 @@ def _fact_restated_attrs(attrs: MemoryAttrs, *, tier: str, now: datetime) -> Mem
     current = attrs.expires_at
     if FACT_TAG not in attrs.tags or current is None:
         return attrs
-    expires = _tier_expiry(tier, now=now)
-    if expires is None:
+    retention = _tier_retention(tier)
+    if retention is None:
         return _turn_fact_durable_attrs(attrs) or attrs
     tags = attrs.tags
     if tier == TIER_L2:
         tags = tuple(dict.fromkeys(tier_tag(TIER_L2) if tag == tier_tag(TIER_L1) else tag for tag in tags))
-    # engine_timestamp texts compare as the instants they are.
-    return replace(attrs, tags=tags, expires_at=max(current, expires))
+    # engine_timestamp texts compare as the instants they are. A fact with more than half
+    # of this tier's life left keeps its expiry: one repeated every turn would otherwise
+    # write an update and a history row every turn.
+    if tags == attrs.tags and current > engine_timestamp(now + retention / 2):
+        return attrs
+    return replace(attrs, tags=tags, expires_at=max(current, engine_timestamp(now + retention)))
 
 
 def turn_after(
