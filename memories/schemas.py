@@ -398,6 +398,13 @@ class UpdateInput(FieldsMixin, MetadataMixin):
 
     _uuid = field_validator("memory_id")(_uuid_text)
 
+    @field_validator("source")
+    @classmethod
+    def _source_not_the_toolkits(cls, value: str | None) -> str | None:  # replaces FieldsMixin's
+        # A store_memory row's fields sent back as they were read keep its own source:
+        # `memory_update` refuses the value only on a memory store_memory did not make.
+        return value
+
     @field_validator("memory")
     @classmethod
     def _memory_non_blank(cls, value: str | None) -> str | None:

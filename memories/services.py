@@ -930,6 +930,9 @@ def memory_update(
         current = engine_lock_owned(scope, memory_id=memory_id)
         if current is None or not _live(current, scope):
             raise not_found()
+        if source == STORE_MEMORY_SOURCE and current.metadata.get("source") != STORE_MEMORY_SOURCE:
+            reserved = f"source: {STORE_MEMORY_SOURCE!r} is reserved for the toolkit's store_memory"
+            raise ServiceError(ErrorCode.INVALID_ARGUMENT, reserved)
         attrs = _attrs(fields, base=current.attrs) if fields else None
         if pinned is True and not {"expires_at", "ttl_days"} & set(fields or {}):
             # Reads hide an expired memory and the purge deletes it, pinned or not: pinning
@@ -1108,7 +1111,7 @@ def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, c
 # --- the two rows of a toolkit store_memory message --------------------------------------------
 # store_memory's rows (memories/toolkit/services.py): the short-term row of each message
 # and, for a human message, its long-term candidate linked to it by `stm_id`.
-STORE_MEMORY_SOURCE = RESERVED_SOURCE  # no client may set it (schemas.FieldsMixin)
+STORE_MEMORY_SOURCE = RESERVED_SOURCE  # set by no client but on its own rows (schemas.FieldsMixin, memory_update)
 STM_LINK_KEY = "stm_id"
 
 
@@ -1322,7 +1325,8 @@ def memory_restore(
     """Take memories out of the trash with the same ids and history: one by id, or all
     that one call deleted (its request id). A restored memory gets its dedupe hash back
     unless the same text was remembered again meanwhile (then the newer memory keeps
-    it and the restored one lives on beside it). Hashes go to the memories that hold
+    it and the restored one lives on beside it, unless the newer one expires and the
+    restored one does not: then it moves). Hashes go to the memories that hold
     one in live data: never a toolkit short-term copy, and of equal texts restored
     together the long-term one without expiry (`_restored_hashes`).
 

@@ -229,6 +229,13 @@ def test_cache_invalidate_pattern_ignores_case_in_every_script(alice, bob, query
     assert CacheEntry.objects.filter(user=bob).count() == 1
 
 
+def test_cache_invalidate_pattern_does_not_match_a_letter_without_its_accent(alice):
+    run(alice, "store_cache", {"query": "Cafe\u0301 latte prices", "response": "r"})  # decomposed é
+    run(alice, "store_cache", {"query": "Café au lait", "response": "r"})
+    assert run(alice, "cache_invalidate", {"pattern": "cafe"})["deleted_count"] == 0
+    assert run(alice, "cache_invalidate", {"pattern": "CAFÉ"})["deleted_count"] == 2
+
+
 # --- 7: the web UI's delete of an expired decision ----------------------------------------------
 def test_web_delete_of_an_expired_decision_is_no_such_decision(client, alice):
     run(alice, "store_decision", {"key": "theme", "value": "dark", "ttl_days": 1})
@@ -277,6 +284,8 @@ def test_a_client_cannot_pass_its_memory_off_as_a_store_memory_row(alice, client
         assert refused.value.code == ErrorCode.INVALID_ARGUMENT and "reserved" in refused.value.message
     store(alice, ("user", "Remember that my locker code is 4411"))
     stm = next(m for m in run(alice, "list_memory", {"page_size": 50})["memories"] if m["source"] == "store_memory")
+    resent = run(alice, "update_memory", {"memory_id": stm["id"], "source": "store_memory", "importance": 0.7})
+    assert resent["memory"]["importance"] == 0.7  # its own source, sent back as read
     client.force_login(alice)
     form = {"memory_type": "project", "tags": "", "importance": "0.5", "source": "store_memory"}
     assert client.post(reverse("web-memory-fields", args=[stm["id"]]), form).status_code == 302

@@ -638,9 +638,10 @@ def toolkit_cache_store(scope: MemoryScope, *, query: str, response: str, call: 
 
 
 def _caseless(text: str) -> str:
-    """Unicode's canonical caseless form (D145: NFD(casefold(NFD(text)))): "ÉCOLE" and
-    "école" (precomposed or not), "STRASSE" and "straße" are the same text."""
-    return unicodedata.normalize("NFD", unicodedata.normalize("NFD", text).casefold())
+    """Unicode's canonical caseless form (D145, NFD(casefold(NFD(text)))), composed again:
+    "ÉCOLE" and "école" (precomposed or not), "STRASSE" and "straße" are the same text,
+    and "cafe" is no substring of "café" (its accent a separate mark in NFD)."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFD", text).casefold())
 
 
 def _cache_ids_matching(scope: MemoryScope, pattern: str) -> list[uuid.UUID]:
