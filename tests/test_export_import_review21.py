@@ -186,3 +186,25 @@ def test_a_write_error_midway_is_a_clear_error_and_keeps_the_earlier_file(alice,
     assert target.read_text() == "an older export"
     assert list(tmp_path.iterdir()) == [target]
     assert _export_calls() == (1, 1)  # read and billed, as the operator is told
+
+
+class _ClosedPipe:
+    """stdout whose reader went away after the first line (`export_memories alice | head -1`)."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+
+    def write(self, text: str) -> None:
+        self.lines += 1
+        if self.lines > 1:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_reader_that_stops_early_is_one_line_not_a_traceback(alice, alice_scope):
+    for n in range(3):
+        memory_remember(alice_scope, memory=f"Fact number {n} for the pipe", call=internal_call())
+    with pytest.raises(CommandError, match="stdout was closed before the export ended"):
+        call_command("export_memories", "alice", stdout=_ClosedPipe())

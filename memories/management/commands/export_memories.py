@@ -1,4 +1,5 @@
 import os
+import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TextIO
@@ -33,14 +34,28 @@ class Command(BaseCommand):
             if target:
                 target.write(lines)
             else:
-                for line in lines:
-                    self.stdout.write(line, ending="")
+                self._to_stdout(lines)
         except ServiceError as exc:
             raise CommandError(f"{exc.code.value}: {exc.message}") from None
         finally:
             if target:
                 target.discard()
         self.stderr.write(f"exported {progress.done} memories of {username!r}" + (f" to {output}" if output else ""))
+
+    def _to_stdout(self, lines: Iterator[str]) -> None:
+        try:
+            for line in lines:
+                self.stdout.write(line, ending="")
+            self.stdout.flush()
+        except BrokenPipeError:
+            # The reader stopped early (`| head`): say so in one line, not a traceback.
+            if isinstance(lines, Generator):
+                lines.close()  # ends its read-only snapshot now
+            wrapped = getattr(self.stdout, "_out", None)
+            if wrapped is not None and wrapped is sys.stdout:
+                # Python would flush the closed pipe again at exit and print its own error.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), wrapped.fileno())
+            raise CommandError("stdout was closed before the export ended; it is incomplete") from None
 
 
 class ExportProgress(ProgressLine):
