@@ -195,7 +195,8 @@ def _check_runs_as(user: str | None, config_path: Path) -> None:
         text=True,
     )
     if probe.returncode not in (0, 1) or "failed" in probe.stderr:
-        detail = _secrets_redacted(" ".join(probe.stderr.split())[-500:], config_path)
+        # Redacted before it is cut: a key the cut split in two would no longer match.
+        detail = _secrets_redacted(" ".join(probe.stderr.split()), config_path)[-500:]
         raise BackupError(f"the WAL archive command, run as {user!r}, failed: {detail}")
 
 

@@ -58,3 +58,25 @@ def test_a_database_that_cannot_start_for_a_command_is_one_line(stopped_service,
 
     assert str(stopped.value).startswith("manage.py: the embedded database did not start: ")
     assert "not-a-dir" in str(stopped.value)
+
+
+def test_the_probes_error_is_redacted_before_it_is_cut(tmp_path, monkeypatch):
+    """The last 500 characters were kept first and redacted after: a key the cut split in
+    two no longer matched, and its tail was printed."""
+    import json
+    import pwd
+    import subprocess
+
+    from memsite import backup
+
+    config = tmp_path / "archive.json"
+    config.write_text(json.dumps({"secret_key": SECRET, "access_key": "AKIAEXAMPLE"}))
+    # The secret starts 505 characters from the end: a cut at 500 splits it.
+    stderr = "failed: " + SECRET + "x" * (505 - len(SECRET))
+    monkeypatch.setattr(backup, "_grant_traversal", lambda path: None)
+    monkeypatch.setattr(
+        backup.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 2, stdout="", stderr=stderr)
+    )
+    with pytest.raises(backup.BackupError) as failed:
+        backup._check_runs_as(pwd.getpwuid(0).pw_name, config)
+    assert SECRET[-8:] not in str(failed.value)
