@@ -67,11 +67,27 @@ IDENTITY_MAX_CHARS = 255  # ExternalIdentity.issuer and .subject
 
 def _username_for(issuer: str, subject: str, claims: dict) -> str:
     User = get_user_model()
-    # As create_user will store it (NFKC): a fullwidth "ａlice" is "alice", maybe taken.
+    # As create_user will store it (NFKC): a fullwidth "ａlice" is "alice", maybe taken,
+    # and one character may become many ("ﷺ" is 18), past the column.
     preferred = User.normalize_username(str(claims.get("preferred_username") or "")[:100])
-    if preferred and not text_problem(preferred) and not User.objects.filter(username=preferred).exists():
+    limit = getattr(User._meta.get_field(User.USERNAME_FIELD), "max_length", None) or 150
+    if (
+        preferred
+        and len(preferred) <= limit
+        and not text_problem(preferred)
+        and not User.objects.filter(username=preferred).exists()
+    ):
         return preferred
+    return _username_of_identity(issuer, subject)
+
+
+def _username_of_identity(issuer: str, subject: str) -> str:
     return "oidc-" + hashlib.sha256(f"{issuer}|{subject}".encode()).hexdigest()[:24]
+
+
+def identity_storable(issuer: str, subject: str) -> bool:
+    """An issuer and subject we can keep (within their columns, no NUL)."""
+    return not any(len(value) > IDENTITY_MAX_CHARS or text_problem(value) for value in (issuer, subject))
 
 
 def _email_of(claims: dict) -> str:
@@ -83,22 +99,28 @@ def user_for_subject(*, issuer: str, subject: str, claims: dict, tenant: str | N
     """The local user of an OIDC subject, created (in `tenant`, default: the default
     tenant) on first sight. None for an issuer or subject we cannot keep (longer than
     its column, or a NUL): the token or login is refused, as any unusable one is."""
-    if any(len(value) > IDENTITY_MAX_CHARS or text_problem(value) for value in (issuer, subject)):
+    if not identity_storable(issuer, subject):
         logger.info("rejected an OIDC identity: its issuer or subject cannot be stored")
         return None
     identity = ExternalIdentity.objects.select_related("user").filter(issuer=issuer, subject=subject).first()
     if identity:
         return identity.user
     User = get_user_model()
-    try:
-        with transaction.atomic():
-            user = User.objects.create_user(username=_username_for(issuer, subject, claims), email=_email_of(claims))
-            if tenant is not None:
-                TenantMembership.objects.create(user=user, tenant=tenant_ensure(name=tenant))
-            ExternalIdentity.objects.create(user=user, issuer=issuer, subject=subject)
-            return user
-    except IntegrityError:  # a concurrent first request created it
-        return ExternalIdentity.objects.select_related("user").get(issuer=issuer, subject=subject).user
+    # The preferred name first; the identity's own if another subject took that name at
+    # the same moment (its first sign-in too).
+    for username in dict.fromkeys((_username_for(issuer, subject, claims), _username_of_identity(issuer, subject))):
+        try:
+            with transaction.atomic():
+                user = User.objects.create_user(username=username, email=_email_of(claims))
+                if tenant is not None:
+                    TenantMembership.objects.create(user=user, tenant=tenant_ensure(name=tenant))
+                ExternalIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+                return user
+        except IntegrityError:  # a concurrent first request of this subject created it, or took the name
+            identity = ExternalIdentity.objects.select_related("user").filter(issuer=issuer, subject=subject).first()
+            if identity:
+                return identity.user
+    return None
 
 
 def claim_at(claims: dict, path: str | None) -> Any:

@@ -19,7 +19,7 @@ from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthen
 
 from core.scope import DEFAULT_TENANT
 from memories.models import ExternalIdentity
-from memories.oidc import tenant_from_claims, user_for_subject
+from memories.oidc import identity_storable, tenant_from_claims, user_for_subject
 
 DISCOVERED = {
     "OIDC_OP_AUTHORIZATION_ENDPOINT": "authorization_endpoint",
@@ -71,6 +71,8 @@ class MemsiteOIDCBackend(DiscoveredSettings, OIDCAuthenticationBackend):
         return payload
 
     def filter_users_by_claims(self, claims):
+        if not identity_storable(settings.OIDC_ISSUER, str(claims["sub"])):
+            return self.UserModel.objects.none()  # then create_user refuses it too
         identity = ExternalIdentity.objects.filter(issuer=settings.OIDC_ISSUER, subject=str(claims["sub"]))
         return self.UserModel.objects.filter(external_identities__in=identity)
 
