@@ -21,17 +21,15 @@ TEXT_FORMAT = "[%(asctime)s] [%(levelname)s] [rid=%(request_id)s] [%(name)s] %(m
 
 # API keys (msk_<id>_<secret>), our OAuth tokens and codes (mso_at_, mso_rt_, mso_ac_),
 # upstream chat API keys (sk-...), bearer tokens, and secrets as key=value in URLs or
-# messages or as "key": "value" in JSON a library echoes (an OAuth token response).
+# messages or as "key": "value" in JSON, or 'key': 'value' in a Python repr, that a
+# library echoes (an OAuth token response). A quoted value may hold escaped quotes.
+_SECRET_NAMES = r"(?:access_token|refresh_token|id_token|client_secret|api_key|password|secret|token)"  # noqa: S105 - names, not a secret
 _SECRETS = [
     (re.compile(r"msk_[A-Za-z0-9_-]+"), "msk_[redacted]"),
-    (re.compile(r"mso_[A-Za-z0-9_-]+"), "mso_[redacted]"),
+    (re.compile(r"\bmso_[A-Za-z0-9_-]+"), "mso_[redacted]"),
     (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), "sk-[redacted]"),
-    (
-        re.compile(
-            r'(?i)("(?:access_token|refresh_token|id_token|client_secret|api_key|password|secret|token)"\s*:\s*")[^"]*'
-        ),
-        r"\1[redacted]",
-    ),
+    (re.compile(rf'(?i)("{_SECRET_NAMES}"\s*:\s*")(?:[^"\\]|\\.)*'), r"\1[redacted]"),
+    (re.compile(rf"(?i)('{_SECRET_NAMES}'\s*:\s*')(?:[^'\\]|\\.)*"), r"\1[redacted]"),
     (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1[redacted]"),
     (re.compile(r"(?i)((?:api[_-]?key|token|secret|password)=)[^&\s\"']+"), r"\1[redacted]"),
 ]

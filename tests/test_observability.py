@@ -83,6 +83,10 @@ def test_secrets_and_query_strings_are_scrubbed_from_log_lines():
         assert secret[-5:] not in scrub_secrets(f"oauth said {secret} here"), secret
     echoed = scrub_secrets('{"access_token": "opaque-1", "client_secret":"opaque-2", "scope": "memory"}')
     assert "opaque" not in echoed and '"scope": "memory"' in echoed
+    escaped = scrub_secrets('{"refresh_token": "ab\\"cd-tail", "n": 1}')  # an escaped quote inside
+    assert "tail" not in escaped and '"n": 1' in escaped
+    assert "opaque" not in scrub_secrets("{'access_token': 'opaque-3', 'expires_in': 3600}")  # a Python repr
+    assert scrub_secrets("my_mso_counter") == "my_mso_counter"  # inside a name: not a token
     record = logging.LogRecord(
         "uvicorn.access",
         logging.INFO,
