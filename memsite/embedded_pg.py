@@ -560,7 +560,11 @@ def _postgres_data_dir(pid: int) -> Path | None:
         try:
             return Path(process.cwd())
         except psutil.AccessDenied:
-            return _data_dir_argument(process.cmdline()) or _UNKNOWN
+            # Another OS user's server. A backend's command line is its process title (no
+            # `-D`): its postmaster, the parent, has the argument.
+            parent = process.parent()
+            parent_argv = parent.cmdline() if parent is not None and parent.name() == "postgres" else []
+            return _data_dir_argument(process.cmdline()) or _data_dir_argument(parent_argv) or _UNKNOWN
     except psutil.AccessDenied:
         return _UNKNOWN
     except psutil.Error:  # gone meanwhile

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from memsite.embedded_pg import EmbeddedPostgres
+from memsite.embedded_pg import EmbeddedPostgres, _data_dir_argument
 from tests.environment import TEST_DATA_DIR
 
 
@@ -103,3 +103,19 @@ def test_where_the_working_directory_cannot_be_read_the_data_dir_argument_decide
     with pytest.raises(RuntimeError, match=rf"could not be read; if it does not run on {server.paths.pgdata}, remove"):
         server._remove_stale_pidfile()
     assert pidfile.exists()
+
+
+def test_a_backend_whose_directory_cannot_be_read_is_told_by_its_postmaster(server, other_postmaster, monkeypatch):
+    """Another OS user's server: a backend's command line is its process title, without
+    `-D`; its postmaster's has it."""
+    if _data_dir_argument(other_postmaster.cmdline()) is None:
+        pytest.skip("this postmaster was started without an absolute -D")
+
+    def denied(self):
+        raise psutil.AccessDenied(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "cwd", denied)
+    (backend, *_) = other_postmaster.children()
+    pidfile = _pidfile(server, backend.pid)
+    server._remove_stale_pidfile()
+    assert not pidfile.exists()
