@@ -174,11 +174,13 @@ def _quoted(text: str, *, limit: int) -> str:
     return " ".join(text.split())[:limit]
 
 
-# 4xx answers that say nothing against the events themselves: our key or the URL is wrong
-# (an operator's fix, as a redirect is), or the gateway timed out or is busy. Failing the
-# events for good would leave them undelivered after the fix until staff re-queued them,
-# so they wait with the capped backoff instead, the status quoted for staff.
-_NOT_ABOUT_THE_EVENTS = frozenset((401, 403, 404, 405, 407, 408, 421, 425, 429))
+# 4xx answers that say nothing against the events themselves: our key is wrong or lacks a
+# right (an operator's fix, as a redirect is), or the gateway timed out or is busy. Failing
+# the events for good would leave them undelivered after the fix until staff re-queued
+# them, so they wait with the capped backoff instead, the status quoted for staff. A 404
+# is not among them: a gateway may answer it for one event (an account it does not know),
+# and that event must be found (sent one at a time) and failed, not retried for ever.
+_NOT_ABOUT_THE_EVENTS = frozenset((401, 403, 407, 408, 421, 425, 429))
 
 
 def _redirect_reason(response: httpx.Response) -> str:
