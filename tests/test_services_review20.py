@@ -201,25 +201,30 @@ def test_stress_remember_racing_an_update_never_answers_a_memory_holding_another
             assert old in live_texts(alice_scope)
 
 
-def test_remember_of_a_text_a_large_import_is_writing_without_hooks(alice, alice_scope):
+def test_remember_of_a_text_a_large_import_is_writing_without_hooks(alice, alice_scope, monkeypatch):
     texts = [f"Imported fact number {i} about the garden shed" for i in range(300)]
     data = json.dumps({"results": [{"memory": t} for t in texts]}).encode()
-    key = erasure_lock_key(alice_scope)
+    # Nothing held: the import only says when it has written the first text's row and hash
+    # (its second row begins after them). Waiting for its lock alone raced: under load the
+    # remember could claim the text before the import wrote its hash, and the import then
+    # answered `conflict` (retry), a correct answer this test does not look for.
+    first_written = threading.Event()
+    insert = memory_services.engine_insert_imported
+    rows: list[int] = []
 
-    def import_writing() -> bool:  # the import's write transaction holds the user's lock shared
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ShareLock'"
-                " AND objid = (hashtextextended(%s, 0) & 4294967295)::oid",
-                [key],
-            )
-            return cursor.fetchone()[0] > 0
+    def counted(*args: Any, **kwargs: Any) -> str:
+        rows.append(1)
+        if len(rows) == 2:
+            first_written.set()
+        return insert(*args, **kwargs)
 
+    monkeypatch.setattr(memory_services, "engine_insert_imported", counted)
     importing_all = InThread(lambda: memory_import_file(alice_scope, data=data, source="mem0", call=internal_call()))
-    wait_for(lambda: import_writing() or importing_all.done(), timeout=120, interval=0.01, what="the import writing")
+    wait_for(lambda: first_written.is_set() or importing_all.done(), timeout=120, interval=0.01, what="import")
     answer = run(alice, "remember", {"memory": texts[0]})
     imported = importing_all.result()
     assert imported.imported == 300 and answer["duplicate"] is True and answer["id"] in imported.ids
+    assert len(rows) == 300  # the import wrote through the counting wrapper
 
 
 # --- 2: writers of a text an import is writing (the import takes no text lock) ------------------
