@@ -69,6 +69,9 @@ class CallContext:
     staff_user_id: int | None = None
     staff_username: str = ""
     turn_id: str = ""  # groups one agent turn's memory activity
+    # Seed 001's `scope.agent_id`/`session_id` as (key, value) pairs: a call about one
+    # memory touches it only when it is that agent's or session's (else `not_found`).
+    narrowed_to: tuple[tuple[str, str], ...] = ()
     started_at: float = field(default_factory=time.monotonic)
 
     @property

@@ -18,14 +18,13 @@ from pydantic import BaseModel
 
 from core.calls import subject_claim_of
 from core.choices import ALL_PERMISSIONS, Operation, Permission
-from core.errors import ErrorCode, ServiceError, not_found
+from core.errors import ErrorCode, ServiceError
 from core.inputs import text_problem
 from core.metrics import call_observed, lines_observed
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
 from memories.call_record import failures_audited
-from memories.selectors import memory_get_owned
 from memories.services import (
     memory_clear_all,
     memory_delete,
@@ -122,6 +121,7 @@ def _update(scope: MemoryScope, args: schemas.UpdateInput, call: CallContext) ->
         pinned=args.pinned,
         metadata=args.metadata,
         fields=args.field_changes(),
+        within=dict(call.narrowed_to),
         call=call,
     )
     return {"memory": view.as_dict()}
@@ -139,12 +139,12 @@ def _delete(scope: MemoryScope, args: schemas.DeleteInput, call: CallContext) ->
             dry_run=args.dry_run,
             call=call,
         ).as_dict()
-    memory_delete(scope, memory_id=args.memory_id, call=call)
+    memory_delete(scope, memory_id=args.memory_id, within=dict(call.narrowed_to), call=call)
     return {"id": args.memory_id, "deleted": True}
 
 
 def _forget(scope: MemoryScope, args: schemas.GetInput, call: CallContext) -> dict[str, Any]:
-    memory_delete(scope, memory_id=args.memory_id, forget=True, call=call)
+    memory_delete(scope, memory_id=args.memory_id, forget=True, within=dict(call.narrowed_to), call=call)
     return {"id": args.memory_id, "deleted": True}
 
 
@@ -452,10 +452,16 @@ def _call_of(
         actor_role=principal.role,
         actor_credential=principal.credential,
         turn_id=call.turn_id or _turn_id(arguments),
+        narrowed_to=_narrowed_to(claimed_scope),
         # Whom the call claims to act for, on its audit row even when refused: the header,
         # or else seed 001's scope claim.
         subject=claim,
     )
+
+
+def _narrowed_to(claimed_scope: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    claimed = claimed_scope or {}
+    return tuple((key, claimed[key]) for key in ("agent_id", "session_id") if claimed.get(key))
 
 
 def _memory_id_of(arguments: Any) -> str | None:
@@ -489,10 +495,6 @@ def _admitted(
         if claimed_scope is not None:
             principal_claim_check(effective, claimed_scope)
         validated = schemas.validate_input(definition.input_model, arguments)
-        if claimed_scope and memory_id is not None:
-            # The validated id: the raw one may be another spelling (`urn:uuid:...`).
-            checked_id = str(getattr(validated, "memory_id", None) or memory_id)
-            memory_narrowing_check(scope, memory_id=checked_id, claimed=claimed_scope)
         return scope, validated
 
 
@@ -516,17 +518,6 @@ def principal_effective(principal: Principal, *, subject: str = "", claimed: dic
         username=username,
     )
     return principal.acting_for(user, tenant=tenant)
-
-
-def memory_narrowing_check(scope: MemoryScope, *, memory_id: str, claimed: dict[str, Any]) -> None:
-    """Seed 001's `scope.agent_id`/`session_id` narrow a call on one memory: a memory of
-    another agent or session is `not_found`, as a missing or another user's id is."""
-    narrowing = {key: claimed[key] for key in ("agent_id", "session_id") if claimed.get(key)}
-    if not narrowing:
-        return
-    attrs = memory_get_owned(scope, memory_id=memory_id).attrs
-    if any(getattr(attrs, key) != value for key, value in narrowing.items()):
-        raise not_found()
 
 
 def principal_claim_check(principal: Principal, claimed: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ import logging
 import secrets
 import unicodedata
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -900,11 +900,13 @@ def memory_update(
     pinned: bool | None = None,
     metadata: dict[str, Any] | None = None,
     fields: dict[str, Any] | None = None,
+    within: Mapping[str, str] | None = None,
     call: CallContext,
 ) -> MemoryView:
     """Change text, pin state, metadata or fields of one of the scope's memories.
     Metadata is merged, never wiped. Serialised per memory with concurrent updates and
-    deletes.
+    deletes. `within` (seed 001's agent_id/session_id) narrows: a memory outside it is
+    `not_found`, judged on the locked row.
 
     New text that another of the user's memories already has answers `conflict` (with
     its id) and changes nothing. The row, its history, the hash, the usage event and
@@ -916,7 +918,8 @@ def memory_update(
     source = (fields or {}).get("source")
     if source:
         changes["source"] = source
-    memory_get_owned(scope, memory_id=memory_id)  # not_found before any embedding work
+    if not _within(memory_get_owned(scope, memory_id=memory_id), within):  # not_found before any embedding
+        raise not_found()
     text = memory.strip() if memory is not None else None
     digest = content_sha256(memory) if memory is not None else None
     embedded = None
@@ -928,7 +931,7 @@ def memory_update(
         # Every update, not only new text: its history row and hash are the user's rows too.
         user_write_locks(scope, *keys)
         current = engine_lock_owned(scope, memory_id=memory_id)
-        if current is None or not _live(current, scope):
+        if current is None or not _live(current, scope) or not _within(current, within):
             raise not_found()
         if source == STORE_MEMORY_SOURCE and current.metadata.get("source") != STORE_MEMORY_SOURCE:
             reserved = f"source: {STORE_MEMORY_SOURCE!r} is reserved for the toolkit's store_memory"
@@ -979,6 +982,12 @@ def memory_update(
             detail=_derived_answers_forgotten(scope) if text_changed else None,
         )
     return memory_view(updated)
+
+
+def _within(item: EngineMemory, within: Mapping[str, str] | None) -> bool:
+    """Whether the memory is of the agent and session a call names (seed 001's scope): a
+    call about a memory outside them answers as for a missing id."""
+    return all(getattr(item.attrs, key) == value for key, value in (within or {}).items())
 
 
 def _derived_answers_forgotten(scope: MemoryScope) -> dict[str, int]:
@@ -1049,16 +1058,27 @@ def _trash_or_delete(
     return deleted
 
 
-def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, call: CallContext) -> list[str]:
+def memory_delete(
+    scope: MemoryScope,
+    *,
+    memory_id: str,
+    forget: bool = False,
+    within: Mapping[str, str] | None = None,
+    call: CallContext,
+) -> list[str]:
     """Move one memory to the trash (restorable for TRASH_RETENTION_DAYS; 0 deletes it at
     once), with the other row of its toolkit store_memory message (`_message_twins`):
     recall shows the pair as one memory, so deleting either (on any surface) deletes both,
     under this call's request id (restoring by it brings both back). `forget` records a
     user-initiated forget (seed 001's /forget). The row changes, their history, the
     hashes, mem0's raw messages, the usage event and the audit row (naming every id)
-    commit in one transaction. Returns the ids, the one asked for first."""
+    commit in one transaction. Returns the ids, the one asked for first. `within` (seed
+    001's agent_id/session_id) narrows: a memory outside it is `not_found`, judged on the
+    locked row."""
     rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
     item = memory_get_owned(scope, memory_id=memory_id)
+    if not _within(item, within):
+        raise not_found()
     with _engine_errors():
         twins = _message_twins(scope, item)
     # The text locks for the hashes a trashed row may hand over (read before the locks,
@@ -1074,7 +1094,7 @@ def memory_delete(scope: MemoryScope, *, memory_id: str, forget: bool = False, c
         )
         locked = engine_lock_owned_many(scope, memory_ids=[memory_id, *(twin.id for twin in twins)])
         current = locked.get(memory_id)
-        if current is None or not _live(current, scope):
+        if current is None or not _live(current, scope) or not _within(current, within):
             raise not_found()
         # Again under the locks: a restore (which holds the erasure lock we now share) may
         # have brought a twin back after the read above.

@@ -5,13 +5,20 @@ to the named agent or session as search does."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import pytest
+from django.db import connection, transaction
 
 from audit.models import AuditEvent
 from billing.models import UsageEvent
-from memories.services import api_key_issue
+from memories.engine import engine_lock_owned, engine_update_row
+from memories.services import api_key_issue, user_write_locks
+from tests.conftest import InThread, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -101,3 +108,69 @@ def test_the_narrowing_reads_the_id_as_validated(client):
     body = {"importance": 0.8, "scope": AGENT_A}
     answer = client.put(f"/v1/memory/urn:uuid:{memory['id']}", body, format="json")
     assert answer.status_code == 200, answer.content
+
+
+# --- the narrowing is judged on the locked row ----------------------------------------------
+def _advisory_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        return cursor.fetchone()[0]
+
+
+def _moved_to_agent_b_during(alice_scope, memory_id: str, request: Callable[[], Any]) -> Any:
+    """Run `request` while another transaction, holding the memory's lock, moves it to
+    agent-b: the request reads the memory (agent-a) before that commits and waits for the
+    lock; it must judge the narrowing on what it finds under the lock."""
+    holding, release = threading.Event(), threading.Event()
+
+    def move() -> None:
+        # As an update moving it does, without its rate-limit row (the request would wait
+        # on that before reading the memory).
+        with transaction.atomic():
+            user_write_locks(alice_scope, f"memory:{memory_id}")
+            row = engine_lock_owned(alice_scope, memory_id=memory_id)
+            engine_update_row(memory_id, embedded=None, metadata=None, attrs=replace(row.attrs, agent_id="agent-b"))
+            holding.set()
+            assert release.wait(30)
+
+    mover = InThread(move)
+    assert holding.wait(30)
+    caller = InThread(request)
+    wait_for(lambda: _advisory_waiters() == 1 or caller.done(), timeout=20, what="the request waiting")
+    release.set()
+    mover.result()
+    return caller.result()
+
+
+def test_an_update_judges_the_agent_on_the_locked_row(client, alice_scope):
+    """A concurrent move to another agent committed while the update waited: the update
+    naming the old agent must not rewrite the memory now in agent-b."""
+    memory = stored(client, "Alice takes the night train", AGENT_A)
+    body = {"content": "rewritten by agent a", "scope": AGENT_A}
+    answer = _moved_to_agent_b_during(
+        alice_scope, memory["id"], lambda: client.put(f"/v1/memory/{memory['id']}", body, format="json")
+    )
+    assert answer.status_code == 404, answer.content
+    kept = listed(client)[memory["id"]]
+    assert (kept["content"], kept["scope"]["agent_id"]) == ("Alice takes the night train", "agent-b")
+    assert not UsageEvent.objects.filter(operation="update_memory").exists()
+
+
+def test_a_forget_judges_the_agent_on_the_locked_row(client, alice_scope):
+    memory = stored(client, "Alice collects stamps", AGENT_A)
+    answer = _moved_to_agent_b_during(
+        alice_scope,
+        memory["id"],
+        lambda: client.post(f"/v1/memory/{memory['id']}/forget", {"scope": AGENT_A}, format="json"),
+    )
+    assert answer.status_code == 404, answer.content
+    assert listed(client)[memory["id"]]["scope"]["agent_id"] == "agent-b"
+
+
+def test_a_prefetch_with_a_malformed_agent_is_a_clear_400(client):
+    for scope in ({**ALICE, "agent_id": 7}, {**ALICE, "agent_id": ["a"]}, {**ALICE, "agent_id": "a\x00b"}):
+        answer = client.post("/v1/memory/prefetch", {"query": "anything", "scope": scope}, format="json")
+        assert answer.status_code == 400, (scope, answer.content)
+        assert answer.json()["error"]["code"] == "invalid_argument"
+    answer = client.post("/v1/memory/prefetch", {"query": "anything", "scope": {**ALICE, "agent": "a"}}, format="json")
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_argument"

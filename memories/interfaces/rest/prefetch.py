@@ -15,8 +15,6 @@ from rest_framework.views import APIView
 
 from memories.interfaces.rest.seed001 import (
     _body_dict,
-    _claimed,
-    _effective,
     _execute,
     _narrowing,
     _only,
@@ -65,13 +63,13 @@ class SeedMemoryPrefetchView(APIView):
         ],
     )
     def post(self, request):
-        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+        def build(claimed: dict[str, Any]) -> dict[str, Any]:
             body = _body_dict(request)
-            claimed = _claimed(request, _scope_of(body.pop("scope", None)))
+            claimed.update(_scope_of(body.pop("scope", None)))
             _only(body, {"query", "messages", "limit", "project"})
-            return {**body, **_narrowing(claimed)}, claimed
+            return {**body, **_narrowing(claimed)}
 
-        result = _execute(request, "memory_prefetch", build)
+        ran = _execute(request, "memory_prefetch", build)
         return Response(
-            {"notes": result["notes"], "memories": [seed_memory(_effective(request), m) for m in result["memories"]]}
+            {"notes": ran.answer["notes"], "memories": [seed_memory(ran.principal, m) for m in ran.answer["memories"]]}
         )

@@ -10,7 +10,7 @@ memory outside them answers `not_found`, as for a missing id."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
@@ -145,31 +145,26 @@ class _RejectedBody(_Rejected):
         self.arguments = arguments
 
 
-def _execute(request, operation: str, build: Callable[[], tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
-    """Build (arguments, claimed scope) and run the operation; a bad argument found while
-    building goes to the dispatcher as RejectedArguments, so it is answered and audited."""
+class _Ran(NamedTuple):
+    answer: dict[str, Any]
+    principal: Principal  # whom the call ran as: the subject, when a service acts for one
+
+
+def _execute(request, operation: str, build: Callable[[dict[str, Any]], dict[str, Any]]) -> _Ran:
+    """Build the arguments and run the operation. `build` adds the scope the request claims
+    to the dict it is given as soon as it reads it: a bad argument found later goes to the
+    dispatcher as RejectedArguments with the claim read so far, so a claim the caller may
+    not make is refused first, and the call's audit row names whom it claimed."""
+    claimed: dict[str, Any] = {}
+    arguments: dict[str, Any] | schemas.RejectedArguments
     try:
-        arguments, claimed = build()
+        arguments = build(claimed)
     except _Rejected as rejected:
-        # A scope claim read before the bad argument still counts: a claim the caller may
-        # not make is refused first, and the audit row names whom it claimed.
-        claim = getattr(request, "memsite_claim", None) or None
-        return operation_execute(request.auth, operation, rejected.arguments, call=_call(request), claimed_scope=claim)
+        arguments = rejected.arguments
     call = _call(request)
-    result = operation_execute(request.auth, operation, arguments, call=call, claimed_scope=claimed)
-    # Whom the call ran as (the subject, when a service acts for one): shapes the answer.
-    request.memsite_effective = principal_effective(request.auth, subject=call.subject, claimed=claimed)
-    return result
-
-
-def _claimed(request, claimed: dict[str, Any]) -> dict[str, Any]:
-    """Note the scope a request claims as soon as it is read (see `_execute`)."""
-    request.memsite_claim = {**getattr(request, "memsite_claim", {}), **claimed}
-    return claimed
-
-
-def _effective(request) -> Principal:
-    return getattr(request, "memsite_effective", None) or request.auth
+    answer = operation_execute(request.auth, operation, arguments, call=call, claimed_scope=claimed)
+    # Whom the call ran as shapes the answer (seed_memory's scope).
+    return _Ran(answer, principal_effective(request.auth, subject=call.subject, claimed=claimed))
 
 
 def _narrowing(scope: dict[str, Any]) -> dict[str, Any]:
@@ -233,21 +228,21 @@ class SeedMemoryCollectionView(APIView):
         # second read would hide why the body was refused (too large, not JSON, NUL).
         raw = _body(request)
         if isinstance(raw, dict) and raw.get("messages") is not None and raw.get("content") is None:
-            result = _execute(request, "ingest", lambda: self._arguments(request, raw, messages=True))
-            return Response({"memories": result["results"]}, status=status.HTTP_201_CREATED)
-        result = _execute(request, "remember", lambda: self._arguments(request, raw, messages=False))
-        memory = seed_memory(_effective(request), _stored(_effective(request), result["id"]))
-        code = status.HTTP_200_OK if result["duplicate"] else status.HTTP_201_CREATED
-        return Response({"memory": memory, "duplicate": result["duplicate"]}, status=code)
+            ingested = _execute(request, "ingest", lambda claimed: self._arguments(raw, claimed, messages=True))
+            return Response({"memories": ingested.answer["results"]}, status=status.HTTP_201_CREATED)
+        ran = _execute(request, "remember", lambda claimed: self._arguments(raw, claimed, messages=False))
+        memory = seed_memory(ran.principal, _stored(ran.principal, ran.answer["id"]))
+        code = status.HTTP_200_OK if ran.answer["duplicate"] else status.HTTP_201_CREATED
+        return Response({"memory": memory, "duplicate": ran.answer["duplicate"]}, status=code)
 
     @staticmethod
     def _arguments(
-        request, raw: dict[str, Any] | schemas.RejectedArguments, *, messages: bool
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        raw: dict[str, Any] | schemas.RejectedArguments, claimed: dict[str, Any], *, messages: bool
+    ) -> dict[str, Any]:
         if isinstance(raw, schemas.RejectedArguments):
             raise _RejectedBody(raw)
         body = dict(raw)
-        claimed = _claimed(request, _scope_of(body.pop("scope", None)))
+        claimed.update(_scope_of(body.pop("scope", None)))
         content, items = body.pop("content", None), body.pop("messages", None)
         _only(body, set(STORE_FIELDS) | {"metadata"})
         if (content is None) == (items is None):
@@ -255,8 +250,8 @@ class SeedMemoryCollectionView(APIView):
         arguments = {**body, **_narrowing(claimed)}
         if messages:
             arguments.pop("pinned", None)
-            return {**arguments, "messages": items}, claimed
-        return {**arguments, "memory": content}, claimed
+            return {**arguments, "messages": items}
+        return {**arguments, "memory": content}
 
     @extend_schema(
         operation_id="v1_memory_list",
@@ -270,22 +265,22 @@ class SeedMemoryCollectionView(APIView):
         responses={200: schemas.SeedListOutput, **_errors(*COMMON_ERRORS, 403)},
     )
     def get(self, request):
-        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+        def build(claimed: dict[str, Any]) -> dict[str, Any]:
             query = request.query_params
             _query_only(query, {*SCOPE_KEYS, "memory_type", "tags", "limit", "cursor"})
-            claimed = _claimed(request, _query_claim_of(query))
+            claimed.update(_query_claim_of(query))
             arguments = field_filter_arguments(query)
             if "limit" in query:
                 arguments["page_size"] = _limit(query["limit"], schemas.PAGE_SIZE_MAX)
             if query.get("cursor"):
                 arguments["cursor"] = query["cursor"]
-            return arguments, claimed
+            return arguments
 
-        result = _execute(request, "list_memory", build)
+        ran = _execute(request, "list_memory", build)
         return Response(
             {
-                "memories": [seed_memory(_effective(request), m) for m in result["memories"]],
-                "next_cursor": result["next_cursor"],
+                "memories": [seed_memory(ran.principal, m) for m in ran.answer["memories"]],
+                "next_cursor": ran.answer["next_cursor"],
             }
         )
 
@@ -309,17 +304,17 @@ class SeedMemorySearchView(APIView):
         ],
     )
     def post(self, request):
-        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+        def build(claimed: dict[str, Any]) -> dict[str, Any]:
             body = _body_dict(request)
-            claimed = _claimed(request, _scope_of(body.pop("scope", None)))
+            claimed.update(_scope_of(body.pop("scope", None)))
             _only(body, {"query", "memory_type", "tags", "limit"})
             arguments: dict[str, Any] = {key: body[key] for key in ("query", "memory_type", "tags") if key in body}
             arguments["top_k"] = _limit(body.get("limit", 10), schemas.TOP_K_MAX)
             arguments.update(_narrowing(claimed))
-            return arguments, claimed
+            return arguments
 
-        result = _execute(request, "search_memory", build)
-        return Response({"memories": [seed_memory(_effective(request), m) for m in result["results"]]})
+        ran = _execute(request, "search_memory", build)
+        return Response({"memories": [seed_memory(ran.principal, m) for m in ran.answer["results"]]})
 
 
 class SeedMemoryItemView(APIView):
@@ -329,19 +324,19 @@ class SeedMemoryItemView(APIView):
         responses={200: schemas.SeedMemoryOutput, **_errors(*COMMON_ERRORS, 403, 404)},
     )
     def put(self, request, memory_id: str):
-        def build() -> tuple[dict[str, Any], dict[str, Any]]:
+        def build(claimed: dict[str, Any]) -> dict[str, Any]:
             body = _body_dict(request)
-            claimed = _claimed(request, _scope_of(body.pop("scope", None)))
+            claimed.update(_scope_of(body.pop("scope", None)))
             _only(body, set(STORE_FIELDS) | {"content", "metadata"})
-            # The scope's agent_id/session_id narrow (the dispatcher answers not_found for
-            # a memory outside them); they never move the memory to another agent.
+            # The scope's agent_id/session_id narrow (the update answers not_found for a
+            # memory outside them); they never move the memory to another agent.
             arguments = {**body, "memory_id": memory_id}
             if "content" in arguments:
                 arguments["memory"] = arguments.pop("content")
-            return arguments, claimed
+            return arguments
 
-        result = _execute(request, "update_memory", build)
-        return Response({"memory": seed_memory(_effective(request), result["memory"])})
+        ran = _execute(request, "update_memory", build)
+        return Response({"memory": seed_memory(ran.principal, ran.answer["memory"])})
 
     @extend_schema(
         operation_id="v1_memory_delete",
@@ -349,13 +344,17 @@ class SeedMemoryItemView(APIView):
         responses={200: schemas.DeleteOutput, **_errors(*COMMON_ERRORS, 403, 404)},
     )
     def delete(self, request, memory_id: str):
-        return Response(_execute(request, "delete_memory", lambda: ({"memory_id": memory_id}, _query_claim(request))))
+        def build(claimed: dict[str, Any]) -> dict[str, Any]:
+            claimed.update(_query_claim(request))
+            return {"memory_id": memory_id}
+
+        return Response(_execute(request, "delete_memory", build).answer)
 
 
 def _query_claim(request) -> dict[str, Any]:
     query = request.query_params
     _query_only(query, {"tenant_id", "user_id"})  # first: a repeated tenant_id or user_id is no claim
-    return _claimed(request, _query_claim_of(query))
+    return _query_claim_of(query)
 
 
 class SeedMemoryForgetView(APIView):
@@ -367,15 +366,15 @@ class SeedMemoryForgetView(APIView):
         responses={200: schemas.DeleteOutput, **_errors(*COMMON_ERRORS, 403, 404)},
     )
     def post(self, request, memory_id: str):
-        def build() -> tuple[dict[str, Any], dict[str, Any]]:
-            claimed = _query_claim(request)
+        def build(claimed: dict[str, Any]) -> dict[str, Any]:
+            claimed.update(_query_claim(request))
             # The body is optional, but one that does not parse is answered and audited
             # like any bad argument (reading request.data raised past the dispatcher).
             body = _body_dict(request)
             # Refused before anything is deleted: {"dry_run": true} must not delete.
             _only(body, {"scope"})
             if body.get("scope") is not None:
-                claimed = {**claimed, **_claimed(request, _scope_of(body["scope"]))}
-            return {"memory_id": memory_id}, claimed
+                claimed.update(_scope_of(body["scope"]))
+            return {"memory_id": memory_id}
 
-        return Response(_execute(request, "forget_memory", build))
+        return Response(_execute(request, "forget_memory", build).answer)
