@@ -933,7 +933,7 @@ def memory_update(
         current = engine_lock_owned(scope, memory_id=memory_id)
         if current is None or not _live(current, scope) or not _within(current, within):
             raise not_found()
-        if source == STORE_MEMORY_SOURCE and current.metadata.get("source") != STORE_MEMORY_SOURCE:
+        if source == STORE_MEMORY_SOURCE and not _toolkit_row(current):
             reserved = f"source: {STORE_MEMORY_SOURCE!r} is reserved for the toolkit's store_memory"
             raise ServiceError(ErrorCode.INVALID_ARGUMENT, reserved)
         attrs = _attrs(fields, base=current.attrs) if fields else None
@@ -951,9 +951,11 @@ def memory_update(
             # one (a restored older copy, a store_memory short-term row) may resend its own.
             if text_changed and existing_id is not None and existing_id != memory_id:
                 raise _duplicate_text(existing_id)
-        if text_changed and SUMMARY_KEY in current.metadata:
+        if text_changed and SUMMARY_KEY in current.metadata and _toolkit_row(current):
             # The enrichment's summary describes the old text (recall returns it): it goes,
-            # and the candidate is pending again, so the sweep enriches the new text.
+            # and the candidate is pending again, so the sweep enriches the new text. Only
+            # on store_memory's rows: on another memory `summary` is the owner's own key
+            # (and enrichment never takes it up again).
             engine_metadata_merge(
                 memory_id=memory_id, metadata={ENRICHMENT_KEY: "pending"}, drop=ENRICHMENT_RESULT_KEYS
             )
@@ -1135,12 +1137,17 @@ STORE_MEMORY_SOURCE = RESERVED_SOURCE  # set by no client but on its own rows (s
 STM_LINK_KEY = "stm_id"
 
 
+def _toolkit_row(item: EngineMemory) -> bool:
+    """A row the toolkit's store_memory made (no client may set its `source`)."""
+    return item.metadata.get("source") == STORE_MEMORY_SOURCE
+
+
 def _twin_ids(scope: MemoryScope, item: EngineMemory) -> list[str]:
     """Ids that may hold the other row of the message `item` was stored from: a short-term
     row's long-term candidate (linked to it by `stm_id`), or a candidate's short-term row.
     store_memory returns only the short-term id and recall shows either row of a pair as
     the one memory, so deleting either must delete both. `_pairs` decides."""
-    if item.metadata.get("source") != STORE_MEMORY_SOURCE:
+    if not _toolkit_row(item):
         return []
     tier = item.metadata.get(TIER_KEY)
     if tier == "stm":
@@ -1154,7 +1161,7 @@ def _twin_ids(scope: MemoryScope, item: EngineMemory) -> list[str]:
 def _pairs(scope: MemoryScope, item: EngineMemory, other: EngineMemory | None) -> bool:
     """`other` is the live other row of `item`'s message. Only rows store_memory made pair:
     `source` is set by it alone, while `tier` and `stm_id` are metadata any surface may set."""
-    if other is None or not _live(other, scope) or other.metadata.get("source") != STORE_MEMORY_SOURCE:
+    if other is None or not _live(other, scope) or not _toolkit_row(other):
         return False
     tiers = (item.metadata.get(TIER_KEY), other.metadata.get(TIER_KEY))
     if tiers == ("stm", "ltm"):

@@ -118,18 +118,31 @@ def engine_rows_with_metadata(
     ]
 
 
-def engine_health_counts(scope: MemoryScope) -> dict[str, Any]:
-    """Counts over the scope's rows: live total, per tier, per enrichment status, per
-    memory type, and how many are in the trash."""
+def engine_health_counts(scope: MemoryScope, *, enriched_source: str = "") -> dict[str, Any]:
+    """Counts over the scope's rows: live total, per tier, per enrichment status (of the
+    rows whose `source` is `enriched_source`: the only rows enrichment takes up), per memory
+    type, and how many are in the trash."""
     now = engine_timestamp(datetime.now(UTC))
     statement = sql.SQL(
-        "SELECT payload ? %s AS trashed, payload->>%s, payload->>%s, payload->%s->>'memory_type', count(*)"
+        "SELECT payload ? %s AS trashed, payload->>%s,"
+        " CASE WHEN payload->>'source' = %s THEN payload->>%s END,"
+        " payload->%s->>'memory_type', count(*)"
         " FROM {} WHERE payload->>%s = %s AND (expires_at IS NULL OR expires_at > %s OR payload ? %s)"
         " GROUP BY 1, 2, 3, 4"
     ).format(_table())
     rows = _rows(
         statement,
-        [KEY_TRASH, TIER_KEY, ENRICHMENT_KEY, KEY_ATTRS, KEY_USER_ID, scope.engine_user_id, now, KEY_TRASH],
+        [
+            KEY_TRASH,
+            TIER_KEY,
+            enriched_source,
+            ENRICHMENT_KEY,
+            KEY_ATTRS,
+            KEY_USER_ID,
+            scope.engine_user_id,
+            now,
+            KEY_TRASH,
+        ],
     )
     total = trash = 0
     tiers: dict[str, int] = {}
@@ -140,8 +153,10 @@ def engine_health_counts(scope: MemoryScope) -> dict[str, Any]:
             trash += count
             continue
         total += count
-        # A memory without a tier (made by another surface) is long-term, as results label it.
-        tiers[tier or "ltm"] = tiers.get(tier or "ltm", 0) + count
+        # A memory without the toolkit's tier (made by another surface, or a tier key of
+        # the owner's own) is long-term, as results label it.
+        tier = tier if tier in ("stm", "ltm") else "ltm"
+        tiers[tier] = tiers.get(tier, 0) + count
         if status:
             enrichment[status] = enrichment.get(status, 0) + count
         types[memory_type or "user"] = types.get(memory_type or "user", 0) + count

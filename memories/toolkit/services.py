@@ -362,7 +362,9 @@ def _candidate_failed(
 
 # --- recall_memory / hybrid_search ----------------------------------------------------------
 def _tier_of(item: EngineMemory) -> str:
-    return str(item.metadata.get(TIER_KEY) or "ltm")  # other surfaces' memories are long-term
+    # As the tier filter reads it: other surfaces' memories (no tier, or a `tier` key of
+    # the owner's own) are long-term.
+    return "stm" if item.metadata.get(TIER_KEY) == "stm" else "ltm"
 
 
 def _search_tiers(
@@ -904,7 +906,7 @@ def toolkit_memory_delete(scope: MemoryScope, *, memory_id: str, dry_run: bool, 
 # --- memory_health / wipe_user_data ---------------------------------------------------------
 def toolkit_memory_health(scope: MemoryScope, *, call: CallContext) -> dict[str, Any]:
     rate_limit_consume(scope, operation=Operation.MEMORY_HEALTH)
-    counts = engine_health_counts(scope)
+    counts = engine_health_counts(scope, enriched_source=SOURCE)
     now = timezone.now()
     cache = CacheEntry.objects.filter(user_id=scope.user_pk, expires_at__gt=now).count()
     decisions = Decision.objects.filter(user_id=scope.user_pk).exclude(expires_at__lte=now).count()
