@@ -4,7 +4,7 @@ Owns the embedded Postgres (unless DATABASE_URL is set) and supervises the web s
 (uvicorn: Django + MCP), a Celery worker and Celery beat. Every child gets a
 parent-death signal, so even `kill -9` of the launcher leaves no process behind; an
 flock on the data dir (released by the kernel on any exit) keeps two launchers apart
-and leaves no stale lock. SIGINT/SIGTERM stop the children, then Postgres.
+and leaves no stale lock. SIGINT/SIGTERM/SIGHUP stop the children, then Postgres.
 
 Start-up fails fast, with one line saying why: a bad PORT or CELERY_WORKER_CONCURRENCY, a
 port in use, an unreachable DATABASE_URL, a failed system check (migrate runs them), or a
@@ -326,6 +326,9 @@ class Launcher:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # ignored under nohup: keep running
+            # The terminal it runs in closed: stop as cleanly as on SIGTERM.
+            signal.signal(signal.SIGHUP, self._on_signal)
         try:
             port = _port_checked(self.settings)
             _worker_concurrency()

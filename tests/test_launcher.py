@@ -192,3 +192,10 @@ def test_start_stop_kill_restart(service):
     assert b"memsite_unauthenticated_requests_total{" not in _get(f"http://127.0.0.1:{service.port}/metrics")[1]
     count = service.manage("shell", "-c", "from memories.models import ApiKey; print(ApiKey.objects.count())")
     assert count.strip().splitlines()[-1] == "1"
+
+    # SIGHUP (the terminal it ran in was closed): a clean stop as well, not a death.
+    pids = [service.process.pid] + [p.pid for p in service.descendants()]
+    service.process.send_signal(signal.SIGHUP)
+    assert service.process.wait(60) == 0
+    wait_for(lambda: not _service_processes(service.data_dir, pids), timeout=30, what="children to exit")
+    assert not (service.data_dir / "postgres" / "postmaster.pid").exists()
