@@ -878,18 +878,32 @@ def ingest_intents_reconcile(*, older_than_s: float | None = None) -> dict[str, 
     usage event: nothing was stored)."""
     lease = settings.INGEST_INTENT_LEASE_S if older_than_s is None else older_than_s
     cutoff = timezone.now() - timedelta(seconds=lease)
-    counts = {"completed": 0, "undone": 0}
+    counts = {"completed": 0, "undone": 0, "skipped": 0, "failed": 0}
     for intent in IngestIntent.objects.filter(state=IngestIntent.State.OPEN, created_at__lt=cutoff).order_by("pk"):
-        scope = MemoryScope(**intent.scope)
-        call = CallContext(request_id=intent.request_id, **intent.call)
-        rows = engine_rows_from_request(request_id=intent.request_id)
-        if rows:
-            _ingest_complete(scope, intent=intent, call=call, added_ids=[r.id for r in rows])
-            counts["completed"] += 1
-            continue
-        if _ingest_undone(scope, intent=intent, call=call, audited=True):
-            counts["undone"] += 1
-    return counts
+        try:
+            counts[_ingest_intent_reconcile(intent)] += 1
+        except Exception as exc:  # noqa: BLE001 - one intent (a user's busy lock) must not hold up the others
+            counts["failed"] += 1
+            # The kind only: an exception's text may quote a row (memory content). It stays
+            # open, and the next run (every minute) takes it again.
+            logger.warning(
+                "ingest reconcile: intent %s failed (%s); the next run retries",
+                intent.pk,
+                exc.code.value if isinstance(exc, ServiceError) else type(exc).__name__,
+            )
+    return {key: count for key, count in counts.items() if count or key in ("completed", "undone")}
+
+
+def _ingest_intent_reconcile(intent: IngestIntent) -> str:
+    """Close one intent left open; which way it went ("completed", "undone", or "skipped"
+    when another closer got there first)."""
+    scope = MemoryScope(**intent.scope)
+    call = CallContext(request_id=intent.request_id, **intent.call)
+    rows = engine_rows_from_request(request_id=intent.request_id)
+    if rows:
+        _ingest_complete(scope, intent=intent, call=call, added_ids=[r.id for r in rows])
+        return "completed"
+    return "undone" if _ingest_undone(scope, intent=intent, call=call, audited=True) else "skipped"
 
 
 def memory_update(

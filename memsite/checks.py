@@ -31,3 +31,30 @@ def proxy_encryption_key_check(app_configs: Any = None, **kwargs: Any) -> list[E
             )
         ]
     return []
+
+
+# mem0's ingest makes up to two LLM requests (the fact extraction, then the update decision
+# against the user's similar memories), each up to (1 + LLM_MAX_RETRIES) x LLM_TIMEOUT_S.
+INGEST_LLM_REQUESTS = 2
+# Embedding the facts, the database and lock waits on top of the LLM requests.
+INGEST_LEASE_MARGIN_S = 60.0
+
+
+@register()
+def ingest_intent_lease_check(app_configs: Any = None, **kwargs: Any) -> list[Error]:  # noqa: ARG001 - Django API
+    """The reconciler treats an ingest open longer than INGEST_INTENT_LEASE_S as crashed.
+    A lease shorter than the slowest ingest lets it close a call still running as undone:
+    the facts mem0 stores after that stay live with no hash, usage event or audit row."""
+    lease = settings.INGEST_INTENT_LEASE_S
+    slowest = INGEST_LLM_REQUESTS * (1 + settings.LLM_MAX_RETRIES) * settings.LLM_TIMEOUT_S + INGEST_LEASE_MARGIN_S
+    if lease > slowest:
+        return []
+    return [
+        Error(
+            f"INGEST_INTENT_LEASE_S ({lease:g}) must be more than the slowest ingest, {slowest:g} s "
+            f"({INGEST_LLM_REQUESTS} LLM requests x (1 + LLM_MAX_RETRIES) x LLM_TIMEOUT_S "
+            f"+ {INGEST_LEASE_MARGIN_S:g} s).",
+            hint="Raise INGEST_INTENT_LEASE_S, or lower LLM_TIMEOUT_S or LLM_MAX_RETRIES.",
+            id="memsite.E002",
+        )
+    ]
