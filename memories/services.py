@@ -360,6 +360,19 @@ def user_write_locks(scope: MemoryScope, *keys: str, timeout_s: float | None = N
     writers already under way), while writers of one user still run side by side. First,
     before any row lock: the erasure takes its lock first and then waits for row locks."""
     advisory_xact_lock(*keys, shared=[erasure_lock_key(scope)], timeout_s=timeout_s)
+    _account_held(scope)
+
+
+def _account_held(scope: MemoryScope) -> None:
+    """The user's account still exists, key-share locked until the transaction ends (its
+    deletion waits for this writer; other writers and logins do not). A writer that waited
+    on the erasure lock for a staff erasure that also deleted the account would otherwise
+    store rows that no one can reach or erase."""
+    table = connection.ops.quote_name(get_user_model()._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR KEY SHARE", [scope.user_pk])  # noqa: S608 - a model's table
+        if cursor.fetchone() is None:
+            raise ServiceError(ErrorCode.UNAUTHENTICATED, "This account no longer exists.")
 
 
 def _text_lock_key(scope: MemoryScope, digest: str) -> str:
