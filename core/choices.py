@@ -37,6 +37,8 @@ class Operation(models.TextChoices):
     # A bearer API key revoked by its owner (web UI, manage.py revoke_api_key); staff: ADMIN_REVOKE_API_KEY.
     API_KEY_REVOKE = "api_key_revoke"
     ADMIN_RETRY_USAGE_EVENTS = "admin_retry_usage_events"
+    # Chat turns whose memory extraction was given up, put back in the queue by staff.
+    ADMIN_REQUEUE_PROXY_TURNS = "admin_requeue_proxy_turns"
     # A request without a valid credential (sampled: the first per ip per minute).
     AUTHENTICATE = "authenticate"
     # The agent turn lifecycle (issue 13, seed 002) and seed 001's prefetch.

@@ -5,9 +5,9 @@
   as `X-Request-Id`, and count 401 answers (`memsite_unauthenticated_requests_total`).
 - `metrics_view` serves every process's samples (prometheus-client multi-process mode
   when `PROMETHEUS_MULTIPROC_DIR` is set) plus gauges read from the database at scrape
-  time: usage outbox depth and oldest pending age, audit export lag, broker queue
-  length. Access: `Authorization: Bearer $METRICS_TOKEN` when METRICS_TOKEN is set,
-  otherwise loopback clients only.
+  time: usage outbox depth and oldest pending age, chat turns waiting for or given up by
+  memory extraction, audit export lag, broker queue length. Access: `Authorization:
+  Bearer $METRICS_TOKEN` when METRICS_TOKEN is set, otherwise loopback clients only.
 - `multiproc_dir_prepare` / `multiproc_process_dead` are used by the launcher.
 """
 
@@ -146,6 +146,7 @@ class DatabaseCollector(Collector):
         try:
             yield from self._outbox()
             yield from self._erasure_ledger()
+            yield from self._proxy_turns()
             yield from self._audit_export()
             yield from self._broker()
             ok = 1.0
@@ -202,6 +203,32 @@ class DatabaseCollector(Collector):
             "memsite_erasure_ledger_oldest_pending_seconds",
             "Age of the oldest erasure whose ledger record is not written yet (0 when none).",
             value=oldest,
+        )
+
+    def _proxy_turns(self) -> Iterable[GaugeMetricFamily]:
+        from proxy.models import ProxyTurn
+
+        table = ProxyTurn._meta.db_table
+        pending, oldest = self._pending(table=table, status="state", since="created_at")
+        with connection.cursor() as cursor:
+            # Given up with their messages kept (a clear-all blanks them): a re-queue can
+            # still extract them. The (state, created_at) index finds the failed rows.
+            cursor.execute(
+                f"SELECT count(*) FROM {table} WHERE state = 'failed' AND messages <> '[]'::jsonb"  # noqa: S608
+            )
+            failed = cursor.fetchone()[0]
+        yield GaugeMetricFamily(
+            "memsite_proxy_turns_pending", "Chat turns waiting for memory extraction (retries included).", value=pending
+        )
+        yield GaugeMetricFamily(
+            "memsite_proxy_turns_oldest_pending_seconds",
+            "Age of the oldest chat turn waiting for memory extraction (0 when none).",
+            value=oldest,
+        )
+        yield GaugeMetricFamily(
+            "memsite_proxy_turns_failed",
+            "Chat turns whose memory extraction was given up (need a person: admin re-queue).",
+            value=failed,
         )
 
     def _audit_export(self) -> Iterable[GaugeMetricFamily]:

@@ -562,7 +562,14 @@ PROXY_KEY_UPSTREAM_ALLOW_LOOPBACK = env_bool("PROXY_KEY_UPSTREAM_ALLOW_LOOPBACK"
 # Session messages compared for duplicates before a turn is stored (seed 004: 200).
 PROXY_DEDUPE_WINDOW = env_int("PROXY_DEDUPE_WINDOW", 200, minimum=0)
 CELERY_BEAT_SCHEDULE["proxy-turns-sweep"] = {"task": "proxy.turns_sweep", "schedule": 60.0}
-# Closed chat turns (their messages already blanked) are deleted after this many days.
+# A chat turn whose extraction failed for a passing reason (the embedder, database or LLM
+# down, a rate limit, a lock) is retried after BASE_S, doubling up to MAX_S (+-20 %), for
+# RETRY_FOR_S from its first failure; then it is given up (an error log line, the
+# `memsite_proxy_turns_failed` gauge) and kept for staff to re-queue.
+PROXY_EXTRACTION_RETRY_BASE_S = env_float("PROXY_EXTRACTION_RETRY_BASE_S", 60.0, minimum=0.0)
+PROXY_EXTRACTION_RETRY_MAX_S = env_float("PROXY_EXTRACTION_RETRY_MAX_S", 3600.0, minimum=0.0)
+PROXY_EXTRACTION_RETRY_FOR_S = env_float("PROXY_EXTRACTION_RETRY_FOR_S", 86400.0, minimum=0.0)
+# Closed chat turns are deleted after this many days (a given-up turn's messages with it).
 PROXY_TURN_RETENTION_DAYS = env_int("PROXY_TURN_RETENTION_DAYS", 30, minimum=1)
 CELERY_BEAT_SCHEDULE["proxy-turns-prune"] = {"task": "proxy.turns_prune", "schedule": crontab(hour=5, minute=7)}
 # --- Seed 003's toolkit (issue 14: /engines/memory-toolkit/mcp) -------------------------------

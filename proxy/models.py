@@ -60,11 +60,17 @@ class ProxyTurn(models.Model):
     actor_auth = models.CharField(max_length=16, blank=True, default="")
     actor_role = models.CharField(max_length=16, blank=True, default="")
     actor_credential = models.CharField(max_length=100, blank=True, default="")
-    # The turn's messages, cleared once extracted (the session log keeps the turn).
+    # The turn's messages, cleared once extracted (the session log keeps the turn). A turn
+    # given up keeps them, for staff to re-queue, until it is pruned or the user erased.
     messages = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.CharField(max_length=100, blank=True)
+    # Retries after a passing failure: the sweep enqueues the turn once this has passed
+    # (null: due since it was created), and gives it up after a failure past `retry_until`
+    # (set by its first failure; cleared when staff re-queue it).
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    retry_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     closed_at = models.DateTimeField(null=True, blank=True)
 

@@ -8,6 +8,7 @@ import concurrent.futures
 import hashlib
 import json
 import logging
+import random
 import threading
 import uuid
 from dataclasses import dataclass, replace
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 from django.db import models, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -49,7 +51,15 @@ logger = logging.getLogger(__name__)
 MAX_SESSION_ID_CHARS = 128  # SessionEvent.session_id and SessionState.session_id
 # Body fields a key's extra_body may not set (the proxy's own, or the client's choice).
 EXTRA_BODY_RESERVED = frozenset({"messages", "stream"})
-EXTRACTION_MAX_ATTEMPTS = 5
+# Extraction failures that pass: the embedder, database or mem0's LLM down
+# (backend_unavailable), a rate limit, a lock another change holds. They are retried with
+# a growing delay for PROXY_EXTRACTION_RETRY_FOR_S, as are the deadline and unexpected
+# exceptions (a dropped database connection is one). Any other code (invalid_argument,
+# llm_unavailable: no LLM is configured, ...) would fail the same way again: the turn fails
+# at once, kept for staff to re-queue once the cause is fixed.
+TRANSIENT_EXTRACTION_ERRORS = frozenset(
+    {ErrorCode.BACKEND_UNAVAILABLE, ErrorCode.RATE_LIMITED, ErrorCode.CONFLICT, ErrorCode.RESOURCE_BUSY}
+)
 
 
 @dataclass(frozen=True)
@@ -298,8 +308,12 @@ def _attempt_states(turn: ProxyTurn, *, attempts: range) -> set[str]:
 
 
 def _turn_close(turn_pk: int, *, state: str, reason: str | None = None, attempt: int | None = None) -> int:
-    """Close the turn; with `attempt`, only while it is still pending on that attempt."""
-    fields: dict[str, Any] = {"state": state, "closed_at": timezone.now(), "messages": []}
+    """Close the turn; with `attempt`, only while it is still pending on that attempt. An
+    extracted turn's messages are blanked; a failed one keeps them for staff to re-queue
+    (pruned with the turn, erased with the user, blanked by a clear-all)."""
+    fields: dict[str, Any] = {"state": state, "closed_at": timezone.now()}
+    if state == ProxyTurn.State.DONE:
+        fields["messages"] = []
     if reason is not None:
         fields["last_error"] = reason[:100]
     turns = ProxyTurn.objects.filter(pk=turn_pk)
@@ -308,20 +322,43 @@ def _turn_close(turn_pk: int, *, state: str, reason: str | None = None, attempt:
     return turns.update(**fields)
 
 
+def _turn_give_up(turn: ProxyTurn, *, reason: str) -> None:
+    """The turn fails for good: said as an error (ids and the error code only), counted by
+    the `memsite_proxy_turns_failed` gauge, its messages kept for a staff re-queue."""
+    _turn_close(turn.pk, state=ProxyTurn.State.FAILED, reason=reason)
+    logger.error(
+        "memory extraction for turn %s given up after %s attempt(s) (%s); staff can re-queue it",
+        turn.pk,
+        turn.attempts,
+        reason[:100],
+    )
+
+
+def _retry_delay(attempt: int) -> timedelta:
+    """Doubling from PROXY_EXTRACTION_RETRY_BASE_S up to _MAX_S, +-20 % so the turns of one
+    outage do not all come back in the same sweep (each one still later than the last)."""
+    base = settings.PROXY_EXTRACTION_RETRY_BASE_S * 2 ** max(0, attempt - 1)
+    return timedelta(seconds=min(settings.PROXY_EXTRACTION_RETRY_MAX_S, base) * random.uniform(0.8, 1.2))  # noqa: S311
+
+
 def proxy_turn_extract(*, turn_pk: int) -> str:
     """Extract memories from one answered turn (mem0 infer through `memory_ingest`,
     which keeps the dedupe rule and its own audit row, unbilled: `_ingest_in_thread`) under
     PROXY_MEMORY_STORE_TIMEOUT_S.
-    A failure is logged and retried by the sweep up to EXTRACTION_MAX_ATTEMPTS; it never
-    touches the chat call, which was answered long ago. A turn the user's erasure deleted
-    is not extracted (checked as the ingest is recorded, under the erasure's lock) nor
-    retried (no row is left to sweep); one erased during the ingest keeps nothing
-    (`memory_ingest` discards it).
+    A failure is logged and never touches the chat call, which was answered long ago. A
+    passing one (TRANSIENT_EXTRACTION_ERRORS, the deadline, an unexpected exception) is
+    retried by the sweep once `next_attempt_at` has passed, the delay doubling, until an
+    attempt fails after `retry_until` (PROXY_EXTRACTION_RETRY_FOR_S after the first
+    failure); any other fails the turn at once. A turn given up is logged as an error and
+    keeps its messages for staff to re-queue (`proxy_turns_requeue`). A turn the user's
+    erasure deleted is not extracted (checked as the ingest is recorded, under the
+    erasure's lock) nor retried (no row is left to sweep); one erased during the ingest
+    keeps nothing (`memory_ingest` discards it).
     An attempt that outlives the deadline cannot be stopped (a thread), so it is never
     raced: a late start (no intent recorded yet) stores nothing once another attempt began
     or the turn closed (`turn_pending` below); a late finish (intent recorded) is the
     turn's extraction: no new attempt starts while it runs, and the turn closes as done
-    when it completed (or failed, if it stored nothing and no attempts are left). So a
+    when it completed (or failed, if it stored nothing past its retry window). So a
     turn is extracted at most once and never stores memories after it was marked failed."""
     with transaction.atomic():
         turn = ProxyTurn.objects.select_for_update(skip_locked=True).filter(pk=turn_pk).first()
@@ -333,11 +370,15 @@ def proxy_turn_extract(*, turn_pk: int) -> str:
             return "done"
         if IngestIntent.State.OPEN in earlier:
             return "in_flight"  # the sweep comes back; the reconciler closes an orphan
-        if turn.attempts >= EXTRACTION_MAX_ATTEMPTS:
-            _turn_close(turn.pk, state=ProxyTurn.State.FAILED)
+        if turn.retry_until is not None and timezone.now() >= turn.retry_until:
+            # Its last attempt ended past the deadline without deciding (it overran and
+            # stored nothing, or its worker died): no new one starts.
+            _turn_give_up(turn, reason=turn.last_error or "timeout")
             return "failed"
         turn.attempts += 1
-        turn.save(update_fields=["attempts"])
+        # Already due later: a worker that dies in this attempt is not retried every sweep.
+        turn.next_attempt_at = timezone.now() + _retry_delay(turn.attempts)
+        turn.save(update_fields=["attempts", "next_attempt_at"])
     attempt = turn.attempts
     scope = MemoryScope(tenant=turn.tenant, user_pk=turn.user_id, client_app=turn.client_app or None)
     call = CallContext(
@@ -363,10 +404,12 @@ def proxy_turn_extract(*, turn_pk: int) -> str:
         )
     except Exception as exc:
         reason = "timeout" if isinstance(exc, concurrent.futures.TimeoutError) else type(exc).__name__
+        transient = True
         if isinstance(exc, ServiceError):
             reason = exc.code.value
+            transient = exc.code in TRANSIENT_EXTRACTION_ERRORS
         logger.warning("memory extraction for turn %s failed (%s)", turn.pk, reason)
-        return _attempt_failed(turn, attempt=attempt, reason=reason)
+        return _attempt_failed(turn, attempt=attempt, reason=reason, transient=transient)
     # Only while the turn still waits for this attempt. Its ingest stored nothing when the
     # turn had moved on (`turn_pending`): a later attempt took it over (a second task for the
     # same turn claimed it first) and will close it itself, or a clear-all closed it.
@@ -375,22 +418,28 @@ def proxy_turn_extract(*, turn_pk: int) -> str:
     return "superseded" if ProxyTurn.objects.filter(pk=turn.pk).exists() else "erased"
 
 
-def _attempt_failed(turn: ProxyTurn, *, attempt: int, reason: str) -> str:
+def _attempt_failed(turn: ProxyTurn, *, attempt: int, reason: str, transient: bool) -> str:
     """Under the turn's lock, which the attempt's own intent check also takes: its ingest
     either recorded its intent already (seen here) or will find the turn changed."""
     with transaction.atomic():
-        pending = ProxyTurn.objects.select_for_update().filter(pk=turn.pk, state=ProxyTurn.State.PENDING)
-        if not list(pending.values_list("pk", flat=True)):
+        current = ProxyTurn.objects.select_for_update().filter(pk=turn.pk, state=ProxyTurn.State.PENDING).first()
+        if current is None:
             return "failed"
         state = _attempt_states(turn, attempts=range(attempt, attempt + 1))
         if IngestIntent.State.DONE in state:  # it completed just after the deadline
             _turn_close(turn.pk, state=ProxyTurn.State.DONE, reason=reason)
             return "done"
-        final = attempt >= EXTRACTION_MAX_ATTEMPTS or reason == ErrorCode.LLM_UNAVAILABLE.value
+        now = timezone.now()
+        retry_until = current.retry_until or now + timedelta(seconds=settings.PROXY_EXTRACTION_RETRY_FOR_S)
+        final = not transient or now >= retry_until
         if final and IngestIntent.State.OPEN not in state:
-            _turn_close(turn.pk, state=ProxyTurn.State.FAILED, reason=reason)
-        else:  # still running, its outcome decides (the next sweep looks), or retried
-            ProxyTurn.objects.filter(pk=turn.pk).update(last_error=reason[:100])
+            _turn_give_up(current, reason=reason)
+        elif IngestIntent.State.OPEN in state:  # still running: its outcome decides (the sweep looks)
+            ProxyTurn.objects.filter(pk=turn.pk).update(last_error=reason[:100], retry_until=retry_until)
+        else:
+            ProxyTurn.objects.filter(pk=turn.pk).update(
+                last_error=reason[:100], retry_until=retry_until, next_attempt_at=now + _retry_delay(attempt)
+            )
     return "failed"
 
 
@@ -441,16 +490,43 @@ def _ingest_in_thread(
 
 
 def proxy_turns_sweep(*, older_than_s: float = 60.0, batch: int = 100) -> int:
-    """Pending turns whose task was lost (broker down, worker killed): enqueue again."""
-    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    """Pending turns whose task was lost (broker down, worker killed) or whose retry is
+    due (`next_attempt_at`): enqueue again."""
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=older_than_s)
     due = list(
         ProxyTurn.objects.filter(state=ProxyTurn.State.PENDING, created_at__lt=cutoff)
+        .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
         .order_by("created_at")
         .values_list("pk", flat=True)[:batch]
     )
     for pk in due:
         _enqueue(pk)
     return len(due)
+
+
+def proxy_turns_requeue(*, turn_ids: list[int]) -> list[int]:
+    """Staff action (in the caller's transaction, with its audit row): turns that were
+    given up, their messages kept, go back to the queue, due now and with a fresh retry
+    window; their attempts go on counting (each attempt's ingest keeps its own request
+    id). A turn extracted, still pending, or blanked by a clear-all is left alone."""
+    with transaction.atomic():
+        turns = ProxyTurn.objects.filter(pk__in=turn_ids, state=ProxyTurn.State.FAILED).exclude(messages=[])
+        # Under the owners' erasure locks, as a chat call records its turn: a clear-all or
+        # erasure under way is waited for, then its blanked or deleted turns are not found.
+        for user_pk, tenant in sorted(set(turns.values_list("user_id", "tenant"))):
+            user_write_locks(MemoryScope(tenant=tenant, user_pk=user_pk))
+        ids = list(turns.select_for_update().values_list("pk", flat=True))
+        ProxyTurn.objects.filter(pk__in=ids).update(
+            state=ProxyTurn.State.PENDING, closed_at=None, next_attempt_at=timezone.now(), retry_until=None
+        )
+        transaction.on_commit(lambda: _enqueue_all(ids))
+    return ids
+
+
+def _enqueue_all(turn_pks: list[int]) -> None:
+    for pk in turn_pks:
+        _enqueue(pk)
 
 
 # --- token configuration (admin API, web UI) --------------------------------------------
@@ -629,6 +705,10 @@ def proxy_turns_clear(scope: MemoryScope) -> int:
     closed = ProxyTurn.objects.filter(user_id=scope.user_pk, state=ProxyTurn.State.PENDING).update(
         state=ProxyTurn.State.FAILED, closed_at=timezone.now(), messages=[], last_error=CLEARED_REASON
     )
+    # Turns given up keep their messages for a re-queue: not after a clear-all.
+    ProxyTurn.objects.filter(user_id=scope.user_pk, state=ProxyTurn.State.FAILED).exclude(messages=[]).update(
+        messages=[], last_error=CLEARED_REASON
+    )
     # The proxy's sessions: every one it wrote (marked replayed: its turn rows are pruned
     # after PROXY_TURN_RETENTION_DAYS, the mark stays), each of the user's keys' default
     # stream, and a login's.
@@ -642,10 +722,10 @@ PRUNE_BATCH = 5000
 
 
 def proxy_turns_prune(*, now: datetime | None = None) -> int:
-    """Closed chat turns (extracted, failed or cleared; their messages are blanked already)
-    older than PROXY_TURN_RETENTION_DAYS: the audit trail and the session log keep what
-    they recorded. Pending turns are never pruned (the sweep still owes them an
-    extraction). In batches, so the table is never locked long."""
+    """Closed chat turns (extracted or cleared, their messages blanked; or given up, with
+    their messages) older than PROXY_TURN_RETENTION_DAYS: the audit trail and the session
+    log keep what they recorded. Pending turns are never pruned (the sweep still owes
+    them an extraction). In batches, so the table is never locked long."""
     cutoff = (now or timezone.now()) - timedelta(days=settings.PROXY_TURN_RETENTION_DAYS)
     closed = ProxyTurn.objects.exclude(state=ProxyTurn.State.PENDING).filter(closed_at__lt=cutoff)
     deleted = 0

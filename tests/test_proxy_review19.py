@@ -18,7 +18,7 @@ from core.choices import Operation
 from memories.models import IngestIntent
 from proxy import selectors
 from proxy.models import ProxyTurn
-from proxy.services import EXTRACTION_MAX_ATTEMPTS, proxy_turn_extract
+from proxy.services import proxy_turn_extract
 from tests.conftest import serve_in_thread, wait_for
 from tests.fakes import DripServer, dripped
 
@@ -246,8 +246,8 @@ def test_an_overrunning_extraction_is_not_raced_by_a_retry(turn, slow_llm):
     assert IngestIntent.objects.count() == 1  # extracted once
 
 
-def test_a_late_completion_of_the_last_attempt_does_not_store_for_a_failed_turn(turn, slow_llm):
-    ProxyTurn.objects.filter(pk=turn.pk).update(attempts=EXTRACTION_MAX_ATTEMPTS - 1)
+def test_a_late_completion_of_the_last_attempt_does_not_store_for_a_failed_turn(turn, slow_llm, settings):
+    settings.PROXY_EXTRACTION_RETRY_FOR_S = 0  # its first failure is past the retry window
     slow_llm.hold()
     assert proxy_turn_extract(turn_pk=turn.pk) == "failed"
     slow_llm.wait_held()
