@@ -356,9 +356,12 @@ class FakeChatUpstream:
                     self.send_header("Content-Type", "text/event-stream")
                     self.send_header("X-Upstream", "fake")
                     self.end_headers()
-                    for chunk in fake.stream_chunks(payload):
+                    for number, chunk in enumerate(fake.stream_chunks(payload)):
                         self.wfile.write(chunk)
                         self.wfile.flush()
+                        if number == 0 and fake.hold_after_first is not None:
+                            # The rest waits until the test saw the first chunk (or 10 s).
+                            fake.released_by_client = fake.hold_after_first.wait(10)
                         if fake.chunk_delay:
                             time.sleep(fake.chunk_delay)
                     return
@@ -380,6 +383,9 @@ class FakeChatUpstream:
         self.tool_call: dict[str, str] | None = None
         self.error: tuple[int, Any] | None = None
         self.chunk_delay = 0.0
+        # Set: a stream's chunks after the first wait for this event.
+        self.hold_after_first: threading.Event | None = None
+        self.released_by_client: bool | None = None
 
     @property
     def url(self) -> str:

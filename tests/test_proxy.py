@@ -5,6 +5,7 @@ OpenAI-compatible upstream on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -200,22 +201,22 @@ def test_extraction_failure_is_logged_and_never_fails_the_call(proxy_url, upstre
 
 
 # --- acceptance 2: streaming really streams -------------------------------------------
-def test_first_chunk_arrives_within_300_ms_of_the_request(proxy_url, upstream, alice_key):
+def test_the_first_chunk_is_relayed_before_the_upstream_sends_the_rest(proxy_url, upstream, alice_key):
+    """Streaming really streams: the upstream holds every chunk after its first until the
+    client has that first chunk. A proxy that buffered the answer would hand the client
+    nothing until the upstream gave up waiting (10 s) and finished. How fast the first
+    chunk comes is measured in bench/, not asserted here."""
     upstream.reply = "a b c d e"
-    upstream.chunk_delay = 0.2
+    upstream.hold_after_first = threading.Event()
     chat = client(proxy_url, alice_key)
-    chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "warm up"}])  # no cold start
-    started = time.monotonic()
     stream = chat.chat.completions.create(model="m", stream=True, messages=[{"role": "user", "content": "go"}])
     first = next(iter(stream))
-    first_at = time.monotonic() - started
+    upstream.hold_after_first.set()
     rest = list(stream)
-    total = time.monotonic() - started
+    assert upstream.released_by_client is True
     assert first.choices[0].delta.role == "assistant"
-    assert first_at < 0.3, f"first chunk after {first_at:.3f}s"
-    assert total > 1.0  # seven chunks 200 ms apart really were spread out
     assert "".join(c.choices[0].delta.content or "" for c in rest if c.choices) == "a b c d e"
-    wait_for(lambda: chat_events() == 2, timeout=5, what="the streamed call's record")
+    wait_for(lambda: chat_events() == 1, timeout=5, what="the streamed call's record")
 
 
 # --- acceptance 3: the error table ----------------------------------------------------
