@@ -183,11 +183,15 @@ def turn_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return items
 
 
-def history_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Session items back as chat messages. Tool outputs whose call fell out of the
-    window are dropped (an orphan tool message is refused by OpenAI-style upstreams)."""
+def history_messages(
+    items: list[dict[str, Any]], *, repeated: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Session items back as chat messages. `repeated`: the request's own items
+    (`turn_items`); the history's last items that the request repeats (a client resending
+    the whole conversation, the usual pattern) are left out, or the upstream would see
+    them twice. `messages_enrich` then keeps only the tool calls that are answered."""
+    items = items[: len(items) - _repeated_tail(items, repeated or [])]
     messages: list[dict[str, Any]] = []
-    known_calls: set[str] = set()
     for item in items:
         kind = item.get("type")
         if kind == "message" and item.get("role") in ("user", "assistant"):
@@ -198,7 +202,6 @@ def history_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "type": "function",
                 "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "")},
             }
-            known_calls.add(call["id"])
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and "tool_calls" in last:
                 last["tool_calls"].append(call)
@@ -206,9 +209,23 @@ def history_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 last["tool_calls"] = [call]
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output" and item.get("call_id") in known_calls:
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item.get("output", "")})
+        elif kind == "function_call_output":
+            messages.append(
+                {"role": "tool", "tool_call_id": item.get("call_id", ""), "content": item.get("output", "")}
+            )
     return messages
+
+
+def _repeated_tail(items: list[dict[str, Any]], request: list[dict[str, Any]]) -> int:
+    """How many of the history's last items appear, in order and contiguous, in the
+    request. Bounded by the history window times the request's length."""
+    best = 0
+    for end in range(len(request)):
+        length = 0
+        while length < len(items) and length <= end and items[-1 - length] == request[end - length]:
+            length += 1
+        best = max(best, length)
+    return best
 
 
 def messages_enrich(
@@ -229,7 +246,47 @@ def messages_enrich(
             else:
                 system["content"] = f"{content}\n\n{memory_block}" if content else memory_block
     insert_at = 0 if system_at is None else system_at + 1
-    return [*enriched[:insert_at], *history, *enriched[insert_at:]]
+    rest = enriched[insert_at:]
+    return [*enriched[:insert_at], *_answered_tool_calls_only(history, then=rest), *rest]
+
+
+def _answered_tool_calls_only(history: list[dict[str, Any]], *, then: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history as OpenAI accepts it: an assistant message's tool calls each followed
+    by their tool message (else a 400 for the whole request). The log can hold a call
+    without its output: the output only comes with the next request (which may send it
+    right after the history: `then`), and a stream stopped mid tool call stores the call
+    alone. Unanswered calls are left out (the message's text stays), and so are tool
+    messages that answer no call right before them."""
+    sequence = [*history, *then]
+    out: list[dict[str, Any]] = []
+    open_calls: set[str] = set()
+    for at, message in enumerate(history):
+        if message.get("role") == "tool":
+            if message.get("tool_call_id") in open_calls:
+                out.append(message)
+            continue
+        open_calls = set()
+        calls = message.get("tool_calls")
+        if calls:
+            answered = _tool_answers(sequence, start=at + 1)
+            kept = [call for call in calls if call.get("id") in answered]
+            message = {k: v for k, v in message.items() if k != "tool_calls"}
+            if kept:
+                message["tool_calls"] = kept
+                open_calls = {call["id"] for call in kept}
+            elif not message.get("content"):
+                continue
+        out.append(message)
+    return out
+
+
+def _tool_answers(sequence: list[dict[str, Any]], *, start: int) -> set[Any]:
+    answered: set[Any] = set()
+    for message in sequence[start:]:
+        if message.get("role") != "tool":
+            break
+        answered.add(message.get("tool_call_id"))
+    return answered
 
 
 # --- the answer, collected on the side -------------------------------------------------

@@ -50,6 +50,7 @@ from proxy.messages import (
     history_messages,
     last_user_text,
     messages_enrich,
+    turn_items,
 )
 from proxy.models import TokenConfig
 from proxy.templates import memory_block_render
@@ -214,7 +215,9 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         finally:
             history_items = await history_task
         block = memory_block_render([m.memory for m in memories]) if memories else None
-        enriched = messages_enrich(messages, memory_block=block, history=history_messages(history_items))
+        enriched = messages_enrich(
+            messages, memory_block=block, history=history_messages(history_items, repeated=turn_items(messages))
+        )
         # A stored extra_body never overrides the client (nor, from rows saved before the
         # check, sets `stream`: the client's flag decides how the answer is read).
         extra = {

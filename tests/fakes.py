@@ -317,6 +317,28 @@ class FakeGateway(FakeServer):
             return [e["request_id"] for e in self.received]
 
 
+def tool_messages_problem(messages: list[dict[str, Any]]) -> str | None:
+    """OpenAI's rule for tool messages (a real upstream answers 400): each assistant
+    message's tool_calls followed by a tool message for every call id, and no tool
+    message that does not answer a tool call right before it."""
+    open_calls: set[str] = set()
+    for at, message in enumerate(messages):
+        if message.get("role") == "tool":
+            if message.get("tool_call_id") not in open_calls:
+                return f"messages[{at}]: a tool message must answer a preceding message with 'tool_calls'."
+            open_calls.discard(message["tool_call_id"])
+            continue
+        if open_calls:
+            return (
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to each"
+                f" 'tool_call_id'. Missing: {sorted(open_calls)} before messages[{at}]."
+            )
+        open_calls = {call["id"] for call in message.get("tool_calls") or []}
+    if open_calls:
+        return f"An assistant message with 'tool_calls' must be followed by tool messages: {sorted(open_calls)}."
+    return None
+
+
 class FakeChatUpstream:
     """An OpenAI-compatible chat upstream for the chat proxy (issue 15): answers
     /v1/chat/completions whole or as SSE (one chunk every `chunk_delay` seconds), with
@@ -339,8 +361,10 @@ class FakeChatUpstream:
                 fake.requests.append(
                     {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "json": payload}
                 )
-                if fake.error is not None:
-                    status, body = fake.error
+                problem = tool_messages_problem((payload or {}).get("messages") or [])
+                error = (400, {"error": {"message": problem, "type": "invalid_request_error"}}) if problem else None
+                if error is not None or fake.error is not None:
+                    status, body = error or fake.error
                     data = json.dumps(body).encode()
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")

@@ -142,9 +142,11 @@ def test_second_call_sees_the_first_turn_and_tool_calls_are_kept(proxy_url, upst
     )  # fmt: skip
     sent = upstream.requests[-1]["json"]["messages"]
     assert sent[0] == {"role": "system", "content": "sys"}
-    # history right after the system message: the first turn, its tool call kept
+    # history right after the system message: the first turn, its tool call kept (once:
+    # the request repeats it, answered; the fake upstream refuses an unanswered call)
     assert sent[1] == {"role": "user", "content": "My flight is LH123."}
     assert sent[2]["tool_calls"][0]["id"] == "call_1"
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool"]
     # a third call: the session now holds the tool output and the answer, no duplicates
     chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "and?"}])
     history = upstream.requests[-1]["json"]["messages"]
@@ -155,6 +157,48 @@ def test_second_call_sees_the_first_turn_and_tool_calls_are_kept(proxy_url, upst
     other = client(proxy_url, alice_key, **{"X-Session-Id": "s2"})
     other.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
     assert upstream.requests[-1]["json"]["messages"] == [{"role": "user", "content": "hello"}]
+
+
+def test_a_client_resending_the_whole_conversation_with_a_tool_output_is_forwarded_once(proxy_url, upstream, alice_key):
+    chat = client(proxy_url, alice_key, **{"X-Session-Id": "resend"})
+    question = {"role": "user", "content": "Weather in Berlin?"}
+    upstream.tool_call = {"name": "get_weather", "arguments": '{"city": "Berlin"}'}
+    first = chat.chat.completions.create(model="m", messages=[question])
+    call = first.choices[0].message.model_dump(exclude_none=True)
+    upstream.tool_call = None
+    output = {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+    chat.chat.completions.create(model="m", messages=[question, call, output])  # no 400 from the upstream
+    sent = upstream.requests[-1]["json"]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    # the client sends only its new message: the stored conversation, every call answered
+    chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "Thanks"}])
+    roles = [m["role"] for m in upstream.requests[-1]["json"]["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant", "user"]
+
+
+def test_a_tool_call_without_its_output_is_not_replayed():
+    from proxy.messages import history_messages, messages_enrich
+
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    items = [
+        {"type": "message", "role": "user", "content": "q"},
+        {"type": "message", "role": "assistant", "content": "Let me look."},
+        call,  # a stream stopped mid tool call: the call alone
+        {"type": "message", "role": "user", "content": "never mind"},
+        {"type": "function_call_output", "call_id": "c9", "output": "orphan"},
+    ]
+    request = [{"role": "user", "content": "next"}]
+    sent = messages_enrich(request, memory_block=None, history=history_messages(items))
+    assert sent == [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "Let me look."},
+        {"role": "user", "content": "never mind"},
+        {"role": "user", "content": "next"},
+    ]
+    # a call the request answers right after the history is kept
+    answer = {"role": "tool", "tool_call_id": "c1", "content": "done"}
+    sent = messages_enrich([answer], memory_block=None, history=history_messages(items[:3]))
+    assert sent[-2]["tool_calls"][0]["id"] == "c1" and sent[-1] == answer
 
 
 @pytest.fixture
