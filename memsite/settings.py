@@ -552,6 +552,9 @@ PROXY_MEMORY_STORE_TIMEOUT_S = env_float("PROXY_MEMORY_STORE_TIMEOUT_S", 120.0, 
 PROXY_UPSTREAM_TIMEOUT_S = env_float("PROXY_UPSTREAM_TIMEOUT_S", 120.0, minimum=0.1)
 # A streamed answer is cut after this long in all (error event `upstream_timeout`, not billed).
 PROXY_STREAM_MAX_S = env_float("PROXY_STREAM_MAX_S", 600.0, minimum=1.0)
+# The most an upstream's answer may be, whole or streamed in all (502
+# `upstream_answer_too_large` past it, not billed); one SSE event is capped at 1 MiB.
+PROXY_MAX_ANSWER_BYTES = env_int("PROXY_MAX_ANSWER_BYTES", 16 * 1024 * 1024, minimum=1024)
 # The chat proxy's own threads for its blocking steps (auth, memory search, recording).
 PROXY_THREADS = env_int("PROXY_THREADS", 8, minimum=1)
 PROXY_UPSTREAM_CONNECT_TIMEOUT_S = env_float("PROXY_UPSTREAM_CONNECT_TIMEOUT_S", 10.0, minimum=0.1)

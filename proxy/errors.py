@@ -72,6 +72,12 @@ def upstream_error(message: str = "The upstream LLM sent an answer that is not a
     return ProxyError(502, "upstream_error", message)
 
 
+def upstream_answer_too_large(message: str) -> ProxyError:
+    """An answer (or one SSE event) larger than we read: collecting it would hold the
+    process's memory, and scanning it its event loop."""
+    return ProxyError(502, "upstream_answer_too_large", message)
+
+
 def upstream_timeout() -> ProxyError:
     return ProxyError(504, "upstream_timeout", "The upstream LLM stopped answering before the answer was complete.")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.inputs import InputError, json_depth_check
-from proxy.errors import invalid_messages, request_too_large, upstream_error
+from proxy.errors import invalid_messages, request_too_large, upstream_answer_too_large, upstream_error
 
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 SYSTEM_ROLES = {"system", "developer"}
@@ -291,7 +291,13 @@ def _tool_answers(sequence: list[dict[str, Any]], *, start: int) -> set[Any]:
 
 # --- the answer, collected on the side -------------------------------------------------
 MAX_TOOL_CALLS = 1000
-_SSE_SEPARATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
+# One pass finds the first of them (no two start alike), so an event costs its own bytes.
+_SSE_SEPARATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_SEPARATOR_MAX = 4
+# One event is a chunk of a chat answer, a few hundred bytes: an upstream (a key's owner
+# may pick their own) sending megabytes without a blank line is not streaming an answer.
+MAX_EVENT_BYTES = 1024 * 1024
+DEFAULT_MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 def storable(value: Any) -> str:
@@ -335,9 +341,14 @@ class Answer:
     finished: bool = False
     # The upstream reported an error inside its stream (OpenAI sends `data: {"error":...}`).
     errored: bool = False
-    _buffer: bytes = b""
+    # The most a stream may send in all (PROXY_MAX_ANSWER_BYTES); past it, `feed` raises.
+    max_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    received: int = 0
+    _buffer: bytearray = field(default_factory=bytearray)
+    _content_parts: list[str] = field(default_factory=list)
 
     def as_message(self) -> dict[str, Any] | None:
+        self._content_join()
         calls = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         if not self.content and not calls:
             return None
@@ -369,22 +380,35 @@ class Answer:
     def feed(self, data: bytes) -> bytes:
         """SSE bytes as they arrive; returns the complete events among them (separators
         included) for relaying, so a stream cut off mid-event is never relayed half an
-        event, and the error event we end it with stays parseable."""
+        event, and the error event we end it with stays parseable.
+        Linear in the bytes received: only the new bytes (and a separator's length before
+        them) are searched. 502 `upstream_answer_too_large` past `max_bytes` in all or an
+        event over MAX_EVENT_BYTES: this runs on the event loop, and holds what it reads."""
+        self.received += len(data)
+        if self.received > self.max_bytes:
+            raise upstream_answer_too_large(
+                f"The upstream LLM's answer exceeds {self.max_bytes} bytes; it was cut off."
+            )
+        start = max(0, len(self._buffer) - (_SEPARATOR_MAX - 1))
         self._buffer += data
-        out = b""
-        while True:
-            cut = _event_end(self._buffer)
-            if cut is None:
-                return out
-            event = self._buffer[: cut[0]]
-            out += self._buffer[: cut[1]]  # with the separator, as the upstream sent it
-            self._buffer = self._buffer[cut[1] :]
+        out: list[bytes] = []
+        while (cut := _event_end(self._buffer, start)) is not None:
+            event = bytes(self._buffer[: cut[0]])
+            out.append(bytes(self._buffer[: cut[1]]))  # with the separator, as the upstream sent it
+            del self._buffer[: cut[1]]
+            start = 0
             self._event(event)
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            raise upstream_answer_too_large(
+                f"The upstream LLM sent an event over {MAX_EVENT_BYTES} bytes; the stream was cut off."
+            )
+        return b"".join(out)
 
     def close(self) -> bytes:
         """At a clean end of the stream: the bytes after the last separator, read as one
         last event (a stream may end `data: [DONE]\n` without the blank line)."""
-        rest, self._buffer = self._buffer, b""
+        rest = bytes(self._buffer)
+        self._buffer.clear()
         if rest.strip():
             self._event(rest)
         return rest
@@ -421,9 +445,15 @@ class Answer:
             if isinstance(delta, dict):
                 self._delta(delta)
 
+    def _content_join(self) -> None:
+        if self._content_parts:
+            self.content += "".join(self._content_parts)
+            self._content_parts.clear()
+
     def _delta(self, delta: dict[str, Any]) -> None:
         if isinstance(delta.get("content"), str):
-            self.content += delta["content"]
+            # Joined once at the end: `+=` on an attribute copies the whole text each time.
+            self._content_parts.append(delta["content"])
         tool_calls = delta.get("tool_calls")
         for call in tool_calls if isinstance(tool_calls, list) else []:
             if not isinstance(call, dict):
@@ -447,6 +477,6 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _event_end(buffer: bytes) -> tuple[int, int] | None:
-    ends = [(i, i + len(sep)) for sep in _SSE_SEPARATORS if (i := buffer.find(sep)) >= 0]
-    return min(ends) if ends else None
+def _event_end(buffer: bytearray, start: int = 0) -> tuple[int, int] | None:
+    found = _SSE_SEPARATOR.search(buffer, start)
+    return (found.start(), found.end()) if found else None

@@ -39,6 +39,7 @@ from proxy.errors import (
     recording_failed,
     request_too_large,
     upstream_address_refused,
+    upstream_answer_too_large,
     upstream_error,
     upstream_timeout,
     upstream_unreachable,
@@ -302,7 +303,7 @@ async def _forward(
             raise upstream_address_refused() from None
         logger.warning("chat upstream unreachable")
         raise upstream_unreachable() from None
-    answer = Answer()
+    answer = Answer(max_bytes=settings.PROXY_MAX_ANSWER_BYTES)
     finish = {
         "call": call,
         "session_id": session_id,
@@ -322,7 +323,7 @@ async def _forward(
         raw = b""
         try:
             async with asyncio.timeout_at(deadline):
-                raw = b"".join([chunk async for chunk in upstream.aiter_bytes()])
+                raw = await _read_whole(upstream, limit=settings.PROXY_MAX_ANSWER_BYTES)
             if ok:
                 answer.take_message(completion_message(raw))
         except (TimeoutError, httpx.TimeoutException):
@@ -368,19 +369,24 @@ async def _forward(
                             chunk = await anext(chunks)
                     except StopAsyncIteration:
                         break
-                    events = answer.feed(chunk)
+                    try:
+                        events = answer.feed(chunk)
+                    except ProxyError as too_large:
+                        failure = too_large
+                        break
                     if events:
                         yield events
                         last_event = loop.time()
-                rest = answer.close()
-                if answer.errored:
-                    failure = upstream_error("The upstream LLM reported an error in its stream.")
-                elif not answer.complete:
-                    failure = upstream_error("The upstream LLM's stream ended before the answer was complete.")
-                # The last event may lack its blank line; the upstream's own error event is
-                # relayed too. A cut-off fragment is not.
-                if rest.strip() and (failure is None or answer.errored):
-                    yield rest.rstrip(b"\r\n") + b"\n\n"
+                if failure is None:  # not cut off as too large: the stream ended
+                    rest = answer.close()
+                    if answer.errored:
+                        failure = upstream_error("The upstream LLM reported an error in its stream.")
+                    elif not answer.complete:
+                        failure = upstream_error("The upstream LLM's stream ended before the answer was complete.")
+                    # The last event may lack its blank line; the upstream's own error event
+                    # is relayed too. A cut-off fragment is not.
+                    if rest.strip() and (failure is None or answer.errored):
+                        yield rest.rstrip(b"\r\n") + b"\n\n"
             except (TimeoutError, httpx.TimeoutException):
                 if not answer.done:
                     failure = upstream_timeout()
@@ -409,6 +415,19 @@ async def _forward(
     for name, value in out_headers.items():
         streaming[name] = value
     return streaming
+
+
+async def _read_whole(upstream: httpx.Response, *, limit: int) -> bytes:
+    """The whole body, up to `limit` bytes (PROXY_MAX_ANSWER_BYTES): past it, 502
+    `upstream_answer_too_large` instead of holding whatever an upstream sends."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in upstream.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise upstream_answer_too_large(f"The upstream LLM's answer exceeds {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 _FINISH_STARTED = "finish_started"

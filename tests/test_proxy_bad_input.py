@@ -786,3 +786,59 @@ def test_a_key_upstream_resolving_to_a_non_public_address_is_never_connected(
     # The deployment's own upstream (the operator's setting) is not restricted.
     TokenConfig.objects.all().delete()
     assert post(proxy_url, alice_key, {"model": "m", "messages": USER}).status_code == 200
+
+
+# --- a large answer or SSE event: linear to read, and capped --------------------------
+def test_an_event_without_its_blank_line_is_searched_once_not_per_chunk(monkeypatch):
+    """Each chunk's new bytes are searched for the separator, not the whole buffer again
+    (that was quadratic, on the event loop: one large event froze the process)."""
+    from proxy import messages
+
+    scanned: list[int] = []
+    original = messages._event_end
+
+    def counting(buffer, start=0):
+        scanned.append(len(buffer) - start)
+        return original(buffer, start) if start else original(buffer)
+
+    monkeypatch.setattr(messages, "_event_end", counting)
+    answer = messages.Answer()
+    piece = b"data: " + b"x" * 994
+    for _ in range(1000):  # 1,000,000 bytes, under the 1 MiB event cap
+        assert answer.feed(piece) == b""
+    assert sum(scanned) <= 1000 * (len(piece) + 3)
+    assert answer.feed(b"\n\n").startswith(b"data: xxx")  # the event still arrives whole
+
+
+def test_one_sse_event_over_a_mib_is_refused_as_too_large():
+    from proxy.errors import ProxyError
+    from proxy.messages import MAX_EVENT_BYTES, Answer
+
+    answer = Answer()
+    answer.feed(b"data: " + b"x" * (MAX_EVENT_BYTES - 10))
+    with pytest.raises(ProxyError) as refused:
+        answer.feed(b"x" * 100)
+    assert refused.value.code == "upstream_answer_too_large" and refused.value.status == 502
+
+
+def test_a_streamed_answer_over_the_limit_ends_with_an_error_event_and_no_bill(
+    proxy_url, scripted, alice_key, settings
+):
+    settings.PROXY_MAX_ANSWER_BYTES = 4096
+    pieces = [chunk({"content": "word "}) for _ in range(100)]  # ~10 KB in all, small events
+    scripted.script = sse(*pieces, chunk({}, "stop"), b"data: [DONE]\n\n")
+    status, body = stream_body(proxy_url, alice_key, {"model": "m", "stream": True, "messages": USER})
+    assert status == 200 and b"[DONE]" not in body and len(body) < 4096 + 1024
+    last = json.loads(body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1].removeprefix(b"data: "))
+    assert last["error"]["code"] == "upstream_answer_too_large" and last["error"]["message"]
+    wait_recorded()
+    assert_failed_and_nothing_stored("upstream_answer_too_large")
+
+
+def test_a_whole_answer_over_the_limit_is_a_502_and_no_bill(proxy_url, scripted, alice_key, settings):
+    settings.PROXY_MAX_ANSWER_BYTES = 4096
+    scripted.script = whole(200, completion({"role": "assistant", "content": "x" * 10_000}))
+    response = post(proxy_url, alice_key, {"model": "m", "messages": USER})
+    assert_refused(response, 502, "upstream_answer_too_large")
+    assert "upstream-secret" not in response.text
+    assert_failed_and_nothing_stored("upstream_answer_too_large")
