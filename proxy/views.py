@@ -406,7 +406,11 @@ async def _forward(
             client_left = False
         finally:
             await upstream.aclose()
-            # Recorded after the last byte (or when the client left: what it saw is the turn).
+            # Recorded after the last byte (or when the client left: what it saw is the turn;
+            # if it saw no answer, e.g. it timed out while a reasoning model thought, it
+            # gave up on the call: `client_gone`, not billed, no turn, as before a 200).
+            if client_left and failure is None and answer.as_message() is None:
+                failure = client_gone()
             stopped = client_left and failure is None
             await asyncio.shield(_finish(caller, answer, finish, failure=failure, stopped_by_client=stopped))
 

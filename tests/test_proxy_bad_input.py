@@ -842,3 +842,26 @@ def test_a_whole_answer_over_the_limit_is_a_502_and_no_bill(proxy_url, scripted,
     assert_refused(response, 502, "upstream_answer_too_large")
     assert "upstream-secret" not in response.text
     assert_failed_and_nothing_stored("upstream_answer_too_large")
+
+
+# --- a stream the client left before anything was relayed ----------------------------
+@pytest.mark.parametrize("first", [b"", b": keep-alive\n\n"])
+def test_a_client_that_leaves_a_stream_before_any_answer_is_not_billed(proxy_url, scripted, alice_key, first):
+    """A reasoning model thinking (headers, then nothing or keep-alive comments): the
+    client's timeout is not a stopped answer. Audited client_gone, not billed, no turn
+    (an SDK's automatic retries would each have been billed)."""
+    scripted.script = sse(*([first] if first else []), stall=3.0)
+    with (
+        pytest.raises(httpx.ReadTimeout) if not first else contextlib.nullcontext(),
+        httpx.stream(
+            "POST",
+            f"{proxy_url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {alice_key}"},
+            json={"model": "m", "stream": True, "messages": USER},
+            timeout=httpx.Timeout(30, read=0.5),
+        ) as response,
+    ):
+        assert response.status_code == 200
+        assert next(response.iter_raw()) == first
+    wait_recorded()
+    assert_failed_and_nothing_stored("client_gone")
