@@ -439,9 +439,13 @@ class Answer:
             choices = chunk.get("choices")
             if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
                 continue  # e.g. Azure's prompt_filter_results chunk
-            if any(isinstance(c, dict) and c.get("finish_reason") for c in choices):
+            # With n > 1 the choices' chunks interleave: the stored answer is choice 0's.
+            first = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) in (0, None)), None)
+            if first is None:
+                continue
+            if first.get("finish_reason"):
                 self.finished = True
-            delta = choices[0].get("delta")
+            delta = first.get("delta")
             if isinstance(delta, dict):
                 self._delta(delta)
 

@@ -865,3 +865,19 @@ def test_a_client_that_leaves_a_stream_before_any_answer_is_not_billed(proxy_url
         assert next(response.iter_raw()) == first
     wait_recorded()
     assert_failed_and_nothing_stored("client_gone")
+
+
+def test_with_several_choices_only_the_first_is_the_stored_answer():
+    from proxy.messages import Answer
+
+    def piece(index: int, content: str | None, finish: str | None = None) -> bytes:
+        delta = {"content": content} if content is not None else {}
+        body = {"choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    answer = Answer()
+    for event in (piece(0, "Yes"), piece(1, "No"), piece(0, " indeed"), piece(1, " way"), piece(1, None, "stop")):
+        answer.feed(event)
+    assert not answer.finished  # choice 1's finish is not the stored answer's
+    answer.feed(piece(0, None, "stop"))
+    assert answer.finished and answer.as_message() == {"role": "assistant", "content": "Yes indeed"}
