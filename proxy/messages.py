@@ -66,8 +66,35 @@ def _body_load(raw: bytes) -> Any:
         raise invalid_messages(f"The body is not acceptable JSON: {exc.message}.") from None
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise invalid_messages("The body is not valid JSON.") from None
+    _relayed_messages_clean(value)
     _value_check(value)
     return value
+
+
+# Messages whose text the client relays rather than writes: the model's answers (we relay
+# an answer's NUL unchanged, and store it replaced) and tools' outputs (a binary file read).
+_RELAYED_ROLES = frozenset({"assistant", "tool", "function"})
+
+
+def _relayed_messages_clean(body: Any) -> None:
+    """NUL and lone surrogates in the string values of relayed messages become U+FFFD, as
+    an answer's are when stored: refused, they would lock the conversation (every later
+    request resends them). The client's own messages are still refused with them."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    for message in messages if isinstance(messages, list) else ():
+        if isinstance(message, dict) and message.get("role") in _RELAYED_ROLES:
+            _strings_clean(message)
+
+
+def _strings_clean(item: dict[str, Any] | list[Any]) -> None:
+    """In place; the depth is bounded (MAX_BODY_DEPTH, checked before parsing). Keys stay
+    as they are: one that cannot be stored is refused by _value_check."""
+    for key, child in list(item.items()) if isinstance(item, dict) else list(enumerate(item)):
+        if isinstance(child, str):
+            if _UNSTORABLE.search(child):
+                item[key] = _UNSTORABLE.sub("\ufffd", child)
+        elif isinstance(child, dict | list):
+            _strings_clean(child)
 
 
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")

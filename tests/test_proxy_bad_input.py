@@ -420,7 +420,11 @@ def test_nul_in_a_streamed_answer_is_stored_replaced(proxy_url, scripted, alice_
     [
         {"model": "m\u0000", "messages": USER},
         {"model": 5, "messages": USER},
-        {"model": "m", "messages": [{"role": "assistant", "content": "a\u0000b"}, *USER]},
+        # The client's own text (a relayed answer's NUL is replaced: see below).
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "a\u0000b"}, {"role": "assistant", "content": "ok"}, *USER],
+        },
         {
             "model": "m",
             "messages": [
@@ -446,7 +450,7 @@ def test_nul_in_a_streamed_answer_is_stored_replaced(proxy_url, scripted, alice_
     ids=[
         "nul-model",
         "model-number",
-        "nul-earlier-assistant",
+        "nul-earlier-user",
         "function-string",
         "function-name-number",
         "function-role-no-name",
@@ -881,3 +885,23 @@ def test_with_several_choices_only_the_first_is_the_stored_answer():
     assert not answer.finished  # choice 1's finish is not the stored answer's
     answer.feed(piece(0, None, "stop"))
     assert answer.finished and answer.as_message() == {"role": "assistant", "content": "Yes indeed"}
+
+
+def test_a_relayed_answer_or_tool_output_with_nul_is_forwarded_replaced(proxy_url, upstream, alice_key):
+    """The upstream answered with a NUL (relayed unchanged to the client), and a tool read
+    a binary file: the next request resends both. Refused, the conversation was locked for
+    good (422 on every later call); they are forwarded with U+FFFD, as they are stored."""
+    messages = [
+        {"role": "user", "content": "show the columns"},
+        {"role": "assistant", "content": "col1\u0000col2", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "cat", "arguments": '{"p": "a\ud800"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ELF\u0000\u0001"}]},
+        {"role": "user", "content": "thanks"},
+    ]  # fmt: skip
+    response = post(proxy_url, alice_key, {"model": "m", "messages": messages})
+    assert response.status_code == 200, response.text
+    sent = upstream.requests[-1]["json"]["messages"]
+    assert [m["content"] for m in sent if m["role"] == "assistant"][-1] == "col1\ufffdcol2"
+    assert sent[-2]["content"] == [{"type": "text", "text": "ELF\ufffd\u0001"}]
+    assert "\\ufffd" in json.dumps(sent) and "\\u0000" not in json.dumps(sent)
+    assert chat_rows().get().outcome == AuditEvent.Outcome.OK and usage_count() == 1
