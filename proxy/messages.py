@@ -89,10 +89,11 @@ def _relayed_messages_clean(body: Any) -> None:
 def _strings_clean(item: dict[str, Any] | list[Any]) -> None:
     """In place; the depth is bounded (MAX_BODY_DEPTH, checked before parsing). Keys stay
     as they are: one that cannot be stored is refused by _value_check."""
-    for key, child in list(item.items()) if isinstance(item, dict) else list(enumerate(item)):
+    slots: list[tuple[Any, Any]] = list(item.items()) if isinstance(item, dict) else list(enumerate(item))
+    for slot, child in slots:
         if isinstance(child, str):
             if _UNSTORABLE.search(child):
-                item[key] = _UNSTORABLE.sub("\ufffd", child)
+                item[slot] = _UNSTORABLE.sub("\ufffd", child)
         elif isinstance(child, dict | list):
             _strings_clean(child)
 
