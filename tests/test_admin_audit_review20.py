@@ -18,7 +18,7 @@ from audit.models import AuditEvent, SubjectKey
 from core.choices import Operation
 from core.scope import CallContext, MemoryScope
 from memories.auth import Principal
-from memories.models import ApiKey, ContentHash, RateEvent, RateWindow, TenantMembership
+from memories.models import ApiKey, ContentHash, TenantMembership
 from memories.operations import operation_execute
 from memories.services import api_key_issue, memory_list, memory_remember
 from memories.tenancy import tenant_create, tenant_user_create
@@ -95,11 +95,7 @@ def test_admin_cannot_change_an_existing_membership(admin_client):
 
 # --- 2: user delete ------------------------------------------------------------------------------
 def _web_only_user_with_a_memory(user) -> str:
-    mid = memory_remember(MemoryScope.for_user(user), memory="Alice's PIN hint is her cat", call=internal_call()).id
-    # Rate counters sit in read-only admins, which would block the delete (as before).
-    RateWindow.objects.filter(user=user).delete()
-    RateEvent.objects.filter(user=user).delete()
-    return mid
+    return memory_remember(MemoryScope.for_user(user), memory="Alice's PIN hint is her cat", call=internal_call()).id
 
 
 def test_admin_user_delete_erases_the_users_data_and_is_audited(admin_client, alice):

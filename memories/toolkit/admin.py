@@ -120,6 +120,16 @@ class ErasingUserAdmin(UserAdmin):
         actions.pop("delete_selected", None)
         return actions
 
+    def get_deleted_objects(self, objs, request):
+        """Django's confirmation, except that the user's own rows in read-only admins
+        (tenant membership, API keys, rate windows, decisions, OIDC identities...) do not
+        block the delete: the erasure removes them first and the cascade the rest. Staff
+        who may delete (and erase) users are allowed that by this admin alone."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        if self.has_delete_permission(request):
+            perms_needed = set()
+        return deleted, counts, perms_needed, protected
+
     def delete_model(self, request, obj):
         request._user_erase_failed = not user_erase_by_staff(request, obj, delete_account=True)
 
