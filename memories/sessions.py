@@ -145,6 +145,24 @@ def erasure_register(eraser: Callable[[MemoryScope], int]) -> None:
         _ERASERS.append(eraser)
 
 
+def erasure_account_deleted(scope: MemoryScope) -> None:
+    """The erasure just done in the caller's transaction also deletes the user's account
+    (the admin's user delete): what apps above this one registered with
+    `erasure_account_deleted_register` hears it in that transaction (the erasure ledger
+    marks its record, so that a restore deletes the account again rather than bring it
+    back with its keys)."""
+    for hook in _ACCOUNT_DELETED_HOOKS:
+        hook(scope)
+
+
+_ACCOUNT_DELETED_HOOKS: list[Callable[[MemoryScope], None]] = []
+
+
+def erasure_account_deleted_register(hook: Callable[[MemoryScope], None]) -> None:
+    if hook not in _ACCOUNT_DELETED_HOOKS:
+        _ACCOUNT_DELETED_HOOKS.append(hook)
+
+
 def session_logs_delete(scope: MemoryScope, *, project: str, session_ids: list[str]) -> int:
     """Delete the named sessions' logs (raw events, archives and the state row with its
     summary) in the caller's transaction; returns how many rows went."""

@@ -10,7 +10,16 @@ from memsite.models import ErasureLedger
 @admin.register(ErasureLedger)
 class ErasureLedgerAdmin(ReadOnlyAdmin):
     # Pseudonymous ids and times only, like the record itself: nothing to audit as a read.
-    list_display = ("erased_at", "user_pk", "state", "written_at", "attempts", "last_error", "reapplied_at")
-    list_filter = ("state",)
+    list_display = (
+        "erased_at",
+        "user_pk",
+        "account_deleted",
+        "state",
+        "written_at",
+        "attempts",
+        "last_error",
+        "reapplied_at",
+    )
+    list_filter = ("state", "account_deleted")
     search_fields = ("=user_pk", "=request_id")
     ordering = ("-erased_at",)

@@ -23,10 +23,12 @@ class MemsiteConfig(AppConfig):
         from core.log_safety import install_content_filter
 
         install_content_filter()
-        from memories.sessions import erasure_register
-        from memsite.services import erasure_ledger_record
+        from memories.sessions import erasure_account_deleted_register, erasure_register
+        from memsite.services import erasure_ledger_account_deleted, erasure_ledger_record
 
         # Every erasure leaves a record next to the backups (the erasure ledger), added in
-        # the erasure's own transaction, so that a restore to a point before it does it again.
+        # the erasure's own transaction, so that a restore to a point before it does it again
+        # (and deletes the account again when the erasure deleted it).
         erasure_register(erasure_ledger_record)
+        erasure_account_deleted_register(erasure_ledger_account_deleted)
         from memsite import checks  # noqa: F401 - registers the settings checks

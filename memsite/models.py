@@ -36,6 +36,9 @@ class ErasureLedger(models.Model):
     last_error = models.CharField(max_length=100, blank=True)  # an exception's type, never its text
     # Set when this erasure was done again after a restore (its record came from the ledger).
     reapplied_at = models.DateTimeField(null=True, blank=True)
+    # The erasure also deleted the account (the admin's user delete): a restore deletes it
+    # again, or the user would come back with their password, keys and grants.
+    account_deleted = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         indexes = [

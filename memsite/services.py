@@ -5,7 +5,8 @@ base backups and archived WAL keep it until they rotate out, and a restore to a 
 the erasure would bring it back (audit key included) with no trace of the erasure, whose own
 rows were after that point. So every erasure leaves a record next to the backups, outside
 the database (`erasures/<utc time>-<id>.json` in BACKUP_DIR or the bucket: the user's pk and
-partition key, the time and the request id; no names, no content):
+partition key, the time, the request id and whether the account was deleted with it; no
+names, no content):
 
 1. `erasure_ledger_record` (registered with `memories.sessions.erasure_register`, so the wipe
    calls it inside its transaction) adds a pending `ErasureLedger` row: an outbox, committed
@@ -17,7 +18,9 @@ partition key, the time and the request id; no names, no content):
    launcher, after migrating) runs `erasures_reapply_after_restore`: every ledger record
    whose erasure is not in the restored database (its row, committed with it, is absent)
    is done again through the same erasure service, audited as `erasure_reapply` by
-   `system:restore`, before anything is served.
+   `system:restore`, before anything is served; so is the account's deletion, when the
+   erasure deleted the account (the admin's user delete), or the restore would bring the
+   user back with their password, API keys and grants.
 
 With an external DATABASE_URL or BACKUP_ENABLED=false memsite takes no backups, so it keeps
 no ledger: `erasures_from_audit` lists erasures from the audit trail instead
@@ -37,10 +40,11 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from audit.services import audit_record
 from core.choices import Channel, Operation
 from core.request_ids import request_id_current
 from core.scope import CallContext, MemoryScope
@@ -105,6 +109,7 @@ def erasure_ledger_record(scope: MemoryScope) -> int:
             erased_at=entry["erased_at"],  # parsed by erasure_entries_check
             state=ErasureLedger.State.WRITTEN,  # its record is where it came from
             reapplied_at=timezone.now(),
+            account_deleted=_account_deleted(entry),
         )
         return 0
     if not erasure_ledger_enabled():
@@ -124,6 +129,20 @@ def erasure_ledger_record(scope: MemoryScope) -> int:
     return 0
 
 
+def erasure_ledger_account_deleted(scope: MemoryScope) -> None:
+    """The erasure in this transaction also deletes the account (registered with
+    `erasure_account_deleted_register`): its pending row says so before it commits, so the
+    record written from it does. A pending row of an earlier erasure of the same user is
+    marked too: the account is gone now, a restore to before that erasure must not bring
+    it back either."""
+    ErasureLedger.objects.filter(user_pk=scope.user_pk, state=ErasureLedger.State.PENDING).update(account_deleted=True)
+
+
+def _account_deleted(entry: dict) -> bool:
+    """Records written before the flag existed have none: their erasures kept the account."""
+    return entry.get("account_deleted") is True
+
+
 def _ledger_record(row: ErasureLedger) -> dict:
     """What the ledger keeps of an erasure: pseudonymous ids and times, nothing else."""
     return {
@@ -132,6 +151,7 @@ def _ledger_record(row: ErasureLedger) -> dict:
         "engine_user_id": row.engine_user_id,
         "erased_at": row.erased_at.isoformat(),
         "request_id": row.request_id,
+        "account_deleted": row.account_deleted,
     }
 
 
@@ -245,6 +265,8 @@ def _entry_problem(entry: Any) -> str:
         return "bad request_id"
     if problem := _text_problem(request_id):
         return f"request_id {problem}"
+    if not isinstance(entry.get("account_deleted", False), bool):
+        return "bad account_deleted (true or false)"
     return ""
 
 
@@ -269,7 +291,9 @@ def erasures_reapply(
     database does not contain: its ledger row is absent (that row commits with the erasure,
     and a re-application adds it too, so a second run does nothing). Each goes through the
     same erasure service as `wipe_user_data` and the admin's action, in its own transaction,
-    audited as `erasure_reapply` by `system:restore` with the original erasure's request id."""
+    audited as `erasure_reapply` by `system:restore` with the original erasure's request id.
+    An erasure that deleted the account (`account_deleted`) deletes it again in that
+    transaction, audited as `admin_delete_user` by `system:restore` (same request id)."""
     report = ErasureReapplyReport()
     wanted = [e for e in erasure_entries_check(entries) if after is None or e["erased_at"] > after]
     wanted.sort(key=lambda e: (e["erased_at"], str(e["id"])))
@@ -299,6 +323,7 @@ def erasures_reapply(
                 erased_at=entry["erased_at"],
                 state=ErasureLedger.State.WRITTEN,
                 reapplied_at=timezone.now(),
+                account_deleted=_account_deleted(entry),
             )
             report.no_such_user += 1
             what = "no such user" if user is None else "that id now belongs to a user who joined after the erasure"
@@ -307,16 +332,20 @@ def erasures_reapply(
         call = CallContext(channel=Channel.INTERNAL, actor_username=REAPPLY_ACTOR)
         if entry.get("request_id"):  # the original erasure's, whose own audit row the restore lost
             call = replace(call, request_id=str(entry["request_id"])[:64])
+        # The user's scope as of the restored data (where their data lies now).
+        scope = MemoryScope.for_user(user)
         token = _reapplying.set(entry)
         try:
-            # The user's scope as of the restored data (where their data lies now).
-            result = toolkit_user_data_wipe(
-                MemoryScope.for_user(user), confirm=True, call=call, operation=Operation.ERASURE_REAPPLY
-            )
+            with transaction.atomic():
+                result = toolkit_user_data_wipe(scope, confirm=True, call=call, operation=Operation.ERASURE_REAPPLY)
+                if _account_deleted(entry):
+                    audit_record(scope, call=call, operation=Operation.ADMIN_DELETE_USER)
+                    user.delete()
         finally:
             _reapplying.reset(token)
         report.reapplied += 1
-        progress(f"{label}: re-applied ({result['memories_deleted']} memories erased)")
+        deleted = ", account deleted" if _account_deleted(entry) else ""
+        progress(f"{label}: re-applied ({result['memories_deleted']} memories erased{deleted})")
     return report
 
 
@@ -358,14 +387,26 @@ ERASURE_OPERATIONS = (Operation.WIPE_USER_DATA, Operation.ADMIN_WIPE_USER_DATA, 
 def erasures_from_audit(*, since: datetime) -> list[dict]:
     """Erasures since `since` from the audit trail, as ledger records (for an external
     database, whose operator keeps this list beside their own backups). The id is derived
-    from the request and the user, so listing twice gives the same ids."""
+    from the request and the user, so listing twice gives the same ids. `account_deleted`:
+    the account's deletion was audited with the erasure's request id (the admin's user
+    delete, and its re-application, write both rows in one transaction)."""
     rows = (
         AuditEvent.objects.filter(
             operation__in=ERASURE_OPERATIONS, outcome=AuditEvent.Outcome.OK, occurred_at__gte=since
         )
         .exclude(subject_user_id=None)
+        .annotate(
+            account_deleted=Exists(
+                AuditEvent.objects.filter(
+                    operation=Operation.ADMIN_DELETE_USER,
+                    outcome=AuditEvent.Outcome.OK,
+                    request_id=OuterRef("request_id"),
+                    subject_user_id=OuterRef("subject_user_id"),
+                ).exclude(request_id="")
+            )
+        )
         .order_by("occurred_at", "id")
-        .values("occurred_at", "request_id", "tenant", "subject_user_id")
+        .values("occurred_at", "request_id", "tenant", "subject_user_id", "account_deleted")
     )
     return [
         {
@@ -374,6 +415,7 @@ def erasures_from_audit(*, since: datetime) -> list[dict]:
             "engine_user_id": f"{r['tenant']}:{r['subject_user_id']}",  # MemoryScope.engine_user_id
             "erased_at": r["occurred_at"].isoformat(),
             "request_id": r["request_id"],
+            "account_deleted": r["account_deleted"],
         }
         for r in rows
     ]

@@ -240,6 +240,8 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
         "session_events_append",
         "session_data_erase",
         "erasure_register",
+        "erasure_account_deleted",
+        "erasure_account_deleted_register",
         "session_logs_delete",
         "session_data_clear_all",
         "session_logs_export",

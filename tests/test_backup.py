@@ -396,7 +396,8 @@ def test_a_restore_to_before_an_erasure_re_applies_it_from_the_ledger(memsite_en
     records = sorted((settings.BACKUP_DIR / "erasures").glob("*.json"))
     assert [p.name.split("-", 1)[1] for p in records] == [f"{carol_erasure['id']}.json", f"{alice_erasure['id']}.json"]
     alice_record = json.loads(records[1].read_text())
-    assert set(alice_record) == {"id", "user_pk", "engine_user_id", "erased_at", "request_id"}
+    assert set(alice_record) == {"id", "user_pk", "engine_user_id", "erased_at", "request_id", "account_deleted"}
+    assert alice_record["account_deleted"] is False  # her erasure kept the account
     assert alice_record["request_id"]
     for text in ("alice", "Alice", "8642", "Okafor", "example.com"):
         assert text not in records[1].read_text()
@@ -497,6 +498,7 @@ def test_the_ledger_row_commits_with_the_erasure_and_its_record_holds_no_content
         "engine_user_id": alice_scope.engine_user_id,
         "erased_at": row.erased_at.isoformat(),
         "request_id": bound.request_id,
+        "account_deleted": False,
     }
     for text in ("alice", "8642", "safe code", "example.com"):
         assert text not in record.read_text()

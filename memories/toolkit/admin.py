@@ -16,11 +16,12 @@ from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 
 from audit.admin import ReadOnlyAdmin
-from audit.services import audit_failure, audit_staff_action
+from audit.services import audit_failure, audit_record
 from core.calls import call_context_from_request
 from core.choices import Channel, Operation
 from core.errors import ServiceError
 from core.scope import MemoryScope
+from memories.sessions import erasure_account_deleted
 from memories.toolkit.models import CacheEntry, Decision, ErasureSubject
 from memories.toolkit.services import toolkit_user_data_wipe
 
@@ -79,17 +80,18 @@ def user_erase_by_staff(request: HttpRequest, user: Any, *, delete_account: bool
     too), in one transaction with the staff audit rows. False when the erasure failed:
     nothing of the user's was deleted, and the attempt is audited."""
     scope = MemoryScope.for_user(user)
-    call = replace(
-        call_context_from_request(request, channel=Channel.ADMIN, staff=True), actor_username=user.get_username()
-    )
+    staff_call = call_context_from_request(request, channel=Channel.ADMIN, staff=True)
+    call = replace(staff_call, actor_username=user.get_username())
     try:
         with transaction.atomic():
             toolkit_user_data_wipe(scope, confirm=True, call=call, operation=Operation.ADMIN_WIPE_USER_DATA)
             if delete_account:
-                # The tenant is named: the membership goes with the user.
-                audit_staff_action(
-                    request, operation=Operation.ADMIN_DELETE_USER, subject_user_id=user.pk, tenant=scope.tenant
-                )
+                # The erasure ledger's record says so: a restore must delete the account again.
+                erasure_account_deleted(scope)
+                # The erasure's request id: the audit trail ties the deletion to the erasure
+                # (`manage.py erasures --since` lists it as deleting the account). The tenant
+                # is named: the membership goes with the user.
+                audit_record(scope, call=staff_call, operation=Operation.ADMIN_DELETE_USER)
                 user.delete()
     except ServiceError as exc:
         logger.warning("admin erasure failed for user %s (%s)", user.pk, exc.code.value)

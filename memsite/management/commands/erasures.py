@@ -95,7 +95,7 @@ class Command(BaseCommand):
             else:
                 self.stdout.write(
                     f"{entry['erased_at']}  user {entry['user_pk']} ({entry['engine_user_id']})"
-                    f"  request {entry['request_id']}"
+                    f"  request {entry['request_id']}" + ("  account deleted" if entry["account_deleted"] else "")
                 )
         if not as_json:
             self.stdout.write(f"{len(entries)} erasure(s) since {since.isoformat()}")
