@@ -33,6 +33,23 @@ def advisory_lock(key: str, *, timeout_s: float | None = None) -> Iterator[None]
             cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
 
 
+@contextmanager
+def advisory_lock_try(key: str) -> Iterator[bool]:
+    """Hold a session-level advisory lock on `key` if it is free, without waiting: yields
+    True while held, or False (nothing held) when another session holds it. For work that
+    needs no second copy running (a periodic sweep): the caller skips instead of queueing.
+    A crashed process's lock goes with its connection."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [key])
+        acquired = bool(cursor.fetchone()[0])
+    try:
+        yield acquired
+    finally:
+        if acquired:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
+
+
 def advisory_xact_lock(*keys: str, shared: Iterable[str] = (), timeout_s: float | None = None) -> None:
     """Take transaction-level advisory locks on `keys` (released at commit or rollback);
     `conflict` if one stays busy. Call inside `transaction.atomic()`: the locks then

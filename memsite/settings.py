@@ -620,6 +620,12 @@ RATE_LIMITS.update(
 )
 CELERY_BEAT_SCHEDULE["toolkit-cache-purge"] = {"task": "toolkit.cache_purge_expired", "schedule": 600.0}
 CELERY_BEAT_SCHEDULE["toolkit-enrich-pending"] = {"task": "toolkit.enrich_pending", "schedule": 300.0}
+# Enrichment must not hold the worker's slots (billing, extraction, erasure wait behind it)
+# while the LLM is slow or down: the sweep stops claiming candidates after this long (the
+# rest wait for the next one), and any enrichment run uses heuristics for its remaining
+# candidates after this many LLM failures in a row.
+ENRICHMENT_SWEEP_BUDGET_S = env_float("ENRICHMENT_SWEEP_BUDGET_S", 60.0, minimum=0.0)
+ENRICHMENT_LLM_BREAKER_FAILURES = env_int("ENRICHMENT_LLM_BREAKER_FAILURES", 3, minimum=1)
 # --- Tenants, roles, delegated access (issue 12) -------------------------------------
 # A service credential acting for users (X-Memory-Subject) has its own rate limit, this
 # many times the per-user one, on top of each subject's.

@@ -87,6 +87,7 @@ class FakeLLM(FakeServer):
         self.gate = threading.Event()
         self.gate.set()
         self.held = threading.Semaphore(0)
+        self.fail_next = 0  # answer 503 to this many chat calls (an LLM that is down)
 
     def hold(self) -> None:
         self.gate.clear()
@@ -118,6 +119,12 @@ class FakeLLM(FakeServer):
         with self.lock:
             self.answers.append(json.dumps(answer))
 
+    def _failing(self) -> bool:
+        with self.lock:
+            failing = self.fail_next > 0
+            self.fail_next -= 1 if failing else 0
+        return failing
+
     def _next_content(self) -> str:
         with self.lock:
             if self.answers:
@@ -133,6 +140,8 @@ class FakeOpenAI(FakeLLM):
     def handle(self, method, path, headers, payload):
         if method == "POST" and path.endswith("/chat/completions"):
             self._gate()
+            if self._failing():
+                return 503, {"error": {"message": "the model is overloaded"}}
             return 200, {
                 "id": "chatcmpl-fake",
                 "object": "chat.completion",

@@ -7,6 +7,9 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from memories.engine import engine_llm_json, llm_configured
@@ -233,10 +236,51 @@ def _llm_tags(raw: object, *, fallback: list[str]) -> list[str]:
     return tags[:MAX_TAGS]
 
 
+class LlmBreaker:
+    """One enrichment run's circuit breaker: after `threshold` LLM calls in a row failed
+    (each up to (1 + LLM_MAX_RETRIES) x LLM_TIMEOUT_S when the LLM is down or slow), the
+    rest of the run uses heuristics without calling it, so a run over a backlog does not
+    hold a worker slot for a minute per candidate. Any answer closes it again."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.failures = 0
+
+    @property
+    def open(self) -> bool:
+        return self.failures >= self.threshold
+
+    def failed(self) -> None:
+        self.failures += 1
+        if self.failures == self.threshold:
+            logger.warning(
+                "LLM enrichment failed %d times in a row; the rest of this run uses heuristics", self.failures
+            )
+
+    def answered(self) -> None:
+        self.failures = 0
+
+
+_run_breaker: ContextVar[LlmBreaker | None] = ContextVar("enrichment_llm_breaker", default=None)
+
+
+@contextmanager
+def llm_breaker(threshold: int) -> Iterator[LlmBreaker]:
+    """Every enrich_text call inside this block (on this thread) shares one LlmBreaker."""
+    breaker = LlmBreaker(threshold)
+    token = _run_breaker.set(breaker)
+    try:
+        yield breaker
+    finally:
+        _run_breaker.reset(token)
+
+
 def enrich_text(text: str) -> Enrichment:
-    """Heuristics; with an LLM configured, its answer where it parses (else heuristics)."""
+    """Heuristics; with an LLM configured, its answer where it parses (else heuristics).
+    Inside `llm_breaker`, heuristics without asking the LLM once the breaker is open."""
     heuristic = enrich_heuristic(text)
-    if not llm_configured():
+    breaker = _run_breaker.get()
+    if not llm_configured() or (breaker is not None and breaker.open):
         return heuristic
     try:
         answer = engine_llm_json(
@@ -246,7 +290,11 @@ def enrich_text(text: str) -> Enrichment:
         )
     except Exception:  # the LLM is a refinement: never lose the enrichment over it
         logger.warning("LLM enrichment failed; heuristics used", exc_info=False)
+        if breaker is not None:
+            breaker.failed()
         return heuristic
+    if breaker is not None:
+        breaker.answered()
     try:
         memory_type = answer.get("memory_type")
         importance = float(answer.get("importance", -1))

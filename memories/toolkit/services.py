@@ -10,6 +10,7 @@ memory model's `expires_at` (hidden at once, purged by `memories.purge_due`)."""
 from __future__ import annotations
 
 import logging
+import time
 import unicodedata
 import uuid
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from pgvector.django import CosineDistance
 from audit.services import audit_failure, audit_record, audit_text, subject_content_erase
 from core.choices import Channel, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
-from core.locks import advisory_xact_lock
+from core.locks import advisory_lock_try, advisory_xact_lock
 from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.call_record import call_succeeded
@@ -93,6 +94,9 @@ ENRICHMENT_ATTEMPTS_KEY = schemas.ENRICHMENT_ATTEMPTS_KEY
 # the LLM client's worst case (its timeout, with retries), so a slow call is not made
 # twice; a crashed worker's candidates are taken again once it lapses.
 ENRICHMENT_CLAIM_LEASE_S = 30 * 60
+# The pending sweep runs one at a time (this key) over at most this many candidates.
+ENRICHMENT_SWEEP_LOCK_KEY = "toolkit:enrich_pending"
+ENRICHMENT_SWEEP_LIMIT = 500
 logger = logging.getLogger(__name__)
 
 
@@ -192,7 +196,22 @@ def _enrichment_enqueue(memory_ids: list[str]) -> None:
         )
 
 
-def toolkit_candidates_enrich(*, memory_ids: list[str] | None = None, limit: int = 100) -> int:
+def toolkit_pending_sweep() -> int:
+    """The `toolkit.enrich_pending` sweep (for candidates whose task was lost). Beat starts
+    one every 5 minutes whatever the last one is doing, and the claim leases would give each
+    one other candidates, so with a slow LLM they would fill every worker slot and hold up all
+    other tasks: one runs at a time (a second returns 0 at once), and it stops claiming after
+    ENRICHMENT_SWEEP_BUDGET_S. Unclaimed candidates stay pending for the next sweep."""
+    with advisory_lock_try(ENRICHMENT_SWEEP_LOCK_KEY) as acquired:
+        if not acquired:
+            logger.info("enrichment sweep skipped: another one is running")
+            return 0
+        return toolkit_candidates_enrich(limit=ENRICHMENT_SWEEP_LIMIT, budget_s=settings.ENRICHMENT_SWEEP_BUDGET_S)
+
+
+def toolkit_candidates_enrich(
+    *, memory_ids: list[str] | None = None, limit: int = 100, budget_s: float | None = None
+) -> int:
     """Enrich pending long-term candidates (these ids, or the oldest `limit` of anyone's):
     summary, importance, tags and type, by the LLM when configured, heuristics otherwise
     (and when the LLM fails). Marks them `completed`.
@@ -206,18 +225,27 @@ def toolkit_candidates_enrich(*, memory_ids: list[str] | None = None, limit: int
     applies the result only if the row is still this claim's pending candidate with the
     same owner and text (`_candidate_enrich`). A candidate that fails is counted on its
     row and skipped for the rest of the run (`_candidate_failed`). Returns how many were
-    enriched."""
+    enriched.
+
+    A run's time is bounded: after ENRICHMENT_LLM_BREAKER_FAILURES LLM failures in a row
+    its other candidates get the heuristics without an LLM call (`enrichment.llm_breaker`),
+    and with `budget_s` it claims no new candidate once that has passed (at least one per
+    run, so a backlog always moves); the rest stay pending, unclaimed."""
     done = 0
     tried: list[str] = []  # this run's rows, enriched or not: each is taken at most once
     call = CallContext(channel=Channel.INTERNAL, actor_username="system:enrich")
-    while len(tried) < limit:
-        claimed = _candidate_claim(memory_ids=memory_ids, exclude_ids=tried, call=call)
-        if claimed is None:
-            return done
-        item, claim = claimed
-        tried.append(item.id)
-        if claim is not None and _candidate_enrich(item, claim=claim, call=call):
-            done += 1
+    deadline = time.monotonic() + budget_s if budget_s is not None else None
+    with enrichment.llm_breaker(settings.ENRICHMENT_LLM_BREAKER_FAILURES):
+        while len(tried) < limit:
+            if deadline is not None and tried and time.monotonic() >= deadline:
+                break
+            claimed = _candidate_claim(memory_ids=memory_ids, exclude_ids=tried, call=call)
+            if claimed is None:
+                break
+            item, claim = claimed
+            tried.append(item.id)
+            if claim is not None and _candidate_enrich(item, claim=claim, call=call):
+                done += 1
     return done
 
 

@@ -12,9 +12,9 @@ def enrich_memories(memory_ids: list[str]) -> int:
 @shared_task(name="toolkit.enrich_pending", autoretry_for=(Exception,), retry_backoff=True, max_retries=5)
 def enrich_pending() -> int:
     """The sweep: candidates whose task was lost (broker down at commit) still get enriched."""
-    from memories.toolkit.services import toolkit_candidates_enrich
+    from memories.toolkit.services import toolkit_pending_sweep
 
-    return toolkit_candidates_enrich(limit=500)
+    return toolkit_pending_sweep()
 
 
 @shared_task(name="toolkit.cache_purge_expired", autoretry_for=(Exception,), retry_backoff=True, max_retries=5)
