@@ -83,12 +83,14 @@ class OperationDef:
         return permissions >= self.required_permissions
 
     def refusal(self, permissions: frozenset[str]) -> str:
-        """Why a credential holding `permissions` may not call it (names no secret)."""
+        """Why a credential holding `permissions` may not call it (names no secret), by the
+        name the caller knows it by (the toolkit's `delete_memory`, not its operation name)."""
+        called = self.tool_name or self.name
         if not self.permission:
-            return f"This credential lacks the every permission {self.name} needs."
+            return f"This credential lacks the every permission {called} needs."
         missing = [p for p in (self.permission, *sorted(self.also_requires)) if p not in permissions]
         plural = "s" if len(missing) > 1 else ""
-        return f"This credential lacks the {' and '.join(missing)} permission{plural} {self.name} needs."
+        return f"This credential lacks the {' and '.join(missing)} permission{plural} {called} needs."
 
 
 def _search(scope: MemoryScope, args: schemas.SearchInput, call: CallContext) -> dict[str, Any]:

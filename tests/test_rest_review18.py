@@ -134,6 +134,15 @@ def test_maintenance_needs_the_delete_permission_too(alice):
     assert "memory_run_maintenance" in operations_permitted(frozenset({"write", "delete"}))
 
 
+def test_a_permission_refusal_names_the_tool_as_the_agent_knows_it(alice):
+    """The toolkit's delete tool is `delete_memory` to the agent, `toolkit_delete_memory` inside."""
+    principal = Principal(user=alice, method="api_key", permissions=frozenset({"read", "write"}))
+    arguments = {"tags": ["x"], "confirm": True}
+    with pytest.raises(ServiceError) as refused:
+        operation_execute(principal, "toolkit_delete_memory", arguments, call=CallContext(channel="mcp"))
+    assert refused.value.message == "This credential lacks the delete permission delete_memory needs."
+
+
 def test_tools_list_hides_maintenance_from_a_write_only_key(alice):
     write_only = _key(alice, "read", "write")
     full = _key(alice, "read", "write", "delete")
