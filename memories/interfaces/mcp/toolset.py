@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from audit.services import auth_failure_record
-from core.asgi_body import asgi_body_buffered
+from core.asgi_body import Receive, asgi_body_buffered
 from core.calls import call_context_from_request
 from core.choices import Channel
 from core.db_errors import PROGRAM_LIMIT_MESSAGE, is_program_limit_exceeded
@@ -51,6 +52,7 @@ from memories.operations import OPERATIONS, OperationDef, operation_execute, ope
 logger = logging.getLogger(__name__)
 
 PRINCIPAL_KEY = "memsite.principal"
+WITHHELD_ARGUMENTS_KEY = "memsite.withheld_arguments"
 MAX_REQUEST_BODY_BYTES = 256 * 1024
 
 
@@ -178,13 +180,16 @@ class Toolset:
         operation = self.by_tool.get(params.name)
         if operation is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
-        principal = (ctx.request.scope if ctx.request is not None else {}).get(PRINCIPAL_KEY)
+        scope = ctx.request.scope if ctx.request is not None else {}
+        principal = scope.get(PRINCIPAL_KEY)
         if principal is None:  # the middleware lets nothing unauthenticated through
             raise MCPError(types.INVALID_REQUEST, "unauthenticated")
         call = call_context_from_request(ctx.request, channel=Channel.MCP)
         # `arguments` is optional in tools/call: a tool whose arguments are all optional
-        # (list_memory, memory_health) may be called without any.
-        arguments = params.arguments if params.arguments is not None else {}
+        # (list_memory, memory_health) may be called without any. Arguments the gate held
+        # back from the SDK (a lone surrogate in them) are the call's own, to be refused.
+        withheld = scope.get(WITHHELD_ARGUMENTS_KEY)
+        arguments = withheld if withheld is not None else params.arguments if params.arguments is not None else {}
         try:
             data = await _in_mcp_thread(_run_in_thread)(principal, operation, arguments, call)
         except ServiceError as exc:
@@ -269,38 +274,113 @@ def origin_allowed(origin: str) -> bool:
     return bool(domain) and validate_host(domain, [host for host in _allowed_hosts() if host != "*"])
 
 
-def _refusal(status: int, code: ErrorCode, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def _refusal(
+    status: int,
+    code: ErrorCode,
+    message: str,
+    headers: dict[str, str] | None = None,
+    *,
+    request_id: str | int | None = None,
+) -> JSONResponse:
     """Every refusal before a JSON-RPC request is dispatched (but the 401), in one shape: a
-    JSON-RPC error with id null, its `data` our usual {code, message}."""
+    JSON-RPC error, its `data` our usual {code, message}. Its id is null unless the
+    request's own id is given (a lone surrogate elsewhere in the message)."""
     error = {"code": types.INVALID_REQUEST, "message": message, "data": ServiceError(code, message).as_dict()}
-    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=status, headers=headers)
+    return JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": error}, status_code=status, headers=headers)
 
 
-def _message_refusal(body: bytes) -> str | None:
-    """Why the body is not one JSON-RPC message the SDK reads as we do, or None. The
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+def _message_refusal(message: Any) -> str | None:
+    """Why a decoded body is not one JSON-RPC message the SDK reads as we do, or None. The
     2025-era SDK path answers a batch or a wrong envelope with -32602 and a pydantic dump,
     and takes a request whose id is null, a float or an object for a notification: 202
     Accepted, and the call (a `remember`, say) silently never runs."""
-    try:
-        message = json.loads(body)
-    except (ValueError, RecursionError):
-        return None  # the SDK's own -32700 parse error
     if not isinstance(message, dict):
         return "The body must be one JSON-RPC message object (batches are not supported)."
     if message.get("jsonrpc") != "2.0":
         return 'The JSON-RPC version must be "2.0".'
-    if "id" in message:
-        request_id = message["id"]
-        if not isinstance(request_id, str | int) or isinstance(request_id, bool):
-            return "A JSON-RPC id must be a string or an integer."
+    if "id" in message and not _is_id(message["id"]):
+        return "A JSON-RPC id must be a string or an integer."
     if "method" in message:
-        if not isinstance(message["method"], str):
+        method = message["method"]
+        if not isinstance(method, str):
             return "The JSON-RPC method must be a string."
         if "params" in message and not isinstance(message["params"], dict):
             return "JSON-RPC params must be an object."
-    elif "result" not in message and "error" not in message:
+        return None
+    if "result" not in message and "error" not in message:
         return "A JSON-RPC message needs a method."
     return None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_PROBLEM = "contains an invalid code point (a lone surrogate)"  # core.inputs.text_problem's words
+# The JSON-RPC envelope's and MCP params' own key names, named in a refusal; deeper keys
+# are the client's text (a tool's metadata), named by position.
+_NAMED_DEPTH = 2
+
+
+def _lone_surrogate_problem(value: Any) -> str | None:
+    """Where a decoded message holds a lone surrogate, in a string or a key ("params.name:
+    contains ..."), or None; never the text itself. Python's json.loads decodes a
+    "\\ud83d" escape (a JavaScript client's truncated emoji) to one; the SDK's parser
+    refuses it as a parse error with id null, which no client can match to its request."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        where = ".".join(path) or "the message"
+        if isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                return f"{where}: {_SURROGATE_PROBLEM}"
+        elif isinstance(item, dict):
+            for n, (key, child) in enumerate(item.items(), start=1):
+                if _LONE_SURROGATE.search(key):
+                    return f"{where}: a key {_SURROGATE_PROBLEM}"
+                stack.append((child, (*path, key if len(path) < _NAMED_DEPTH else f"#{n}")))
+        elif isinstance(item, list):
+            stack.extend((child, (*path, str(index))) for index, child in enumerate(item))
+    return None
+
+
+@dataclass(frozen=True)
+class _Screened:
+    """The gate's reading of a body: a refusal (its message, and the id to answer with), or
+    the body to hand the SDK and the tool arguments held back from it."""
+
+    refusal: str | None = None
+    request_id: str | int | None = None
+    body: bytes = b""
+    withheld_arguments: dict[str, Any] | None = None
+
+
+def _message_screened(body: bytes) -> _Screened:
+    """The body checked as one JSON-RPC message (`_message_refusal`) free of lone
+    surrogates. A tools/call whose surrogates are all in its arguments reaches the SDK
+    with `{}` for them, and the tool runs with the real ones (held back in the ASGI
+    scope), so the operation refuses them as it refuses any bad argument: a tool error
+    naming the argument, audited, not billed."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return _Screened(body=body)  # the SDK's own -32700 parse error
+    reason = _message_refusal(message)
+    if reason is not None:
+        return _Screened(refusal=reason)
+    params = message.get("params")
+    arguments = params.get("arguments") if isinstance(params, dict) else None
+    tool_call = message.get("method") == "tools/call" and isinstance(arguments, dict)
+    envelope = {**message, "params": {**params, "arguments": {}}} if tool_call else message
+    problem = _lone_surrogate_problem(envelope)
+    if problem is not None:
+        request_id = message.get("id")
+        clean_id = request_id if _is_id(request_id) and _lone_surrogate_problem(request_id) is None else None
+        return _Screened(refusal=problem, request_id=clean_id)
+    if not tool_call or _lone_surrogate_problem(arguments) is None:
+        return _Screened(body=body)
+    return _Screened(body=json.dumps(envelope).encode(), withheld_arguments=arguments)
 
 
 class McpHttpGate:
@@ -358,11 +438,18 @@ class McpHttpGate:
             )
             return
         body, replay = received
-        reason = _message_refusal(body)
-        if reason is not None:
-            await _refusal(400, ErrorCode.INVALID_ARGUMENT, reason)(scope, receive, send)
+        screened = _message_screened(body)
+        if screened.refusal is not None:
+            await _refusal(400, ErrorCode.INVALID_ARGUMENT, screened.refusal, request_id=screened.request_id)(
+                scope, receive, send
+            )
             return
-        await self.app({**scope, PRINCIPAL_KEY: principal}, replay, send)
+        scope = {**scope, PRINCIPAL_KEY: principal}
+        if screened.withheld_arguments is not None:
+            scope = _with_body(scope, screened.body)
+            scope[WITHHELD_ARGUMENTS_KEY] = screened.withheld_arguments
+            replay = _body_replay(screened.body, receive)
+        await self.app(scope, replay, send)
 
     async def _unauthenticated(
         self, scope: dict[str, Any], receive: Any, send: Any, *, base: str, presented: bool
@@ -375,6 +462,26 @@ class McpHttpGate:
         )
         response = JSONResponse({"error": error.as_dict()}, status_code=401, headers={"WWW-Authenticate": challenge})
         await response(scope, receive, send)
+
+
+def _with_body(scope: dict[str, Any], body: bytes) -> dict[str, Any]:
+    """`scope` with its Content-Length the length of `body` (a rewritten request)."""
+    headers = [(name, value) for name, value in scope["headers"] if name.lower() != b"content-length"]
+    return {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+
+
+def _body_replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives `body` as the whole request, then defers to `receive`."""
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 def _headers_refusal(scope: dict[str, Any], headers: Headers) -> JSONResponse | None:
