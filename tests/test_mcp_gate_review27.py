@@ -14,7 +14,7 @@ from audit.models import AuditEvent
 from billing.models import UsageEvent
 from memories.models import EngineMemoryRow
 from memories.services import api_key_issue
-from tests.test_mcp_review19 import LEGACY, MEMORY, MODERN, TOOLKIT, _auth, _post, _serve
+from tests.test_mcp_review19 import LEGACY, MEMORY, MODERN, TOOLKIT, _assert_refusal, _auth, _post, _serve
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -147,4 +147,38 @@ def test_a_lone_surrogate_outside_a_tools_arguments_is_refused_with_the_requests
         assert answer["error"]["data"] == {"code": "invalid_argument", "message": message}, (label, answer)
         assert answer["error"]["message"] == message
         assert "smile" not in response.text and "Parse error" not in response.text
+    assert not AuditEvent.objects.filter(channel="mcp").exists() and _nothing_done()
+
+
+# --- 2: a request without an id ---------------------------------------------------------------
+NO_ID_REQUESTS = {
+    "clear all": {
+        "jsonrpc": "2.0",
+        "method": "tools/call",
+        "params": {"name": "clear_all_memory", "arguments": {"confirm": True}},
+    },
+    "remember": {
+        "jsonrpc": "2.0",
+        "method": "tools/call",
+        "params": {"name": "remember", "arguments": {"memory": "x"}},
+    },
+    "tools/list": {"jsonrpc": "2.0", "method": "tools/list"},
+}
+
+
+@pytest.mark.parametrize("era", ["legacy", "modern"])
+def test_a_request_without_an_id_is_refused_not_dropped(alice, era):
+    token = api_key_issue(user=alice, name="agent")[1]
+    headers = {"Authorization": f"Bearer {token}", **(LEGACY if era == "legacy" else MODERN)}
+
+    async def work(http):
+        answers = {label: await _post(http, MEMORY, body, headers) for label, body in NO_ID_REQUESTS.items()}
+        notification = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        return answers, await _post(http, MEMORY, notification, headers)
+
+    answers, notification = _serve(work)
+    for label, response in answers.items():
+        error = _assert_refusal(response, 400, "invalid_argument")
+        assert error["message"].startswith("A JSON-RPC request needs an id"), (label, error)
+    assert notification.status_code == 202, notification.text  # a notification is still one
     assert not AuditEvent.objects.filter(channel="mcp").exists() and _nothing_done()

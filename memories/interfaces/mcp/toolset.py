@@ -296,8 +296,8 @@ def _is_id(value: Any) -> bool:
 def _message_refusal(message: Any) -> str | None:
     """Why a decoded body is not one JSON-RPC message the SDK reads as we do, or None. The
     2025-era SDK path answers a batch or a wrong envelope with -32602 and a pydantic dump,
-    and takes a request whose id is null, a float or an object for a notification: 202
-    Accepted, and the call (a `remember`, say) silently never runs."""
+    and takes a request without an id, or whose id is null, a float or an object, for a
+    notification: 202 Accepted, and the call (a `remember`, say) silently never runs."""
     if not isinstance(message, dict):
         return "The body must be one JSON-RPC message object (batches are not supported)."
     if message.get("jsonrpc") != "2.0":
@@ -308,6 +308,11 @@ def _message_refusal(message: Any) -> str | None:
         method = message["method"]
         if not isinstance(method, str):
             return "The JSON-RPC method must be a string."
+        if "id" not in message and not method.startswith("notifications/"):
+            return (
+                "A JSON-RPC request needs an id (a string or an integer): without one it is a "
+                "notification, which is never answered, and the call would not run."
+            )
         if "params" in message and not isinstance(message["params"], dict):
             return "JSON-RPC params must be an object."
         return None
