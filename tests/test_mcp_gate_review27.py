@@ -182,3 +182,39 @@ def test_a_request_without_an_id_is_refused_not_dropped(alice, era):
         assert error["message"].startswith("A JSON-RPC request needs an id"), (label, error)
     assert notification.status_code == 202, notification.text  # a notification is still one
     assert not AuditEvent.objects.filter(channel="mcp").exists() and _nothing_done()
+
+
+# --- 3: malformed responses and errors --------------------------------------------------------
+MALFORMED_RESPONSES = {
+    "error a string": {"jsonrpc": "2.0", "id": 1, "error": "x"},
+    "error without an id": {"jsonrpc": "2.0", "error": {"code": 1, "message": "m"}},
+    "result without an id": {"jsonrpc": "2.0", "result": {}},
+    "result a list": {"jsonrpc": "2.0", "id": 1, "result": [1]},
+    "result and error": {"jsonrpc": "2.0", "id": 1, "result": {}, "error": {"code": 1, "message": "m"}},
+    "error code a string": {"jsonrpc": "2.0", "id": 1, "error": {"code": "1", "message": "m"}},
+    "error code a bool": {"jsonrpc": "2.0", "id": 1, "error": {"code": True, "message": "m"}},
+    "error code a float": {"jsonrpc": "2.0", "id": 1, "error": {"code": 1.5, "message": "m"}},
+    "error without a message": {"jsonrpc": "2.0", "id": 1, "error": {"code": 1, "data": {"secret": "hunter2"}}},
+    "error message not text": {"jsonrpc": "2.0", "id": 1, "error": {"code": 1, "message": {"secret": "hunter2"}}},
+}
+
+
+def test_a_malformed_response_or_error_is_refused_without_a_dump_of_it(alice):
+    token = api_key_issue(user=alice, name="agent")[1]
+    well_formed = [
+        {"jsonrpc": "2.0", "id": 1, "result": {}},
+        {"jsonrpc": "2.0", "id": "s", "error": {"code": -1, "message": "m", "data": [1]}},
+    ]
+
+    async def work(http):
+        answers = {label: await _post(http, MEMORY, body, _auth(token)) for label, body in MALFORMED_RESPONSES.items()}
+        return answers, [await _post(http, MEMORY, body, _auth(token)) for body in well_formed]
+
+    answers, passed = _serve(work)
+    for label, response in answers.items():
+        error = _assert_refusal(response, 400, "invalid_argument")
+        assert error["message"].startswith("A JSON-RPC "), (label, error)
+        assert "hunter2" not in response.text and "errors.pydantic.dev" not in response.text, label
+    # Well-formed answers to a server request go on to the SDK (a stateless server sends
+    # none, so it acknowledges and drops them).
+    assert [response.status_code for response in passed] == [202, 202]

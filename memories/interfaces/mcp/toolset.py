@@ -295,9 +295,10 @@ def _is_id(value: Any) -> bool:
 
 def _message_refusal(message: Any) -> str | None:
     """Why a decoded body is not one JSON-RPC message the SDK reads as we do, or None. The
-    2025-era SDK path answers a batch or a wrong envelope with -32602 and a pydantic dump,
-    and takes a request without an id, or whose id is null, a float or an object, for a
-    notification: 202 Accepted, and the call (a `remember`, say) silently never runs."""
+    2025-era SDK path answers a batch or a malformed envelope (a response's too) with
+    -32602 and a pydantic dump of the client's data, and takes a request without an id,
+    or whose id is null, a float or an object, for a notification: 202 Accepted, and the
+    call (a `remember`, say) silently never runs."""
     if not isinstance(message, dict):
         return "The body must be one JSON-RPC message object (batches are not supported)."
     if message.get("jsonrpc") != "2.0":
@@ -318,6 +319,21 @@ def _message_refusal(message: Any) -> str | None:
         return None
     if "result" not in message and "error" not in message:
         return "A JSON-RPC message needs a method."
+    return _response_refusal(message)
+
+
+def _response_refusal(message: dict[str, Any]) -> str | None:
+    """Why a JSON-RPC response or error (a client's answer to a server request) is malformed."""
+    if "id" not in message:
+        return "A JSON-RPC response needs the id (a string or an integer) of the request it answers."
+    if ("result" in message) == ("error" in message):
+        return "A JSON-RPC response has either a result or an error, not both."
+    if "result" in message:
+        return None if isinstance(message["result"], dict) else "A JSON-RPC result must be an object."
+    error = message["error"]
+    code = error.get("code") if isinstance(error, dict) else None
+    if not isinstance(code, int) or isinstance(code, bool) or not isinstance(error.get("message"), str):
+        return "A JSON-RPC error must be an object with an integer code and a string message."
     return None
 
 
