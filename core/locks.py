@@ -3,8 +3,9 @@ and hosts, without holding a transaction open across slow engine calls."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
@@ -50,14 +51,22 @@ def advisory_lock_try(key: str) -> Iterator[bool]:
                 cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
 
 
-def advisory_xact_lock(*keys: str, shared: Iterable[str] = (), timeout_s: float | None = None) -> None:
+def advisory_xact_lock(
+    *keys: str,
+    shared: Iterable[str] = (),
+    timeout_s: float | None = None,
+    then: tuple[str, Sequence[Any]] | None = None,
+) -> tuple[Any, ...] | None:
     """Take transaction-level advisory locks on `keys` (released at commit or rollback);
     `conflict` if one stays busy. Call inside `transaction.atomic()`: the locks then
     cover exactly the writes they protect, and a crashed process cannot leak them.
 
     `shared` keys are taken in shared mode, before the exclusive ones: holders of a shared
     key do not wait for each other, only for a holder of it in exclusive mode (and it for
-    them). The user's writers hold its erasure key shared, the erasure exclusive."""
+    them). The user's writers hold its erasure key shared, the erasure exclusive.
+
+    `then` is one more statement (SQL, params) to run once the locks are held, in the same
+    round trip; its first row is returned (None without one, or when it has no row)."""
     if not connection.in_atomic_block:
         raise RuntimeError("advisory_xact_lock needs a transaction")
     timeout_ms = int((timeout_s if timeout_s is not None else settings.MEMORY_LOCK_TIMEOUT_S) * 1000)
@@ -77,8 +86,18 @@ def advisory_xact_lock(*keys: str, shared: Iterable[str] = (), timeout_s: float 
             *["SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"] * len(ordered),
             "SELECT set_config('lock_timeout', current_setting('memsite.lock_timeout_outside'), true)",
         ]
+        then_sql, then_params = then or ("", ())
         with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-            cursor.execute("; ".join(statements), [f"{timeout_ms}ms", *ordered_shared, *ordered])
+            cursor.execute(
+                "; ".join([*statements, *([then_sql] if then_sql else [])]),
+                [f"{timeout_ms}ms", *ordered_shared, *ordered, *then_params],
+            )
+            if not then_sql:
+                return None
+            while cursor.nextset():  # to the last statement's result
+                pass
+            row = cursor.fetchone()
+            return tuple(row) if row is not None else None
     except OperationalError as exc:
         # Only lock_timeout (55P03) means busy; a lost connection is backend_unavailable (503).
         if getattr(exc.__cause__, "sqlstate", None) != "55P03":

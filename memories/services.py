@@ -358,21 +358,19 @@ def user_write_locks(scope: MemoryScope, *keys: str, timeout_s: float | None = N
     DELETE does not see rows a writer commits after its snapshot; holding the erasure lock
     shared makes such a writer wait until the erasure committed (and the erasure wait for
     writers already under way), while writers of one user still run side by side. First,
-    before any row lock: the erasure takes its lock first and then waits for row locks."""
-    advisory_xact_lock(*keys, shared=[erasure_lock_key(scope)], timeout_s=timeout_s)
-    _account_held(scope)
+    before any row lock: the erasure takes its lock first and then waits for row locks.
 
-
-def _account_held(scope: MemoryScope) -> None:
-    """The user's account still exists, key-share locked until the transaction ends (its
-    deletion waits for this writer; other writers and logins do not). A writer that waited
-    on the erasure lock for a staff erasure that also deleted the account would otherwise
-    store rows that no one can reach or erase."""
+    In the same round trip, once the locks are held: the account still exists, key-share
+    locked until the transaction ends (its deletion waits for this writer; other writers
+    and logins do not). A writer that waited for a staff erasure that also deleted the
+    account would otherwise store rows no one could reach or erase."""
     table = connection.ops.quote_name(get_user_model()._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR KEY SHARE", [scope.user_pk])  # noqa: S608 - a model's table
-        if cursor.fetchone() is None:
-            raise ServiceError(ErrorCode.UNAUTHENTICATED, "This account no longer exists.")
+    account = f"SELECT 1 FROM {table} WHERE id = %s FOR KEY SHARE"  # noqa: S608 - a model's table
+    held = advisory_xact_lock(
+        *keys, shared=[erasure_lock_key(scope)], timeout_s=timeout_s, then=(account, [scope.user_pk])
+    )
+    if held is None:
+        raise ServiceError(ErrorCode.UNAUTHENTICATED, "This account no longer exists.")
 
 
 def _text_lock_key(scope: MemoryScope, digest: str) -> str:
