@@ -23,10 +23,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import OperationalError, transaction
-from django.db.models import F, Max
+from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
 
-from audit.models import MemoryHistory
+from audit.models import AuditEvent, MemoryHistory
 from audit.services import audit_record, history_content_erase
 from core.choices import MemoryType, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
@@ -673,20 +673,29 @@ def _pinned(facts: list[EngineMemory]) -> set[str]:
     return {fact.id for fact in facts if fact.metadata.get("pinned") is True}
 
 
+# The turn lifecycle's own calls: their history rows (a restated fact's refreshed expiry,
+# tier or project tag) are not the owner's doing.
+_LIFECYCLE_OPERATIONS = (Operation.MEMORY_AFTER_TURN, Operation.MEMORY_RUN_MAINTENANCE)
+
+
 def _owner_kept(facts: list[EngineMemory]) -> set[str]:
-    """The facts their owner made their own: pinned, or with text edited since it was
-    extracted (an UPDATE in the history that changed the text). Consolidation never
-    trashes them."""
+    """The facts their owner made their own: pinned, or changed by one of the owner's calls
+    since extracted (an UPDATE in the history written by no after_turn or maintenance call:
+    text, fields or pin edited). Consolidation never trashes them. Told apart by the audit
+    row of the call that wrote the history row (same request id, same transaction): a
+    history row whose call has no audit row left counts as the owner's, so a fact is
+    never trashed for want of a record."""
     pinned = _pinned(facts)
     others = [fact.id for fact in facts if fact.id not in pinned]
     if not others:
         return pinned
-    edited = (
+    lifecycle = AuditEvent.objects.filter(request_id=OuterRef("request_id"), operation__in=_LIFECYCLE_OPERATIONS)
+    changed = (
         MemoryHistory.objects.filter(memory_id__in=others, event=MemoryHistory.Event.UPDATE)
-        .exclude(old_memory=F("new_memory"))
+        .exclude(Exists(lifecycle))
         .values_list("memory_id", flat=True)
     )
-    return pinned | set(edited)
+    return pinned | set(changed)
 
 
 def _step_audited(
@@ -820,15 +829,21 @@ def _near_duplicate(words: _Words, other: _Words) -> bool:
     return len(words.all & other.all) / len(words.all | other.all) >= NEAR_DUPLICATE_JACCARD
 
 
-def _fact_group(fact: EngineMemory) -> tuple[str, frozenset[str]]:
-    """Facts are compared only within one tier and one exact set of projects."""
-    tier = next((tag for tag in fact.attrs.tags if tag.startswith("tier:")), "")
-    return tier, project_tags(fact.attrs.tags)
+_Group = tuple[str, frozenset[str], str | None, str | None, str]
+
+
+def _fact_group(fact: EngineMemory) -> _Group:
+    """Facts are compared only within one tier, one exact set of projects, one session,
+    one agent and one memory type: a fact merged into another of a different session
+    would no longer be recalled in its own, and the owner set the agent and type."""
+    attrs = fact.attrs
+    tier = next((tag for tag in attrs.tags if tag.startswith("tier:")), "")
+    return tier, project_tags(attrs.tags), attrs.session_id, attrs.agent_id, attrs.memory_type
 
 
 def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallContext) -> list[str]:
-    """Near-duplicate turn facts of the project (`_near_duplicate`, same tier, same
-    projects): the newest one stays, the older ones go to the trash (restorable). A
+    """Near-duplicate turn facts of the project (`_near_duplicate`, same `_fact_group`):
+    the newest one stays, the older ones go to the trash (restorable). A
     pinned or edited fact is never trashed, and a group holding one keeps it instead of
     the newest. One transaction with its audit row; a re-run finds none."""
     with transaction.atomic():
@@ -841,7 +856,7 @@ def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallC
         owned = _owner_kept(facts)
         # The owner's facts first (sorted is stable: newest first within each part).
         ordered = sorted(facts, key=lambda fact: fact.id not in owned)
-        kept: list[tuple[tuple[str, frozenset[str]], _Words]] = []
+        kept: list[tuple[_Group, _Words]] = []
         doomed: list[str] = []
         for fact in ordered:
             group, words = _fact_group(fact), _words(fact.text)

@@ -1,0 +1,66 @@
+"""Consolidation and retention of turn facts (seed 002) keep what the owner made theirs:
+facts of different sessions, agents or types never merge; a fact whose fields the owner
+changed, restored from the trash or remembered is never trashed; an expiry the owner set
+on a pinned fact is kept, whichever job runs first."""
+
+from __future__ import annotations
+
+import pytest
+
+from memories.engine import engine_trashed
+from tests.test_turns import facts_of, run, turn
+
+pytestmark = pytest.mark.django_db
+
+MORNING = "I prefer tea over coffee in the morning."
+MORNING_AGAIN = "I prefer tea over coffee in the morning!"  # another text, the same words
+
+
+def live_ids(scope) -> set[str]:
+    return {str(row.id) for row in facts_of(scope)}
+
+
+def attrs_of(scope, memory_id: str) -> dict:
+    return next(row.payload["attrs"] for row in facts_of(scope) if str(row.id) == memory_id)
+
+
+def maintenance(user, **arguments) -> int:
+    return run(user, "memory_run_maintenance", **arguments)["consolidated_facts"]
+
+
+# --- 1: different sessions, agents, types; fields the owner changed ---------------------------------
+def test_near_duplicates_of_two_sessions_each_stay_recalled_in_their_own(alice, alice_scope, clean_vectors):
+    first = turn(alice, "s1", "t1", MORNING)["fact_ids"][0]
+    second = turn(alice, "s2", "t1", MORNING_AGAIN)["fact_ids"][0]
+    prefetch = [m["id"] for m in run(alice, "memory_prefetch", query="tea or coffee", session_id="s1")["memories"]]
+    assert prefetch == [first]
+    assert maintenance(alice) == 0  # the nightly run's scope: all the user's sessions
+    assert maintenance(alice, session_id="s1") == 0
+    assert live_ids(alice_scope) == {first, second}
+    prefetch = [m["id"] for m in run(alice, "memory_prefetch", query="tea or coffee", session_id="s1")["memories"]]
+    assert prefetch == [first]
+
+
+@pytest.mark.django_db(transaction=True)  # update_memory reads through the engine's own pool
+def test_a_fact_whose_fields_the_owner_changed_is_never_trashed(alice, alice_scope, clean_vectors):
+    first = turn(alice, "s", "t1", MORNING)["fact_ids"][0]
+    tags = attrs_of(alice_scope, first)["tags"]
+    run(alice, "update_memory", memory_id=first, tags=[*tags, "health"], importance=0.95)
+    newer = turn(alice, "s", "t2", MORNING_AGAIN)["fact_ids"][0]
+    assert maintenance(alice, session_id="s") == 1
+    # The owner's fact is the group's: the newer plain copy goes (restorable).
+    assert live_ids(alice_scope) == {first}
+    assert [m.id for m in engine_trashed(alice_scope)] == [newer]
+    kept = attrs_of(alice_scope, first)
+    assert "health" in kept["tags"] and kept["importance"] == 0.95
+
+
+@pytest.mark.django_db(transaction=True)  # update_memory reads through the engine's own pool
+def test_facts_of_another_agent_or_type_never_merge(alice, alice_scope, clean_vectors):
+    coder = turn(alice, "s", "t1", MORNING)["fact_ids"][0]
+    run(alice, "update_memory", memory_id=coder, agent_id="coder", memory_type="feedback")
+    plain = turn(alice, "s", "t2", MORNING_AGAIN)["fact_ids"][0]
+    assert maintenance(alice, session_id="s") == 0
+    assert live_ids(alice_scope) == {coder, plain}
+    kept = attrs_of(alice_scope, coder)
+    assert kept["agent_id"] == "coder" and kept["memory_type"] == "feedback"
