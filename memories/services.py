@@ -554,6 +554,11 @@ def memory_remember(
                 if durable_attrs is not None:
                     with _attributed(call):
                         durable = engine_update_row(existing.id, embedded=None, metadata=None, attrs=durable_attrs)
+                elif FACT_TAG in existing.attrs.tags:
+                    # Nothing to change, but the fact is now the owner's: this call's history
+                    # row says so, and consolidation never trashes it (turns `_owner_kept`).
+                    with _attributed(call):
+                        engine_update_row(existing.id, embedded=None, metadata=None, attrs=existing.attrs)
                 call_succeeded(
                     scope,
                     call=call,

@@ -64,3 +64,25 @@ def test_facts_of_another_agent_or_type_never_merge(alice, alice_scope, clean_ve
     assert live_ids(alice_scope) == {coder, plain}
     kept = attrs_of(alice_scope, coder)
     assert kept["agent_id"] == "coder" and kept["memory_type"] == "feedback"
+
+
+# --- 2: restored from the trash, remembered ---------------------------------------------------------
+def test_a_consolidated_fact_restored_from_the_trash_stays(alice, alice_scope, clean_vectors):
+    older = turn(alice, "s", "t1", MORNING)["fact_ids"][0]
+    newer = turn(alice, "s", "t2", MORNING_AGAIN)["fact_ids"][0]
+    assert maintenance(alice, session_id="s") == 1
+    assert live_ids(alice_scope) == {newer}
+    assert run(alice, "restore_memory", memory_id=older)["restored"] == [older]
+    # The undo sticks: neither copy is trashed again, by this run nor the nightly one's.
+    assert maintenance(alice, session_id="s") == 0
+    assert maintenance(alice) == 0
+    assert live_ids(alice_scope) == {older, newer}
+
+
+def test_a_turn_fact_the_user_remembered_is_never_trashed(alice, alice_scope, clean_vectors):
+    remembered = turn(alice, "s", "t1", MORNING)["fact_ids"][0]  # long-term: nothing to make durable
+    assert run(alice, "remember", memory=MORNING) == {"id": remembered, "duplicate": True}
+    newer = turn(alice, "s", "t2", MORNING_AGAIN)["fact_ids"][0]
+    assert maintenance(alice, session_id="s") == 1
+    assert live_ids(alice_scope) == {remembered}
+    assert [m.id for m in engine_trashed(alice_scope)] == [newer]

@@ -681,7 +681,7 @@ _LIFECYCLE_OPERATIONS = (Operation.MEMORY_AFTER_TURN, Operation.MEMORY_RUN_MAINT
 def _owner_kept(facts: list[EngineMemory]) -> set[str]:
     """The facts their owner made their own: pinned, or changed by one of the owner's calls
     since extracted (an UPDATE in the history written by no after_turn or maintenance call:
-    text, fields or pin edited). Consolidation never trashes them. Told apart by the audit
+    text, fields or pin edited, or the fact remembered). Consolidation never trashes them. Told apart by the audit
     row of the call that wrote the history row (same request id, same transaction): a
     history row whose call has no audit row left counts as the owner's, so a fact is
     never trashed for want of a record."""
@@ -696,6 +696,15 @@ def _owner_kept(facts: list[EngineMemory]) -> set[str]:
         .values_list("memory_id", flat=True)
     )
     return pinned | set(changed)
+
+
+def _restored(facts: list[EngineMemory]) -> set[str]:
+    """The facts their owner took back out of the trash (a RESTORE in the history): an
+    undone consolidation (or delete) stays undone, so consolidation neither trashes them
+    again nor trashes the copy kept in their stead."""
+    ids = [fact.id for fact in facts]
+    restored = MemoryHistory.objects.filter(memory_id__in=ids, event=MemoryHistory.Event.RESTORE)
+    return set(restored.values_list("memory_id", flat=True))
 
 
 def _step_audited(
@@ -843,9 +852,10 @@ def _fact_group(fact: EngineMemory) -> _Group:
 
 def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallContext) -> list[str]:
     """Near-duplicate turn facts of the project (`_near_duplicate`, same `_fact_group`):
-    the newest one stays, the older ones go to the trash (restorable). A
-    pinned or edited fact is never trashed, and a group holding one keeps it instead of
-    the newest. One transaction with its audit row; a re-run finds none."""
+    the newest one stays, the older ones go to the trash (restorable). A fact the owner
+    made theirs (`_owner_kept`) is never trashed, and a group holding one keeps it instead
+    of the newest; one restored from the trash stays beside the others. One transaction
+    with its audit row; a re-run finds none."""
     with transaction.atomic():
         # First, before any row lock (see `_retention_sweep`): the doomed facts are locked
         # in id order, a clear-all or erasure locks all the user's rows in scan order.
@@ -854,11 +864,14 @@ def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallC
         rows = rows.order_by("-created")  # type: ignore[misc]
         facts = [engine_memory_of(row) for row in rows[:CONSOLIDATE_MAX_FACTS]]
         owned = _owner_kept(facts)
+        restored = _restored(facts) - owned
         # The owner's facts first (sorted is stable: newest first within each part).
         ordered = sorted(facts, key=lambda fact: fact.id not in owned)
         kept: list[tuple[_Group, _Words]] = []
         doomed: list[str] = []
         for fact in ordered:
+            if fact.id in restored:  # stays, and is compared with no other fact
+                continue
             group, words = _fact_group(fact), _words(fact.text)
             duplicate = fact.id not in owned and any(
                 group == other_group and _near_duplicate(words, other_words) for other_group, other_words in kept
@@ -869,9 +882,9 @@ def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallC
                 kept.append((group, words))
         if not doomed:
             return []
-        # Locked, then checked again: a fact pinned since it was read stays.
+        # Locked, then checked again: a fact pinned (or restored) since it was read stays.
         locked = engine_lock_owned_many(scope, memory_ids=doomed)
-        owned = _owner_kept(list(locked.values()))
+        owned = _owner_kept(list(locked.values())) | _restored(list(locked.values()))
         doomed = [memory_id for memory_id in doomed if memory_id in locked and memory_id not in owned]
         with _attributed(call):
             moved = engine_trash(
