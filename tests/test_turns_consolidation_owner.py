@@ -5,9 +5,13 @@ on a pinned fact is kept, whichever job runs first."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from memories.engine import engine_trashed
+from memories.turns import services as turns
 from tests.test_turns import facts_of, run, turn
 
 pytestmark = pytest.mark.django_db
@@ -86,3 +90,18 @@ def test_a_turn_fact_the_user_remembered_is_never_trashed(alice, alice_scope, cl
     assert maintenance(alice, session_id="s") == 1
     assert live_ids(alice_scope) == {remembered}
     assert [m.id for m in engine_trashed(alice_scope)] == [newer]
+
+
+# --- 3: an expiry the owner set on a pinned fact ----------------------------------------------------
+@pytest.mark.django_db(transaction=True)  # update_memory reads through the engine's own pool
+def test_an_expiry_set_on_a_pinned_fact_is_kept_by_retention(alice, alice_scope, monkeypatch, clean_vectors):
+    fact = turn(alice, "s", "t1", "Today I am working from the cafe.")["fact_ids"][0]
+    run(alice, "update_memory", memory_id=fact, pinned=True)  # made durable at pin time
+    assert "expires_at" not in attrs_of(alice_scope, fact)
+    run(alice, "update_memory", memory_id=fact, ttl_days=1)  # then the owner's own expiry
+    assert attrs_of(alice_scope, fact)["expires_at"]
+    monkeypatch.setattr(turns, "_now", lambda: timezone.now() + timedelta(days=2))
+    # Expired, it is deleted as the purge of expired memories would: never brought back.
+    assert run(alice, "memory_run_maintenance", session_id="s")["expired_facts"] == 1
+    assert facts_of(alice_scope) == []
+    assert engine_trashed(alice_scope) == []

@@ -118,23 +118,20 @@ def test_consolidation_never_trashes_a_pinned_or_edited_fact(alice, alice_scope,
     assert edited in live_ids(alice_scope)
 
 
-@pytest.mark.django_db(transaction=True)  # update_memory reads through the engine's own pool
-def test_retention_never_expires_a_pinned_fact(alice, alice_scope, monkeypatch, clean_vectors):
+def test_retention_deletes_an_expired_pinned_fact_as_the_purge_does(alice, alice_scope, monkeypatch, clean_vectors):
     pinned = turn(alice, "s", "t1", "Today I am working from the cafe.")["fact_ids"][0]
     turn(alice, "s", "t2", "Today I am working late.")
     # Pinned in the row itself, as a fact pinned before pinning made turn facts durable at
-    # once (memory_update) still is: retention keeps it by itself.
+    # once (memory_update) still is: expired, it is gone from every read and the purge of
+    # expired memories deletes it, so retention does too (it is not brought back).
     with connection.cursor() as cursor:
         cursor.execute("UPDATE memories SET payload = payload || '{\"pinned\": true}' WHERE id = %s", [pinned])
     monkeypatch.setattr(turns, "_now", lambda: timezone.now() + timedelta(days=2))
     result = run(alice, "memory_run_maintenance", session_id="s")
-    assert result["expired_facts"] == 1
-    (row,) = facts_of(alice_scope)
-    assert str(row.id) == pinned
-    attrs = row.payload["attrs"]
-    assert "expires_at" not in attrs and "tier:long_term" in attrs["tags"] and "tier:l1" not in attrs["tags"]
+    assert result["expired_facts"] == 2
+    assert facts_of(alice_scope) == []
     final = AuditEvent.objects.filter(operation="memory_run_maintenance", detail__step__isnull=True).get()
-    assert pinned in final.memory_ids and final.detail["made_durable"] == 1
+    assert pinned in final.memory_ids and "made_durable" not in final.detail
 
 
 # --- F4: remember of an expiring turn fact makes it durable --------------------------------------

@@ -721,16 +721,14 @@ def _step_audited(
     )
 
 
-def _retention_sweep(
-    scope: MemoryScope, *, project: str, now: datetime, call: CallContext
-) -> tuple[list[str], list[str]]:
-    """Delete the project's turn facts past their tier's retention (already invisible to
-    every read since they expired), with their dedupe hashes. A pinned fact never
-    expires: it is made durable instead (long-term, no expiry). An edited one still
-    does (an edit keeps its tier). Each batch is one transaction with its audit row.
-    Returns (deleted, made durable)."""
+def _retention_sweep(scope: MemoryScope, *, project: str, now: datetime, call: CallContext) -> list[str]:
+    """Delete the project's expired turn facts (already invisible to every read since they
+    expired), with their dedupe hashes, as the purge of expired memories does: pinned or
+    not. A pinned fact kept is made durable when it is pinned (memory_update), and an
+    expiry its owner set on it since is theirs: one that passed is never lifted here, or
+    the memory would come back or go depending on which job ran first. Each batch is one
+    transaction with its audit row. Returns the ids deleted."""
     deleted: list[str] = []
-    kept: list[str] = []
     while True:
         with transaction.atomic():
             # First, before any row lock: an erasure under way (which row-locks all the
@@ -738,28 +736,22 @@ def _retention_sweep(
             user_write_locks(scope)
             ids = engine_expired_owned(scope, at=now, containment=_facts_of_project(project), limit=200)
             if not ids:
-                return deleted, kept
-            rows = engine_lock_owned_many(scope, memory_ids=ids)
-            keep = _pinned(list(rows.values()))
-            doomed = [memory_id for memory_id in ids if memory_id not in keep]
+                return deleted
+            engine_lock_owned_many(scope, memory_ids=ids)  # a change racing this one waits
             with _attributed(call):
-                for memory_id in sorted(keep):
-                    durable = _turn_fact_durable_attrs(rows[memory_id].attrs)
-                    engine_update_row(memory_id, embedded=None, metadata=None, attrs=durable)
-                for memory_id in doomed:
+                for memory_id in ids:
                     engine_delete_row(memory_id, keep_text=False)
             # Deleted for good, as a purge: the history keeps the events, not the texts.
-            history_content_erase(engine_user_id=scope.engine_user_id, memory_ids=doomed)
-            ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=doomed).delete()
+            history_content_erase(engine_user_id=scope.engine_user_id, memory_ids=ids)
+            ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=ids).delete()
             _step_audited(
                 scope,
                 call=call,
                 step="retention",
-                memory_ids=[*doomed, *sorted(keep)],
-                detail={"project": project, "deleted": len(doomed), "made_durable": len(keep)},
+                memory_ids=ids,
+                detail={"project": project, "deleted": len(ids)},
             )
-            deleted += doomed
-            kept += sorted(keep)
+            deleted += ids
 
 
 def _facts_by_tier(scope: MemoryScope, *, session_id: str | None = None) -> dict[str, int]:
@@ -932,7 +924,7 @@ def turn_maintenance_run(
         for name in sessions:
             counters["compacted_events"] += _compact(scope, project=project, session_id=name, now=now)
             counters["pruned_turn_guards"] += _guards_prune(scope, project=project, session_id=name)
-        expired, made_durable = _retention_sweep(scope, project=project, now=now, call=call)
+        expired = _retention_sweep(scope, project=project, now=now, call=call)
         consolidated = _consolidate(scope, project=project, now=now, call=call)
         for name in sessions:
             try:
@@ -962,8 +954,8 @@ def turn_maintenance_run(
         "expired_facts": len(expired),
         "consolidated_facts": len(consolidated),
     }
-    detail = {"project": project, "session_id": session_id, **result, "made_durable": len(made_durable)}
-    memory_ids = [*expired, *made_durable, *consolidated]
+    detail = {"project": project, "session_id": session_id, **result}
+    memory_ids = [*expired, *consolidated]
     with transaction.atomic():
         if billed:
             call_succeeded(
