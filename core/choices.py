@@ -78,6 +78,11 @@ class Operation(models.TextChoices):
     # the same erasure).
     ADMIN_WIPE_USER_DATA = "admin_wipe_user_data"
     ADMIN_DELETE_USER = "admin_delete_user"
+    # A user account added or changed (staff, superuser, active, groups, permissions...), or
+    # its password set or disabled, by staff in the admin: the names of the fields changed.
+    ADMIN_CREATE_USER = "admin_create_user"
+    ADMIN_CHANGE_USER = "admin_change_user"
+    ADMIN_SET_PASSWORD = "admin_set_password"  # noqa: S105 - an operation name
     # A tenant added, or its display name changed, by staff in the admin.
     ADMIN_SAVE_TENANT = "admin_save_tenant"
     # An erasure done again after a restore to a point before it (memsite's erasure ledger).

@@ -9,18 +9,21 @@ from dataclasses import replace
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.db import transaction
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
+from django.utils.decorators import method_decorator
+from django.views.decorators.debug import sensitive_post_parameters
 
 from audit.admin import ReadOnlyAdmin
-from audit.services import audit_failure, audit_record
+from audit.services import audit_failure, audit_record, audit_staff_action
 from core.calls import call_context_from_request
 from core.choices import Channel, Operation
 from core.errors import ServiceError
-from core.scope import MemoryScope
+from core.scope import MemoryScope, user_tenant
 from memories.sessions import erasure_account_deleted
 from memories.toolkit.models import CacheEntry, Decision, ErasureSubject
 from memories.toolkit.services import toolkit_user_data_wipe
@@ -112,7 +115,11 @@ class ErasingUserAdmin(UserAdmin):
     (memories, history, session log, data key...: what "erase all data" does), audited.
     A plain delete would leave that data behind, unreachable and never erased. One user
     at a time (no bulk delete): each deletion's outcome is reported truthfully; bulk
-    erasure is the "erasure requests" page's action."""
+    erasure is the "erasure requests" page's action.
+
+    Adding a user, changing one (staff, superuser, active, groups, permissions...) and
+    setting or disabling a password are audited in the change's transaction: which fields
+    changed (their names, never a password), on the subject's Activity page."""
 
     def has_delete_permission(self, request, obj=None):
         return super().has_delete_permission(request, obj) and request.user.has_perm("toolkit.erase_user_data")
@@ -150,3 +157,44 @@ class ErasingUserAdmin(UserAdmin):
             return HttpResponseRedirect(reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj_id]))
         self.message_user(request, f"All data of {obj_display} was erased.", messages.INFO)
         return super().response_delete(request, obj_display, obj_id)
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        # Inside the admin's transaction of the change, which also saves the groups and
+        # permissions (save_related): named here as changed fields like any other.
+        audit_staff_action(
+            request,
+            operation=Operation.ADMIN_CHANGE_USER if change else Operation.ADMIN_CREATE_USER,
+            subject_user_id=obj.pk,
+            detail={"changed": sorted(form.changed_data)},
+            tenant=user_tenant(obj),
+        )
+
+    @method_decorator(sensitive_post_parameters())
+    def user_change_password(self, request, id, form_url=""):
+        if request.method != "POST":
+            return super().user_change_password(request, id, form_url)
+        # Django saves the new password outside any transaction: here the password and its
+        # audit row commit together or not at all. Whether it changed is read from the row
+        # (locked, so no concurrent change is taken for this one): a refused form, or
+        # conflicting submit buttons, change nothing and are not audited.
+        with transaction.atomic():
+            user = self.get_object(request, unquote(id))
+            before = self._password_hash_locked(user)
+            response = super().user_change_password(request, id, form_url)
+            if user is not None:
+                user.refresh_from_db(fields=["password"])
+                if user.password != before:
+                    audit_staff_action(
+                        request,
+                        operation=Operation.ADMIN_SET_PASSWORD,
+                        subject_user_id=user.pk,
+                        detail={"changed": ["password"], "password_usable": user.has_usable_password()},
+                        tenant=user_tenant(user),
+                    )
+        return response
+
+    def _password_hash_locked(self, user: Any) -> str | None:
+        if user is None:
+            return None
+        return type(user).objects.select_for_update().filter(pk=user.pk).values_list("password", flat=True).first()
