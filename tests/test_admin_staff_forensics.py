@@ -158,3 +158,41 @@ def test_a_password_change_whose_audit_row_fails_is_not_applied(admin_client, bo
         )
     bob.refresh_from_db()
     assert bob.check_password("bob-password-1")
+
+
+# --- 2: decisions --------------------------------------------------------------------------------
+SECRET_KEY_NAME = "hiv_medication_schedule"
+
+
+def _decision(user):
+    from django.utils import timezone
+
+    from memories.toolkit.models import Decision
+
+    now = timezone.now()
+    return Decision.objects.create(user=user, key=SECRET_KEY_NAME, value="08:00 daily", created_at=now, updated_at=now)
+
+
+def test_the_decisions_admin_shows_that_a_decision_exists_never_its_key(admin_client, alice):
+    decision = _decision(alice)
+    listing = admin_client.get("/admin/toolkit/decision/")
+    assert listing.status_code == 200
+    assert "alice" in listing.content.decode()
+    assert SECRET_KEY_NAME not in listing.content.decode()
+    detail = admin_client.get(f"/admin/toolkit/decision/{decision.pk}/change/")
+    assert detail.status_code == 200
+    assert SECRET_KEY_NAME not in detail.content.decode()
+    assert "08:00 daily" not in detail.content.decode()
+
+
+def test_the_decisions_admin_is_searched_by_user_never_by_key(admin_client, alice, bob):
+    decision = _decision(alice)
+    _decision(bob)
+
+    def found(term: str) -> list[int]:
+        response = admin_client.get("/admin/toolkit/decision/", {"q": term})
+        return [obj.pk for obj in response.context["cl"].result_list]
+
+    assert found("alice") == [decision.pk]
+    assert found(str(alice.pk)) == [decision.pk]
+    assert found(SECRET_KEY_NAME) == []

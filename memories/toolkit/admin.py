@@ -13,6 +13,7 @@ from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.db import transaction
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.decorators import method_decorator
@@ -23,6 +24,7 @@ from audit.services import audit_failure, audit_record, audit_staff_action
 from core.calls import call_context_from_request
 from core.choices import Channel, Operation
 from core.errors import ServiceError
+from core.inputs import digits_int
 from core.scope import MemoryScope, user_tenant
 from memories.sessions import erasure_account_deleted
 from memories.toolkit.models import CacheEntry, Decision, ErasureSubject
@@ -33,9 +35,26 @@ logger = logging.getLogger(__name__)
 
 @admin.register(Decision)
 class DecisionAdmin(ReadOnlyAdmin):
-    list_display = ("user", "key", "created_at", "updated_at", "expires_at")
-    search_fields = ("=key", "user__username")
-    exclude = ("value",)  # staff see that a decision exists, not what it says
+    """Staff see that a decision exists, whose it is and when, not what it says: its key
+    (e.g. "hiv_medication_schedule") is content like its value, sealed in the audit trail,
+    so it is neither shown nor searched, as a cached answer's query is not."""
+
+    list_display = ("id", "user", "created_at", "updated_at", "expires_at")
+    list_select_related = ("user",)
+    fields = ("user", "created_at", "updated_at", "expires_at")
+    search_fields = ("user__username",)  # shows the search box; see get_search_results
+    search_help_text = "A username or user id."
+
+    def get_search_results(self, request, queryset, search_term):
+        """Exact lookups on indexed columns (the user's id leads the (user, key) index)."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        by_user = Q(user__username=term)
+        user_id = digits_int(term)
+        if user_id is not None:
+            by_user |= Q(user_id=user_id)
+        return queryset.filter(by_user), False
 
 
 @admin.register(CacheEntry)

@@ -49,7 +49,8 @@ class Decision(models.Model):
         constraints = [models.UniqueConstraint(fields=["user", "key"], name="decision_unique_user_key")]
 
     def __str__(self) -> str:
-        return f"decision {self.key}"
+        # Not the key: it is what the user stored, and the admin names objects by this.
+        return f"decision {self.pk}"
 
 
 class ErasureSubject(get_user_model()):  # type: ignore[misc]
