@@ -369,9 +369,11 @@ class Answer:
     finished: bool = False
     # The upstream reported an error inside its stream (OpenAI sends `data: {"error":...}`).
     errored: bool = False
-    # The most a stream may send in all (PROXY_MAX_ANSWER_BYTES); past it, `feed` raises.
+    # The most answer a stream may collect (PROXY_MAX_ANSWER_BYTES): its text and tool
+    # calls, what this holds until the turn is stored; past it, `feed` raises. Counted in
+    # characters; a stream's framing (and logprobs, ~2 KB a token) is relayed, not held.
     max_bytes: int = DEFAULT_MAX_ANSWER_BYTES
-    received: int = 0
+    collected: int = 0
     _buffer: bytearray = field(default_factory=bytearray)
     _content_parts: list[str] = field(default_factory=list)
 
@@ -410,13 +412,8 @@ class Answer:
         included) for relaying, so a stream cut off mid-event is never relayed half an
         event, and the error event we end it with stays parseable.
         Linear in the bytes received: only the new bytes (and a separator's length before
-        them) are searched. 502 `upstream_answer_too_large` past `max_bytes` in all or an
-        event over MAX_EVENT_BYTES: this runs on the event loop, and holds what it reads."""
-        self.received += len(data)
-        if self.received > self.max_bytes:
-            raise upstream_answer_too_large(
-                f"The upstream LLM's answer exceeds {self.max_bytes} bytes; it was cut off."
-            )
+        them) are searched. 502 `upstream_answer_too_large` past `max_bytes` of answer or
+        an event over MAX_EVENT_BYTES: this runs on the event loop, and holds what it reads."""
         start = max(0, len(self._buffer) - (_SEPARATOR_MAX - 1))
         self._buffer += data
         out: list[bytes] = []
@@ -426,6 +423,10 @@ class Answer:
             del self._buffer[: cut[1]]
             start = 0
             self._event(event)
+        if self.collected > self.max_bytes:
+            raise upstream_answer_too_large(
+                f"The upstream LLM's answer exceeds {self.max_bytes} characters; it was cut off."
+            )
         if len(self._buffer) > MAX_EVENT_BYTES:
             raise upstream_answer_too_large(
                 f"The upstream LLM sent an event over {MAX_EVENT_BYTES} bytes; the stream was cut off."
@@ -486,6 +487,7 @@ class Answer:
         if isinstance(delta.get("content"), str):
             # Joined once at the end: `+=` on an attribute copies the whole text each time.
             self._content_parts.append(delta["content"])
+            self.collected += len(delta["content"])
         tool_calls = delta.get("tool_calls")
         for call in tool_calls if isinstance(tool_calls, list) else []:
             if not isinstance(call, dict):
@@ -501,8 +503,10 @@ class Answer:
                 slot["id"] = call["id"]
             function = call.get("function")
             if isinstance(function, dict):
-                slot["function"]["name"] += _text(function.get("name"))
-                slot["function"]["arguments"] += _text(function.get("arguments"))
+                name, arguments = _text(function.get("name")), _text(function.get("arguments"))
+                slot["function"]["name"] += name
+                slot["function"]["arguments"] += arguments
+                self.collected += len(name) + len(arguments)
 
 
 def _text(value: Any) -> str:

@@ -829,14 +829,30 @@ def test_a_streamed_answer_over_the_limit_ends_with_an_error_event_and_no_bill(
     proxy_url, scripted, alice_key, settings
 ):
     settings.PROXY_MAX_ANSWER_BYTES = 4096
-    pieces = [chunk({"content": "word "}) for _ in range(100)]  # ~10 KB in all, small events
+    pieces = [chunk({"content": "word " * 20}) for _ in range(100)]  # 10,000 characters, small events
     scripted.script = sse(*pieces, chunk({}, "stop"), b"data: [DONE]\n\n")
     status, body = stream_body(proxy_url, alice_key, {"model": "m", "stream": True, "messages": USER})
-    assert status == 200 and b"[DONE]" not in body and len(body) < 4096 + 1024
+    assert status == 200 and b"[DONE]" not in body and body.count(b"word") < 100 * 20
     last = json.loads(body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1].removeprefix(b"data: "))
     assert last["error"]["code"] == "upstream_answer_too_large" and last["error"]["message"]
     wait_recorded()
     assert_failed_and_nothing_stored("upstream_answer_too_large")
+
+
+def test_a_stream_counts_its_answer_not_its_framing(proxy_url, scripted, alice_key, settings):
+    """logprobs make a chunk ~2 KB a token: the cap is on the answer held, not the wire."""
+    settings.PROXY_MAX_ANSWER_BYTES = 4096
+    top = [{"token": "w", "logprob": -0.1}] * 20
+    choice = {"index": 0, "delta": {"content": "word "}, "finish_reason": None}
+    choice["logprobs"] = {"content": [{"token": "w", "logprob": -0.1, "top_logprobs": top}]}
+    event = f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'choices': [choice]})}\n\n"
+    pieces = [event.encode()] * 100
+    scripted.script = sse(*pieces, chunk({}, "stop"), b"data: [DONE]\n\n")
+    status, body = stream_body(proxy_url, alice_key, {"model": "m", "stream": True, "messages": USER})
+    assert status == 200 and b"[DONE]" in body and len(body) > 4 * 4096
+    wait_recorded()
+    assert chat_rows().get().outcome == AuditEvent.Outcome.OK and usage_count() == 1
+    assert stored_items()[-1]["content"] == "word " * 100
 
 
 def test_a_whole_answer_over_the_limit_is_a_502_and_no_bill(proxy_url, scripted, alice_key, settings):
