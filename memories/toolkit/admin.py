@@ -216,4 +216,7 @@ class ErasingUserAdmin(UserAdmin):
     def _password_hash_locked(self, user: Any) -> str | None:
         if user is None:
             return None
-        return type(user).objects.select_for_update().filter(pk=user.pk).values_list("password", flat=True).first()
+        # NO KEY UPDATE: serialises password changes, but not the user's writers, which
+        # key-share lock the row (`user_write_locks`) and would otherwise wait for the hash.
+        rows = type(user).objects.select_for_update(no_key=True).filter(pk=user.pk)
+        return rows.values_list("password", flat=True).first()
