@@ -147,6 +147,7 @@ class DatabaseCollector(Collector):
             yield from self._outbox()
             yield from self._erasure_ledger()
             yield from self._proxy_turns()
+            yield from self._ingest_intents()
             yield from self._audit_export()
             yield from self._broker()
             ok = 1.0
@@ -158,14 +159,15 @@ class DatabaseCollector(Collector):
             "memsite_scrape_database_seconds", "Time to read the database gauges.", value=time.perf_counter() - started
         )
 
-    def _pending(self, *, table: str, status: str, since: str) -> tuple[int, float]:
+    def _pending(self, *, table: str, status: str, since: str, waiting: str = "pending") -> tuple[int, float]:
         """An outbox's pending rows: how many, and the oldest one's age in seconds (0 when
-        none). Each outbox has a partial index on its pending rows, so the rows it has
-        dealt with (most of the table) are not read."""
+        none). Each outbox has an index leading with its state (partial on the pending rows,
+        or on (state, time)), so the rows it has dealt with (most of the table) are not read."""
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT count(*), coalesce(extract(epoch FROM now() - min({since})), 0) "  # noqa: S608
-                f"FROM {table} WHERE {status} = 'pending'"
+                f"FROM {table} WHERE {status} = %s",
+                [waiting],
             )
             pending, oldest = cursor.fetchone()
         return pending, float(oldest)
@@ -229,6 +231,26 @@ class DatabaseCollector(Collector):
             "memsite_proxy_turns_failed",
             "Chat turns whose memory extraction was given up (need a person: admin re-queue).",
             value=failed,
+        )
+
+    def _ingest_intents(self) -> Iterable[GaugeMetricFamily]:
+        from memories.models import IngestIntent
+
+        table = IngestIntent._meta.db_table
+        opened, oldest = self._pending(
+            table=table, status="state", since="created_at", waiting=IngestIntent.State.OPEN.value
+        )
+        yield GaugeMetricFamily(
+            "memsite_ingest_intents_open",
+            "Ingest calls in flight or left open by a crash (the reconciler closes those past the lease).",
+            value=opened,
+        )
+        # Above INGEST_INTENT_LEASE_S plus a few minutes: the reconciler is not closing one
+        # (a user's lock held by a long import or erasure, or the beat not running).
+        yield GaugeMetricFamily(
+            "memsite_ingest_intents_oldest_open_seconds",
+            "Age of the oldest open ingest call (0 when none).",
+            value=oldest,
         )
 
     def _audit_export(self) -> Iterable[GaugeMetricFamily]:

@@ -407,3 +407,24 @@ def test_the_erasure_ledger_backlog_is_a_gauge_and_an_admin_page(client, admin_c
     assert detail.status_code == 200 and b'name="_save"' not in detail.content
     assert admin_client.post(f"/admin/memsite/erasureledger/{row.pk}/delete/", {"post": "yes"}).status_code == 403
     assert ErasureLedger.objects.count() == 2
+
+
+def test_open_ingest_calls_are_a_gauge(client, alice, settings):
+    """An ingest left open past the lease is one the reconciler has not closed (a user's
+    lock held, no beat): operators see how many are open and the oldest one's age."""
+    from memories.models import IngestIntent
+
+    settings.METRICS_TOKEN = None
+    now = timezone.now()
+    for request_id, age, state in (("r-old", 30, "open"), ("r-new", 0, "open"), ("r-done", 60, "done")):
+        IngestIntent.objects.create(
+            request_id=request_id,
+            engine_user_id=f"t:{alice.pk}",
+            scope={},
+            call={},
+            state=state,
+            created_at=now - timedelta(minutes=age),
+        )
+    found = samples(client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode())
+    assert value(found, "memsite_ingest_intents_open") == 2
+    assert 30 * 60 <= value(found, "memsite_ingest_intents_oldest_open_seconds") < 31 * 60
