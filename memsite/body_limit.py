@@ -8,19 +8,27 @@ apply once it is read. This wrapper refuses a body over `REQUEST_BODY_MAX_BYTES`
 (default: four times the import limit) with 413 `payload_too_large` (JSON on the API
 surfaces, a page elsewhere): at once when its Content-Length says so, or as soon as a
 body sent without one (or under a false one) passes it, the app then seeing a disconnect.
+
+It also reads a chunked body (no Content-Length) before the app: Django's request reads
+exactly Content-Length bytes, so without one it saw an empty body (a chunked POST of a
+memory answered "memory is required"). Such a body is spooled (to disk past 1 MiB, as
+Django spools), and the app gets the length it needs.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+import tempfile
+from typing import IO, Any
 
 logger = logging.getLogger(__name__)
 
 CODE = "payload_too_large"
 # Answered in JSON, as their own errors are (the REST API and chat proxy, MCP, OAuth).
 JSON_PREFIXES = ("/v1/", "/engines/", "/oauth/", "/.well-known/")
+SPOOL_IN_MEMORY_BYTES = 1024 * 1024
+REPLAY_CHUNK_BYTES = 64 * 1024
 
 
 def _declared_length(scope: dict[str, Any]) -> int | None:
@@ -31,6 +39,46 @@ def _declared_length(scope: dict[str, Any]) -> int | None:
             except ValueError:
                 return None  # the server refuses a malformed one itself
     return None
+
+
+def _chunked_without_length(scope: dict[str, Any]) -> bool:
+    names = {name.lower() for name, _ in scope.get("headers") or []}
+    return b"transfer-encoding" in names and b"content-length" not in names
+
+
+async def _body_spooled(receive: Any) -> tuple[IO[bytes], int] | None:
+    """The whole body in a spooled file (rewound) and its size; None if the client left."""
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)  # noqa: SIM115 - closed by the caller
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            spool.close()
+            return None
+        chunk = message.get("body", b"")
+        spool.write(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            spool.seek(0)
+            return spool, size
+
+
+def _replaying(spool: IO[bytes], size: int, receive: Any) -> Any:
+    """A receive that hands out the spooled body, then the client's own messages (its
+    disconnect)."""
+    sent = 0
+    done = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent, done
+        if done:
+            return await receive()
+        chunk = spool.read(REPLAY_CHUNK_BYTES)
+        sent += len(chunk)
+        done = sent >= size
+        return {"type": "http.request", "body": chunk, "more_body": not done}
+
+    return replay
 
 
 class BodyLimitMiddleware:
@@ -70,11 +118,27 @@ class BodyLimitMiddleware:
                 started = True
             await send(message)
 
+        app_receive = capped_receive
+        spool: IO[bytes] | None = None
+        if _chunked_without_length(scope):
+            spooled = await _body_spooled(capped_receive)
+            if over:
+                await self._refuse(scope, send)
+                return
+            if spooled is None:
+                return  # the client left before its body ended: no one to answer
+            spool, size = spooled
+            headers = [*(scope.get("headers") or []), (b"content-length", str(size).encode())]
+            scope = {**scope, "headers": headers}
+            app_receive = _replaying(spool, size, receive)
         try:
-            await self.app(scope, capped_receive, tracked_send)
+            await self.app(scope, app_receive, tracked_send)
         except Exception:
             if not over or started:
                 raise  # the app's own failure (an app may raise on the disconnect it was shown)
+        finally:
+            if spool is not None:
+                spool.close()
         if over and not started:
             await self._refuse(scope, send)
 

@@ -93,3 +93,32 @@ def test_a_body_under_the_cap_reaches_its_app(settings, alice_key):
     )
     assert status in (200, 201), body
     assert json.loads(body)["duplicate"] is False
+
+
+def test_a_chunked_body_reaches_its_app_whole(settings, alice_key):
+    """A body sent chunked (no Content-Length: Node's fetch with a stream, curl -T -) is
+    read whole: Django alone reads a body without a length as empty."""
+    settings.REQUEST_BODY_MAX_BYTES = 64 * 1024
+    memory = json.dumps({"memory": "Alice repots the basil every spring"}).encode()
+    headers = [
+        (b"authorization", f"Bearer {alice_key}".encode()),
+        (b"content-type", b"application/json"),
+        (b"transfer-encoding", b"chunked"),
+    ]
+    status, body, _ = post("/v1/memories", [memory[:10], memory[10:20], memory[20:]], headers=headers)
+    assert status in (200, 201), body
+    assert json.loads(body)["duplicate"] is False
+    status, body, _ = post("/v1/memories", [memory, b""], headers=headers)
+    assert status in (200, 201), body
+    assert json.loads(body)["duplicate"] is True  # the same text, read whole again
+
+
+def test_a_chunked_body_over_the_cap_is_refused(settings):
+    settings.REQUEST_BODY_MAX_BYTES = 64 * 1024
+    chunks = [b"y" * 16 * 1024] * 100
+    headers = [(b"authorization", b"Bearer x"), (b"transfer-encoding", b"chunked")]
+    before = rows()
+    status, body, read = post("/v1/memories", chunks, headers=headers)
+    assert status == 413 and json.loads(body)["error"]["code"] == "payload_too_large"
+    assert read <= 5
+    assert rows() == before  # refused before any app ran
