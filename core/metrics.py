@@ -50,7 +50,7 @@ RATE_LIMITED = Counter(
 )
 UNAUTHENTICATED = Counter(
     "memsite_unauthenticated_requests",
-    "HTTP requests answered 401 (missing or invalid credentials), by channel (mcp, rest, ui, admin, metrics).",
+    "HTTP requests answered 401 (missing or invalid credentials), by channel (mcp, oauth, rest, ui, admin, metrics).",
     ["channel"],
 )
 

@@ -17,7 +17,7 @@ from django.conf import settings  # noqa: E402
 
 from memories.interfaces.mcp.registry import TOOLSETS  # noqa: E402 - needs Django set up
 from memsite.body_limit import BodyLimitMiddleware  # noqa: E402
-from memsite.observability import RequestIdASGIMiddleware  # noqa: E402
+from memsite.observability import RequestIdASGIMiddleware, RequestIdBoundASGI  # noqa: E402
 from memsite.process_start import web_process_start  # noqa: E402
 from memsite.threaded_django import ThreadPoolDjangoHandler  # noqa: E402
 from memsite.unavailable import BackendUnavailableMiddleware  # noqa: E402
@@ -37,11 +37,14 @@ STREAMED_REST_PATHS = ("/v1/memories/export",)
 def build_application():
     """A fresh ASGI app (tests build one per event loop: an MCP app's lifespan runs once)."""
     mcp_apps = {toolset.path: toolset.build_app() for toolset in TOOLSETS}
-    rest_app = ThreadPoolDjangoHandler(threads=settings.REST_THREADS)
+    # The request id is bound in front of Django's handlers too: Django logs a 4xx, and the
+    # server its access line, after the middleware chain has returned.
+    rest_app = RequestIdBoundASGI(ThreadPoolDjangoHandler(threads=settings.REST_THREADS))
+    web_app = RequestIdBoundASGI(django_app)
     # The request id is bound around bearer auth, so its log lines and 401s carry one too.
     routes = {path: RequestIdASGIMiddleware(authed) for path, (_, authed) in mcp_apps.items()}
     # The OAuth endpoints are the MCP SDK's authorization-server handlers (oauth/provider.py).
-    routes.update({path: RequestIdASGIMiddleware(app) for path, app in oauth_asgi_routes().items()})
+    routes.update({path: RequestIdASGIMiddleware(app, channel="oauth") for path, app in oauth_asgi_routes().items()})
 
     async def lifespan(receive, send) -> None:
         message = await receive()  # lifespan.startup
@@ -70,7 +73,7 @@ def build_application():
             if scope["path"].startswith(REST_PREFIXES) and scope["path"].rstrip("/") not in STREAMED_REST_PATHS:
                 await rest_app(scope, receive, send)
                 return
-        await django_app(scope, receive, send)
+        await web_app(scope, receive, send)
 
     # While the database is away every surface answers 503 backend_unavailable with Retry-After;
     # no body over REQUEST_BODY_MAX_BYTES is read (413 payload_too_large).

@@ -19,6 +19,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from core.metrics import unauthenticated_record
-from core.request_ids import REQUEST_ID_HEADER, request_id_bound
+from core.request_ids import REQUEST_ID_HEADER, BoundRequest, request_bound, request_id_bound
 
 logger = logging.getLogger(__name__)
 
@@ -63,14 +64,23 @@ class RequestIdMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if iscoroutinefunction(self):
             return self._acall(request)
-        with request_id_bound(client_request_id=request.headers.get(REQUEST_ID_HEADER, "")) as bound:
+        with self._bound(request) as bound:
             response = self.get_response(request)
             return self._finish(request, response, bound.request_id)
 
     async def _acall(self, request: HttpRequest) -> Any:
-        with request_id_bound(client_request_id=request.headers.get(REQUEST_ID_HEADER, "")) as bound:
+        with self._bound(request) as bound:
             response = await self.get_response(request)
             return self._finish(request, response, bound.request_id)
+
+    @staticmethod
+    def _bound(request: HttpRequest) -> AbstractContextManager[BoundRequest]:
+        """The id `RequestIdBoundASGI` bound in front of Django (the web process), else a
+        new binding (Django's test client, which has no ASGI layer)."""
+        bound = request_bound()
+        if bound is not None:
+            return nullcontext(bound)
+        return request_id_bound(client_request_id=request.headers.get(REQUEST_ID_HEADER, ""))
 
     @staticmethod
     def _finish(request: HttpRequest, response: HttpResponse, request_id: str) -> HttpResponse:
@@ -80,8 +90,33 @@ class RequestIdMiddleware:
         return response
 
 
+def _client_request_id(scope: dict[str, Any]) -> str:
+    for name, value in scope.get("headers") or ():
+        if name.lower() == b"x-request-id":
+            return value.decode("latin-1")
+    return ""
+
+
+class RequestIdBoundASGI:
+    """Binds the request id around Django's ASGI handlers, so that the lines logged after
+    the middleware chain returns carry it too: Django's `django.request` line for a 4xx or
+    5xx, and the server's access line (written when the response starts). The header and
+    the 401 count stay with `RequestIdMiddleware`, which takes this binding."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with request_id_bound(client_request_id=_client_request_id(scope)):
+            await self.app(scope, receive, send)
+
+
 class RequestIdASGIMiddleware:
-    """The same for an ASGI app (the MCP toolsets, which Django never sees)."""
+    """The same for an ASGI app (the MCP toolsets and the OAuth endpoints, which Django
+    never sees), with the response header and the 401 count."""
 
     def __init__(self, app: Any, *, channel: str = "mcp") -> None:
         self.app = app
@@ -91,11 +126,7 @@ class RequestIdASGIMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        client_request_id = ""
-        for name, value in scope.get("headers") or ():
-            if name.lower() == b"x-request-id":
-                client_request_id = value.decode("latin-1")
-        with request_id_bound(client_request_id=client_request_id) as bound:
+        with request_id_bound(client_request_id=_client_request_id(scope)) as bound:
             header = (REQUEST_ID_HEADER.lower().encode(), bound.request_id.encode())
 
             async def send_with_id(message: dict[str, Any]) -> None:

@@ -428,3 +428,96 @@ def test_open_ingest_calls_are_a_gauge(client, alice, settings):
     found = samples(client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode())
     assert value(found, "memsite_ingest_intents_open") == 2
     assert 30 * 60 <= value(found, "memsite_ingest_intents_oldest_open_seconds") < 31 * 60
+
+
+def test_django_and_access_log_lines_carry_the_answers_request_id(alice_key):
+    """Django logs a 4xx, and the server its access line, after the middleware chain has
+    returned: the id is bound in front of Django's handlers, so those lines carry the id
+    the response answered with (REST on its thread pool, the web UI on Django's handler)."""
+    import asyncio
+
+    from memsite.asgi import build_application
+
+    seen: list[tuple[str, str]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            RequestIdFilter().filter(record)
+            seen.append((record.name, record.request_id))
+
+    async def call(app, path: str, body: bytes) -> str:
+        headers: list = []
+        sent = False
+
+        async def receive() -> dict:
+            nonlocal sent
+            if sent:
+                await asyncio.Event().wait()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers.extend(message["headers"])
+                # Where the server writes its access line.
+                logging.getLogger("uvicorn.access").info("access %s", message["status"])
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": [
+                (b"host", b"localhost"), (b"authorization", f"Bearer {alice_key}".encode()),
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            ],
+            "client": ("127.0.0.1", 40000), "server": ("localhost", 80),
+        }  # fmt: skip
+        await asyncio.wait_for(app(scope, receive, send), timeout=60)
+        return {name.lower(): value for name, value in headers}[b"x-request-id"].decode()
+
+    async def main() -> list[str]:
+        app = build_application()
+        return [await call(app, "/v1/memories", b"{}"), await call(app, "/no-such-page/", b"")]
+
+    keep = Keep()
+    loggers = [logging.getLogger("django.request"), logging.getLogger("uvicorn.access")]
+    for logger in loggers:
+        logger.addHandler(keep)
+    try:
+        rest_id, web_id = asyncio.run(main())
+    finally:
+        for logger in loggers:
+            logger.removeHandler(keep)
+    assert ("django.request", rest_id) in seen and ("uvicorn.access", rest_id) in seen
+    assert ("django.request", web_id) in seen and ("uvicorn.access", web_id) in seen
+    assert all(request_id != "-" for _, request_id in seen)
+
+
+def test_an_oauth_client_failing_authentication_is_not_counted_as_mcp():
+    """/oauth/token with an unknown client answers 401 invalid_client: an OAuth client's
+    failure, counted under `oauth`, not as an agent failing MCP authentication."""
+    import asyncio
+
+    import httpx2
+    from prometheus_client import REGISTRY
+
+    from memsite.asgi import build_application
+
+    def count(channel: str) -> float:
+        return REGISTRY.get_sample_value("memsite_unauthenticated_requests_total", {"channel": channel}) or 0.0
+
+    async def main() -> httpx2.Response:
+        transport = httpx2.ASGITransport(app=build_application())
+        async with httpx2.AsyncClient(transport=transport, base_url="http://testserver", timeout=60) as http:
+            form = {
+                "grant_type": "authorization_code",
+                "code": "mso_ac_x",
+                "client_id": "nobody",
+                "code_verifier": "v" * 43,
+            }
+            return await http.post("/oauth/token", data=form)
+
+    before = {channel: count(channel) for channel in ("mcp", "oauth")}
+    response = asyncio.run(main())
+    assert response.status_code == 401 and response.json()["error"] == "invalid_client"
+    assert count("mcp") == before["mcp"]
+    assert count("oauth") == before["oauth"] + 1
