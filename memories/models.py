@@ -255,6 +255,10 @@ class TurnGuard(models.Model):
     # What the turn left out and shortened, so a retry answered as a duplicate says so too.
     facts_left_out = models.PositiveIntegerField(default=0)
     facts_shortened = models.PositiveIntegerField(default=0)
+    # The sha256 of the turn's items (`turn_content_sha256`), never the items: the same turn
+    # id sent with other items is refused, not answered as a duplicate of what is stored.
+    # Empty on rows from before it was kept (their retries are duplicates, as they were).
+    content_sha256 = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 

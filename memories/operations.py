@@ -637,7 +637,8 @@ def _turn_operations() -> list[OperationDef]:
             "Commit a finished turn",
             "Call after each model turn with its input_items and output_items: stores them in the session's log "
             "and extracts durable facts (tiered: l1 a day, l2 a week, long-term). Exactly once per turn_id: a "
-            "retry answers duplicate=true; resource_busy means the turn or session is busy, retry shortly.",
+            "retry with the same items answers duplicate=true, the same turn_id with other items is refused "
+            "(conflict, nothing stored); resource_busy means the turn or session is busy, retry shortly.",
             s.AfterTurnInput,
             s.AfterTurnOutput,
             after,

@@ -154,6 +154,104 @@ def test_a_fresh_processing_turn_is_busy_and_a_stale_one_is_taken_over(alice, al
     assert not done["duplicate"] and TurnGuard.objects.get(pk=guard.pk).state == "done"
 
 
+def test_a_turn_id_sent_again_with_other_items_is_refused_not_dropped(alice, bob, alice_scope, clean_vectors):
+    """A true retry is a duplicate as before; the same turn id with other items (a client
+    reusing ids) is `conflict`: nothing of it stored, not billed, audited, no content in
+    the error. The check is the caller's own: bob's turn with the same ids is his."""
+    from billing.models import UsageEvent
+
+    first = turn(alice, "s", "t1", "I prefer green tea.", "Noted.")
+    assert turn(alice, "s", "t1", "I prefer green tea.", "Noted.") == {**first, "duplicate": True, "events_stored": 0}
+    reordered = {"content": [{"text": "I prefer green tea.", "type": "input_text"}], "role": "user", "type": "message"}
+    same = run(
+        alice,
+        "memory_after_turn",
+        session_id="s",
+        turn_id="t1",
+        input_items=[reordered],
+        output_items=[assistant_msg("Noted.")],
+    )
+    assert same["duplicate"]  # the items' key order is no difference
+    guard = TurnGuard.objects.get(turn_id="t1")
+    assert len(guard.content_sha256) == 64 and "tea" not in guard.content_sha256
+    billed, audited = UsageEvent.objects.count(), AuditEvent.objects.count()
+
+    for said, answer in (("I live in Oslo.", "Noted."), ("I prefer green tea.", "Oslo is lovely.")):
+        refused = fails(
+            alice,
+            "memory_after_turn",
+            session_id="s",
+            turn_id="t1",
+            input_items=[user_msg(said)],
+            output_items=[assistant_msg(answer)],
+        )
+        assert refused.code == ErrorCode.CONFLICT and refused.retry_after_s is None
+        assert refused.details == {"reason": "turn_id_reused"} and "Oslo" not in refused.message
+        row = AuditEvent.objects.latest("id")
+        assert (row.operation, row.outcome, row.error_code) == ("memory_after_turn", "error", "conflict")
+        assert "Oslo" not in str(row.detail)
+    assert AuditEvent.objects.count() == audited + 2
+    assert UsageEvent.objects.count() == billed  # refusals are not billed
+    assert [engine_memory_of(row).text for row in facts_of(alice_scope)] == ["I prefer green tea."]
+    events = SessionEvent.objects.filter(engine_user_id=alice_scope.engine_user_id)
+    assert events.count() == 2 and "Oslo" not in str(list(events.values_list("item", flat=True)))
+    assert TurnGuard.objects.get(pk=guard.pk).content_sha256 == guard.content_sha256
+
+    theirs = turn(bob, "s", "t1", "I live in Oslo.")
+    assert not theirs["duplicate"] and len(theirs["fact_ids"]) == 1
+    assert turn(alice, "s", "t1", "I prefer green tea.", "Noted.")["duplicate"]
+
+
+def test_a_turn_id_sent_with_other_items_while_the_first_is_processing_is_refused(alice, monkeypatch, clean_vectors):
+    """Not resource_busy (a retry could never succeed) nor counted as a busy turn; the
+    first call goes on and stores its turn."""
+    from core import metrics
+
+    extract = turns.facts_extract
+    refusals: list[ServiceError] = []
+    busy_before = metrics.TURN_IDEMPOTENCY_CONFLICTS._value.get()
+
+    def another_turn_meanwhile(items):
+        refusals.append(fails(alice, "memory_after_turn", session_id="s", turn_id="t1", input_items=[user_msg("x")]))
+        return extract(items)
+
+    monkeypatch.setattr(turns, "facts_extract", another_turn_meanwhile)
+    first = turn(alice, "s", "t1", "I am vegetarian.")
+    assert [error.code for error in refusals] == [ErrorCode.CONFLICT] and refusals[0].retry_after_s is None
+    assert metrics.TURN_IDEMPOTENCY_CONFLICTS._value.get() == busy_before
+    assert not first["duplicate"] and len(first["fact_ids"]) == 1
+    assert SessionEvent.objects.filter(session_id="s").count() == 2
+
+
+def test_a_stale_processing_turn_taken_over_with_other_items_keeps_the_takers(alice, alice_scope, clean_vectors):
+    """A crashed call stored nothing: the call that takes its row over stores its own
+    items, and from then on those are the turn's."""
+    from memories.turns.items import turn_content_sha256
+
+    crashed = turn_content_sha256(input_items=[user_msg("I live in Rome.")], output_items=[])
+    TurnGuard.objects.create(
+        engine_user_id=alice_scope.engine_user_id,
+        project="",
+        session_id="s",
+        turn_id="t1",
+        owner="someone",
+        content_sha256=crashed,
+        updated_at=timezone.now() - timedelta(hours=1),
+    )
+    assert not turn(alice, "s", "t1", "I live in Oslo.")["duplicate"]
+    refused = fails(alice, "memory_after_turn", session_id="s", turn_id="t1", input_items=[user_msg("I live in Rome.")])
+    assert refused.code == ErrorCode.CONFLICT
+    assert turn(alice, "s", "t1", "I live in Oslo.")["duplicate"]
+
+
+def test_a_guard_from_before_item_hashes_answers_every_retry_as_a_duplicate(alice, alice_scope, clean_vectors):
+    TurnGuard.objects.create(
+        engine_user_id=alice_scope.engine_user_id, project="", session_id="s", turn_id="t1", owner="x", state="done"
+    )
+    assert turn(alice, "s", "t1", "Anything at all.")["duplicate"]
+    assert not SessionEvent.objects.exists()
+
+
 def test_a_failed_after_turn_releases_its_guard(alice, monkeypatch, clean_vectors):
     def broken(*args, **kwargs):
         raise ServiceError(ErrorCode.LLM_UNAVAILABLE, "down")

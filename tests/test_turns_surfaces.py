@@ -64,12 +64,17 @@ def test_sdk_client_runs_several_turns_of_one_session(memsite_server, memsite_se
         assert after["ok"] and not after["duplicate"]
         fact_ids += after["fact_ids"]
     assert fact_ids  # turn 1's fact
-    # A retry of turn 3 over MCP is a duplicate.
-    again = mcp.ok(
-        "memory_after_turn",
-        {"session_id": "chat", "turn_id": "t3", "input_items": [user_msg(said[2])], "output_items": []},
-    )
-    assert again["duplicate"]
+    # A retry of turn 3 over MCP is a duplicate; the same turn id with other items is refused.
+    retry = {
+        "session_id": "chat",
+        "turn_id": "t3",
+        "input_items": [user_msg(said[2])],
+        "output_items": [assistant_msg("Answer 3")],
+    }
+    assert mcp.ok("memory_after_turn", retry)["duplicate"]
+    refused = mcp.error("memory_after_turn", {**retry, "output_items": [assistant_msg("Another answer")]})
+    assert refused["code"] == "conflict" and refused["details"] == {"reason": "turn_id_reused"}
+    assert "Another answer" not in refused["message"]
     assert mcp.ok("memory_run_maintenance", {"session_id": "chat"})["ok"]
     tree = mcp.ok("memory_list_dir_with_abstract", {"session_id": "chat"})["summaries"]
     assert any(e["path"] == "/memory/chat/meta" and e["has_overview"] for e in tree)
@@ -90,7 +95,7 @@ def test_sdk_client_runs_several_turns_of_one_session(memsite_server, memsite_se
     # Turn content never reaches the server's log.
     log = memsite_server_process["log"].read_text(errors="replace")
     assert "memory_after_turn" in log
-    assert not any(text in log for text in [*said, "Haskell", "Answer 2"])
+    assert not any(text in log for text in [*said, "Haskell", "Answer 2", "Another answer"])
 
 
 def test_prefetch_route(api_client, alice_key, bob_key, alice, clean_vectors):

@@ -51,11 +51,22 @@ def message(role: str, text: str) -> dict[str, Any]:
     return {"type": "message", "role": role, "content": text}
 
 
+def _canonical_sha256(value: Any) -> str:
+    """The sha256 of `value` as canonical JSON: key order and spacing do not change it."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def items_digest(items: list[dict[str, Any]]) -> dict[str, Any]:
     """What an audit row may say about turn content: a hash, lengths and a count."""
-    canonical = json.dumps(items, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return {
-        "sha256": hashlib.sha256(canonical.encode()).hexdigest(),
+        "sha256": _canonical_sha256(items),
         "items": len(items),
         "chars": sum(len(item_text(item)) for item in items),
     }
+
+
+def turn_content_sha256(*, input_items: list[dict[str, Any]], output_items: list[dict[str, Any]]) -> str:
+    """What a turn said, as one hash: a retry of the turn has the same one, another turn
+    sent under the same turn id has not. Stored in place of the items themselves."""
+    return _canonical_sha256({"input_items": input_items, "output_items": output_items})

@@ -3,7 +3,8 @@
 - `turn_before`: recalled facts (the hybrid search, one memory block shared with
   `memory_prefetch`) + the session's summary and recent items + the current input, with
   older context compacted into a summary past `compact_threshold x max_input_tok`.
-- `turn_after`: exactly once per (user, project, session, turn_id). A guard row is
+- `turn_after`: exactly once per (user, project, session, turn_id); the same id with
+  other items is refused (`conflict`). A guard row, with the items' hash, is
   committed as `processing` before the slow work (extraction, embeddings); one transaction,
   under the session's advisory lock, then appends the events, stores the facts (with the
   dedupe rule), marks the guard `done` and writes the audit row and usage event.
@@ -79,7 +80,14 @@ from memories.turns.extraction import (
     project_tags,
     tier_tag,
 )
-from memories.turns.items import item_role, item_text, items_digest, items_token_count, message
+from memories.turns.items import (
+    item_role,
+    item_text,
+    items_digest,
+    items_token_count,
+    message,
+    turn_content_sha256,
+)
 from memories.turns.selectors import memory_tree
 
 logger = logging.getLogger(__name__)
@@ -328,9 +336,35 @@ def turn_before(
 
 
 # --- after_turn ------------------------------------------------------------------------------------
-def _guard_claim(scope: MemoryScope, *, project: str, session_id: str, turn_id: str, owner: str) -> TurnGuard:
+def _turn_id_reused() -> ServiceError:
+    # No retry_after_s: the same call fails the same way. The message names no content.
+    return ServiceError(
+        ErrorCode.CONFLICT,
+        "This turn_id was already sent in this session with different input_items or output_items; nothing "
+        "from this call was stored. Send a new turn with a new turn_id, or retry with exactly the same items.",
+        details={"reason": "turn_id_reused"},
+    )
+
+
+def _guard_content_check(guard: TurnGuard, *, content_sha256: str) -> None:
+    """Refuse a call whose items are not those the guard's turn was claimed with: it is
+    another turn under a reused id, and answering it as a duplicate would drop it unsaid.
+    A guard from before the hash was kept has none and lets every call through.
+
+    Not counted in `mcp_memory_idempotency_conflicts` (calls refused because the same turn
+    is in progress, a sign of concurrent retries): this is a client error, counted under
+    `mcp_memory_after_turn{status="conflict"}` and audited as a failure (not billed)."""
+    if guard.content_sha256 and guard.content_sha256 != content_sha256:
+        raise _turn_id_reused()
+
+
+def _guard_claim(
+    scope: MemoryScope, *, project: str, session_id: str, turn_id: str, content_sha256: str, owner: str
+) -> TurnGuard:
     """The turn's guard row, committed. `done`: the turn is already stored. Ours: we
-    process it (new, or a `processing` row past its lease taken over). Otherwise busy."""
+    process it (new, or a `processing` row past its lease taken over). Otherwise busy.
+    Other items than the guard's are refused (`_guard_content_check`), except by a
+    takeover: a `processing` row past its lease stored nothing, the taker's items count."""
     now = timezone.now()
     with transaction.atomic():
         user_write_locks(scope)  # the guard row is the user's (an erasure deletes it)
@@ -339,16 +373,21 @@ def _guard_claim(scope: MemoryScope, *, project: str, session_id: str, turn_id: 
             project=project,
             session_id=session_id,
             turn_id=turn_id,
-            defaults={"owner": owner, "updated_at": now},
+            defaults={"owner": owner, "content_sha256": content_sha256, "updated_at": now},
         )
-        if created or guard.state == TurnGuard.State.DONE:
+        if created:
             return guard
-        if guard.updated_at > now - timedelta(seconds=settings.MCP_MEMORY_TURN_LEASE_S):
-            turn_idempotency_conflict_record()  # seed 002: mcp_memory_idempotency_conflicts
-            raise _busy("This turn is being processed by another call; retry.")
-        guard.owner, guard.updated_at = owner, now
-        guard.save(update_fields=["owner", "updated_at"])
-        return guard
+        lease_start = now - timedelta(seconds=settings.MCP_MEMORY_TURN_LEASE_S)
+        if guard.state == TurnGuard.State.PROCESSING and guard.updated_at <= lease_start:
+            # A crashed call's row: it stored nothing, so this call's items are the turn's.
+            guard.owner, guard.content_sha256, guard.updated_at = owner, content_sha256, now
+            guard.save(update_fields=["owner", "content_sha256", "updated_at"])
+            return guard
+        _guard_content_check(guard, content_sha256=content_sha256)
+        if guard.state == TurnGuard.State.DONE:
+            return guard
+        turn_idempotency_conflict_record()  # seed 002: mcp_memory_idempotency_conflicts
+        raise _busy("This turn is being processed by another call; retry.")
 
 
 def _guard_release(guard: TurnGuard, *, owner: str) -> None:
@@ -499,7 +538,10 @@ def turn_after(
         "input_items": items_digest(input_items),
         "output_items": items_digest(output_items),
     }
-    guard = _guard_claim(scope, project=project, session_id=session_id, turn_id=turn_id, owner=owner)
+    content = turn_content_sha256(input_items=input_items, output_items=output_items)
+    guard = _guard_claim(
+        scope, project=project, session_id=session_id, turn_id=turn_id, content_sha256=content, owner=owner
+    )
     if guard.state == TurnGuard.State.DONE:
         return _turn_duplicate(scope, guard=guard, detail=detail, call=call)
     try:
@@ -516,6 +558,8 @@ def turn_after(
                     ErrorCode.CONFLICT,
                     "Your memories were cleared or erased while this turn was processed; nothing was stored.",
                 )
+            # Taken over past our lease by a call with other items: theirs are the turn's.
+            _guard_content_check(current, content_sha256=content)
             if current.state == TurnGuard.State.DONE:
                 return _turn_duplicate(scope, guard=current, detail=detail, call=call)
             if current.owner != owner:
