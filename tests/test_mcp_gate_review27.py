@@ -212,9 +212,50 @@ def test_a_malformed_response_or_error_is_refused_without_a_dump_of_it(alice):
 
     answers, passed = _serve(work)
     for label, response in answers.items():
-        error = _assert_refusal(response, 400, "invalid_argument")
+        error = _assert_refusal(response, 400, "invalid_argument", request_id=MALFORMED_RESPONSES[label].get("id"))
         assert error["message"].startswith("A JSON-RPC "), (label, error)
         assert "hunter2" not in response.text and "errors.pydantic.dev" not in response.text, label
     # Well-formed answers to a server request go on to the SDK (a stateless server sends
     # none, so it acknowledges and drops them).
     assert [response.status_code for response in passed] == [202, 202]
+
+
+# --- 4: every 400 refusal carries the request's id --------------------------------------------
+# A client matches answers to calls by id: a refusal of a message whose id can be read names
+# it, whatever the reason; an id that is itself not a valid JSON-RPC id answers null.
+REFUSED_WITH_ID = {
+    "jsonrpc 1.0": ({"jsonrpc": "1.0", "id": 5, "method": "tools/list"}, 5),
+    "no jsonrpc": ({"id": "a", "method": "tools/list"}, "a"),
+    "method a number": ({"jsonrpc": "2.0", "id": 6, "method": 1}, 6),
+    "params a list": ({"jsonrpc": "2.0", "id": "p", "method": "tools/list", "params": [1]}, "p"),
+    "no method": ({"jsonrpc": "2.0", "id": 8}, 8),
+    "error a string": ({"jsonrpc": "2.0", "id": 1, "error": "x"}, 1),
+    "result a list": ({"jsonrpc": "2.0", "id": "r", "result": [1]}, "r"),
+    "result and error": ({"jsonrpc": "2.0", "id": 2, "result": {}, "error": {"code": 1, "message": "m"}}, 2),
+    "id a float": ({"jsonrpc": "2.0", "id": 1.5, "method": "tools/list"}, None),
+    "id a bool": ({"jsonrpc": "2.0", "id": True, "method": "tools/list"}, None),
+    "id an object": ({"jsonrpc": "2.0", "id": {"n": 1}, "method": "tools/list"}, None),
+    "a batch": ([{"jsonrpc": "2.0", "id": 9, "method": "tools/list"}], None),
+    "no id": ({"jsonrpc": "2.0", "method": "tools/list"}, None),
+    "bad id, bad version": ({"jsonrpc": "1.0", "id": False, "method": "tools/list"}, None),
+    "surrogate id, bad version": (f'{{"jsonrpc": "1.0", "id": "a{SURROGATE}", "method": "tools/list"}}'.encode(), None),
+}
+
+
+@pytest.mark.parametrize("era", ["legacy", "modern"])
+def test_every_400_refusal_carries_the_requests_id_when_it_is_valid(alice, era):
+    token = api_key_issue(user=alice, name="agent")[1]
+    headers = {"Authorization": f"Bearer {token}", **(LEGACY if era == "legacy" else MODERN)}
+
+    async def work(http):
+        return {label: await _post(http, MEMORY, body, headers) for label, (body, _) in REFUSED_WITH_ID.items()}
+
+    answers = _serve(work)
+    for label, (_, request_id) in REFUSED_WITH_ID.items():
+        response = answers[label]
+        assert response.status_code == 400, (label, response.text)
+        answer = response.json()
+        assert answer["jsonrpc"] == "2.0" and answer["id"] == request_id, (label, answer)
+        assert type(answer["id"]) is type(request_id), (label, answer)  # 1, never True
+        assert answer["error"]["code"] == -32600 and answer["error"]["data"]["code"] == "invalid_argument", label
+    assert not AuditEvent.objects.filter(channel="mcp").exists() and _nothing_done()

@@ -67,12 +67,13 @@ def _auth(token: str) -> dict:
     return {"Authorization": f"Bearer {token}", **LEGACY}
 
 
-def _assert_refusal(response, status: int, code: str) -> dict:
-    """The one shape of a refusal before dispatch: a JSON-RPC error, id null, our code in data."""
+def _assert_refusal(response, status: int, code: str, request_id: str | int | None = None) -> dict:
+    """The one shape of a refusal before dispatch: a JSON-RPC error, its id the request's own
+    when the gate read a valid one (else null), our code in data."""
     assert response.status_code == status, (response.status_code, response.text)
     assert response.headers["content-type"].startswith("application/json")
     body = response.json()
-    assert body["jsonrpc"] == "2.0" and body["id"] is None, body
+    assert body["jsonrpc"] == "2.0" and body["id"] == request_id, body
     assert body["error"]["code"] == -32600 and body["error"]["data"]["code"] == code, body
     assert body["error"]["message"] == body["error"]["data"]["message"]
     assert "input_value" not in response.text and "pydantic" not in response.text
@@ -265,14 +266,13 @@ def test_refusals_before_dispatch_are_json_rpc_errors(alice):
         "too large": (413, "payload_too_large"),
         "batch": (400, "invalid_argument"),
         "string": (400, "invalid_argument"),
-        "jsonrpc 1.0": (400, "invalid_argument"),
-        "no jsonrpc": (400, "invalid_argument"),
-        "method number": (400, "invalid_argument"),
-        "params list": (400, "invalid_argument"),
         "GET": (405, "invalid_argument"),
     }
     for label, (status, code) in expected.items():
         _assert_refusal(answers[label], status, code)
+    # A message the gate read and refused answers with its own id.
+    for label in ("jsonrpc 1.0", "no jsonrpc", "method number", "params list"):
+        _assert_refusal(answers[label], 400, "invalid_argument", request_id=1)
     assert answers["GET"].headers["allow"] == "POST"
     assert not EngineMemoryRow.objects.exists()
 

@@ -283,14 +283,22 @@ def _refusal(
     request_id: str | int | None = None,
 ) -> JSONResponse:
     """Every refusal before a JSON-RPC request is dispatched (but the 401), in one shape: a
-    JSON-RPC error, its `data` our usual {code, message}. Its id is null unless the
-    request's own id is given (a lone surrogate elsewhere in the message)."""
+    JSON-RPC error, its `data` our usual {code, message}. Its id is the request's own when
+    the gate could read a valid one (`_readable_id`), else null."""
     error = {"code": types.INVALID_REQUEST, "message": message, "data": ServiceError(code, message).as_dict()}
     return JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": error}, status_code=status, headers=headers)
 
 
 def _is_id(value: Any) -> bool:
     return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+def _readable_id(message: Any) -> str | int | None:
+    """The id a refusal of `message` answers with, so that the client can tell which of its
+    calls failed: the message's own when it is a valid JSON-RPC id (and free of lone
+    surrogates, which no UTF-8 answer can carry), else null."""
+    request_id = message.get("id") if isinstance(message, dict) else None
+    return request_id if _is_id(request_id) and _lone_surrogate_problem(request_id) is None else None
 
 
 def _message_refusal(message: Any) -> str | None:
@@ -389,16 +397,14 @@ def _message_screened(body: bytes) -> _Screened:
         return _Screened(body=body)  # the SDK's own -32700 parse error
     reason = _message_refusal(message)
     if reason is not None:
-        return _Screened(refusal=reason)
+        return _Screened(refusal=reason, request_id=_readable_id(message))
     params = message.get("params")
     arguments = params.get("arguments") if isinstance(params, dict) else None
     tool_call = message.get("method") == "tools/call" and isinstance(arguments, dict)
     envelope = {**message, "params": {**params, "arguments": {}}} if tool_call else message
     problem = _lone_surrogate_problem(envelope)
     if problem is not None:
-        request_id = message.get("id")
-        clean_id = request_id if _is_id(request_id) and _lone_surrogate_problem(request_id) is None else None
-        return _Screened(refusal=problem, request_id=clean_id)
+        return _Screened(refusal=problem, request_id=_readable_id(message))
     if not tool_call or _lone_surrogate_problem(arguments) is None:
         return _Screened(body=body)
     return _Screened(body=json.dumps(envelope).encode(), withheld_arguments=arguments)
