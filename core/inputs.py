@@ -63,6 +63,11 @@ class InputError(ValueError):
         self.too_large = too_large
 
 
+# The words for a lone surrogate wherever one is refused (here, and the MCP gate's check of
+# a whole JSON-RPC message), so every surface names it alike.
+LONE_SURROGATE_PROBLEM = "contains an invalid code point (a lone surrogate)"
+
+
 def text_problem(value: str) -> str | None:
     """Why `value` cannot be stored or searched as text, or None."""
     match = _INVALID_TEXT.search(value)
@@ -72,7 +77,7 @@ def text_problem(value: str) -> str | None:
     if code == 0:
         return "contains a NUL character"
     if 0xD800 <= code <= 0xDFFF:
-        return "contains an invalid code point (a lone surrogate)"
+        return LONE_SURROGATE_PROBLEM
     return f"contains the control character U+{code:04X}"
 
 
@@ -87,7 +92,7 @@ def transcript_text_problem(value: str) -> str | None:
         return None
     if match.group() == "\x00":
         return "contains a NUL character"
-    return "contains an invalid code point (a lone surrogate)"
+    return LONE_SURROGATE_PROBLEM
 
 
 _TextCheck = Callable[[str], str | None]

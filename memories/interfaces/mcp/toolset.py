@@ -44,6 +44,7 @@ from core.calls import call_context_from_request
 from core.choices import Channel
 from core.db_errors import PROGRAM_LIMIT_MESSAGE, is_program_limit_exceeded
 from core.errors import ErrorCode, ServiceError
+from core.inputs import LONE_SURROGATE_PROBLEM
 from core.scope import CallContext
 from memories.auth import Principal, authenticate_bearer
 from memories.interfaces.wellknown import mcp_path, public_base_url, www_authenticate
@@ -346,7 +347,6 @@ def _response_refusal(message: dict[str, Any]) -> str | None:
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-_SURROGATE_PROBLEM = "contains an invalid code point (a lone surrogate)"  # core.inputs.text_problem's words
 # The JSON-RPC envelope's and MCP params' own key names, named in a refusal; deeper keys
 # are the client's text (a tool's metadata), named by position.
 _NAMED_DEPTH = 2
@@ -363,11 +363,11 @@ def _lone_surrogate_problem(value: Any) -> str | None:
         where = ".".join(path) or "the message"
         if isinstance(item, str):
             if _LONE_SURROGATE.search(item):
-                return f"{where}: {_SURROGATE_PROBLEM}"
+                return f"{where}: {LONE_SURROGATE_PROBLEM}"
         elif isinstance(item, dict):
             for n, (key, child) in enumerate(item.items(), start=1):
                 if _LONE_SURROGATE.search(key):
-                    return f"{where}: a key {_SURROGATE_PROBLEM}"
+                    return f"{where}: a key {LONE_SURROGATE_PROBLEM}"
                 stack.append((child, (*path, key if len(path) < _NAMED_DEPTH else f"#{n}")))
         elif isinstance(item, list):
             stack.extend((child, (*path, str(index))) for index, child in enumerate(item))
