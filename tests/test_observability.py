@@ -217,6 +217,34 @@ def test_web_ui_calls_outside_the_dispatcher_are_counted(client, alice, alice_sc
     assert delta("delete_cache_entry") == 1
 
 
+def test_a_web_key_revocation_answered_not_found_counts_as_an_error(client, alice, bob, settings):
+    """The page answers 404 for a key that is unknown, someone else's or revoked already;
+    the call metrics count each as the not_found it is, not as a revocation."""
+    from django.test import Client
+
+    from memories.services import api_key_issue
+
+    settings.METRICS_TOKEN = None
+    scrape = lambda: samples(client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode())  # noqa: E731
+    key = api_key_issue(user=alice, name="laptop")[0]
+    as_alice, as_bob = Client(), Client()
+    as_alice.force_login(alice)
+    as_bob.force_login(bob)
+    before = scrape()
+    assert as_bob.post(f"/keys/{key.key_id}/revoke/").status_code == 404
+    assert as_alice.post("/keys/no-such-key/revoke/").status_code == 404
+    assert as_alice.post(f"/keys/{key.key_id}/revoke/").status_code == 302
+    assert as_alice.post(f"/keys/{key.key_id}/revoke/").status_code == 404
+    after = scrape()
+
+    def delta(outcome: str, code: str = "") -> float:
+        labels = {"operation": "api_key_revoke", "channel": "ui", "outcome": outcome, "code": code}
+        return value(after, "memsite_calls_total", **labels) - value(before, "memsite_calls_total", **labels)
+
+    assert delta("ok") == 1
+    assert delta("error", "not_found") == 3
+
+
 def test_the_seed_002_turn_metrics_are_registered(client, settings):
     settings.METRICS_TOKEN = None
     text = client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode()

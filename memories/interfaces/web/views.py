@@ -489,10 +489,11 @@ def api_keys(request):
 @login_required
 @require_POST
 def api_key_revoke_view(request, key_id: str):
-    with ui_call_observed(Operation.API_KEY_REVOKE):
-        revoked = api_key_revoke(user=request.user, key_id=key_id, call=web_call(request))
-    if not revoked:
-        raise Http404("No such key.")
+    with ui_call_observed(Operation.API_KEY_REVOKE) as observation:
+        if not api_key_revoke(user=request.user, key_id=key_id, call=web_call(request)):
+            # The service answers False, not a ServiceError: the 404 is counted as one here.
+            observation.failed(code=ErrorCode.NOT_FOUND)
+            raise Http404("No such key.")
     messages.success(request, "Key revoked.")
     return redirect(reverse("web-keys"))
 
