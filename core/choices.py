@@ -83,6 +83,11 @@ class Operation(models.TextChoices):
     ADMIN_CREATE_USER = "admin_create_user"
     ADMIN_CHANGE_USER = "admin_change_user"
     ADMIN_SET_PASSWORD = "admin_set_password"  # noqa: S105 - an operation name
+    # A permission group added, changed (its name, its permissions: what every member may
+    # do) or deleted by staff in the admin: the permissions added and removed.
+    ADMIN_CREATE_GROUP = "admin_create_group"
+    ADMIN_CHANGE_GROUP = "admin_change_group"
+    ADMIN_DELETE_GROUP = "admin_delete_group"
     # A tenant added, or its display name changed, by staff in the admin.
     ADMIN_SAVE_TENANT = "admin_save_tenant"
     # An erasure done again after a restore to a point before it (memsite's erasure ledger).

@@ -4,6 +4,9 @@
   or disabling a password each write a staff audit row, in the change's transaction, with
   the subject, their tenant and the NAMES of the changed fields (never a password); the
   rows are on the subject's Activity page;
+- adding a group, changing one (its name, its permissions: what every member may do) and
+  deleting one each write a staff audit row in the change's transaction, naming the
+  permissions added and removed;
 - the decisions admin shows that a decision exists, never its key (content the audit
   trail seals), and is searched by username or user id."""
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 
 from audit.models import AuditEvent
 from core.choices import Operation
@@ -158,6 +161,110 @@ def test_a_password_change_whose_audit_row_fails_is_not_applied(admin_client, bo
         )
     bob.refresh_from_db()
     assert bob.check_password("bob-password-1")
+
+
+# --- 1: groups -----------------------------------------------------------------------------------
+def _permission(label: str) -> Permission:
+    app_label, codename = label.split(".")
+    return Permission.objects.get(content_type__app_label=app_label, codename=codename)
+
+
+def _group_rows_after(mark: int) -> list[tuple]:
+    return [(r.operation, r.subject_user_id, r.staff_username, r.detail) for r in _admin_rows_after(mark)]
+
+
+def test_adding_a_group_is_audited_with_its_permissions(admin_client):
+    mark = _last_id()
+    response = admin_client.post(
+        "/admin/auth/group/add/",
+        {"name": "fixg-erasers", "permissions": [_permission("toolkit.erase_user_data").pk]},
+    )
+    assert response.status_code == 302
+    assert Group.objects.filter(name="fixg-erasers").exists()
+    detail = {
+        "group": "fixg-erasers",
+        "changed": ["name", "permissions"],
+        "permissions_added": ["toolkit.erase_user_data"],
+        "permissions_removed": [],
+    }
+    assert _group_rows_after(mark) == [(Operation.ADMIN_CREATE_GROUP, None, "admin", detail)]
+
+
+def test_changing_a_groups_permissions_is_audited_by_codename(admin_client, bob):
+    group = Group.objects.create(name="fixg-support")
+    group.permissions.set([_permission("auth.view_user"), _permission("auth.change_user")])
+    bob.groups.add(group)
+    mark = _last_id()
+    granted = [_permission("auth.view_user").pk, _permission("toolkit.erase_user_data").pk]
+    response = admin_client.post(
+        f"/admin/auth/group/{group.pk}/change/", {"name": "fixg-support", "permissions": granted}
+    )
+    assert response.status_code == 302
+    assert bob.has_perm("toolkit.erase_user_data")
+    detail = {
+        "group": "fixg-support",
+        "changed": ["permissions"],
+        "permissions_added": ["toolkit.erase_user_data"],
+        "permissions_removed": ["auth.change_user"],
+    }
+    assert _group_rows_after(mark) == [(Operation.ADMIN_CHANGE_GROUP, None, "admin", detail)]
+
+
+def test_deleting_a_group_is_audited_with_what_its_members_lose(admin_client, alice, bob):
+    kept = Group.objects.create(name="fixg-kept")
+    one = Group.objects.create(name="fixg-one")
+    one.permissions.set([_permission("toolkit.erase_user_data")])
+    bob.groups.add(one)
+    two = Group.objects.create(name="fixg-two")
+    two.permissions.set([_permission("auth.view_user")])
+    alice.groups.add(two)
+    bob.groups.add(two)
+    mark = _last_id()
+    assert admin_client.post(f"/admin/auth/group/{one.pk}/delete/", {"post": "yes"}).status_code == 302
+    response = admin_client.post(
+        "/admin/auth/group/", {"action": "delete_selected", "_selected_action": [two.pk], "post": "yes"}
+    )
+    assert response.status_code == 302
+    assert list(Group.objects.filter(name__startswith="fixg-").values_list("pk", flat=True)) == [kept.pk]
+    assert _group_rows_after(mark) == [
+        (
+            Operation.ADMIN_DELETE_GROUP,
+            None,
+            "admin",
+            {"group": "fixg-one", "members": 1, "permissions_removed": ["toolkit.erase_user_data"]},
+        ),
+        (
+            Operation.ADMIN_DELETE_GROUP,
+            None,
+            "admin",
+            {"group": "fixg-two", "members": 2, "permissions_removed": ["auth.view_user"]},
+        ),
+    ]
+
+
+@pytest.mark.parametrize("action", ["change", "delete", "bulk delete"])
+def test_a_group_change_whose_audit_row_fails_is_not_applied(admin_client, bob, monkeypatch, action):
+    from memories.toolkit import admin as toolkit_admin
+
+    group = Group.objects.create(name="fixg-support")
+    group.permissions.set([_permission("auth.view_user")])
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("audit down")
+
+    monkeypatch.setattr(toolkit_admin, "audit_staff_action", fail)
+    with pytest.raises(RuntimeError):
+        if action == "change":
+            granted = [_permission("toolkit.erase_user_data").pk]
+            admin_client.post(f"/admin/auth/group/{group.pk}/change/", {"name": "fixg-support", "permissions": granted})
+        elif action == "delete":
+            admin_client.post(f"/admin/auth/group/{group.pk}/delete/", {"post": "yes"})
+        else:
+            admin_client.post(
+                "/admin/auth/group/", {"action": "delete_selected", "_selected_action": [group.pk], "post": "yes"}
+            )
+    group.refresh_from_db()
+    assert [p.codename for p in group.permissions.all()] == ["view_user"]
 
 
 # --- 2: decisions --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Issue 14 in the admin: decisions and cache entries (read-only; content stays the
-user's), the audited "erase all data" action for erasure requests, and the user admin,
-whose delete runs that erasure first."""
+user's), the audited "erase all data" action for erasure requests, the user admin,
+whose delete runs that erasure first, and the audited permission group admin."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
-from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.db import transaction
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponseRedirect
@@ -220,3 +221,60 @@ class ErasingUserAdmin(UserAdmin):
         # key-share lock the row (`user_write_locks`) and would otherwise wait for the hash.
         rows = type(user).objects.select_for_update(no_key=True).filter(pk=user.pk)
         return rows.values_list("password", flat=True).first()
+
+
+def _permission_labels(group: Group) -> set[str]:
+    """The group's permissions as `has_perm` names them ("toolkit.erase_user_data")."""
+    rows = group.permissions.values_list("content_type__app_label", "codename") if group.pk else []
+    return {f"{app_label}.{codename}" for app_label, codename in rows}
+
+
+if admin.site.is_registered(Group):
+    admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class AuditedGroupAdmin(GroupAdmin):
+    """Django's group admin, audited as the user admin is: a group's permissions are what
+    every member may do (view memories, erase users...), so adding, changing and deleting
+    a group each write a staff row in the change's transaction, naming the permissions
+    added and removed (names, not secrets). Rows name no subject user: membership changes
+    are on the user's own row (`admin_change_user`, `groups`)."""
+
+    def save_related(self, request, form, formsets, change):
+        # After save_model: the group's row is locked by its UPDATE (a change) or new (an
+        # add), so no concurrent edit of it slips between the two readings.
+        before = _permission_labels(form.instance) if change else set()
+        super().save_related(request, form, formsets, change)
+        after = _permission_labels(form.instance)
+        audit_staff_action(
+            request,
+            operation=Operation.ADMIN_CHANGE_GROUP if change else Operation.ADMIN_CREATE_GROUP,
+            detail={
+                "group": form.instance.name,
+                "changed": sorted(form.changed_data),
+                "permissions_added": sorted(after - before),
+                "permissions_removed": sorted(before - after),
+            },
+        )
+
+    def delete_model(self, request, obj):
+        self.delete_queryset(request, Group.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        # The delete view opens a transaction, Django's "delete selected" action none: the
+        # rows and the deletion commit together here. Locked (a concurrent edit of a group
+        # locks it too), so each row names what its group had when it went.
+        with transaction.atomic():
+            groups = list(Group.objects.select_for_update().filter(pk__in=queryset.values("pk")).order_by("pk"))
+            for group in groups:
+                audit_staff_action(
+                    request,
+                    operation=Operation.ADMIN_DELETE_GROUP,
+                    detail={
+                        "group": group.name,
+                        "members": User.objects.filter(groups=group).count(),
+                        "permissions_removed": sorted(_permission_labels(group)),
+                    },
+                )
+            super().delete_queryset(request, Group.objects.filter(pk__in=[group.pk for group in groups]))
