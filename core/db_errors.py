@@ -9,6 +9,7 @@ request's size, not an outage: retrying fails the same way. Surfaces answer it 4
 from __future__ import annotations
 
 _PROGRAM_LIMIT_CLASS = "54"
+_FOREIGN_KEY_VIOLATION = "23503"
 PROGRAM_LIMIT_MESSAGE = "The request is too large for the database to process; send less."
 
 
@@ -25,3 +26,9 @@ def is_program_limit_exceeded(exc: BaseException | None) -> bool:
     """True when the database refused a statement for exceeding one of its limits
     (SQLSTATE class 54): caused by what the request sent, not by the database's state."""
     return any(str(getattr(e, "sqlstate", "") or "").startswith(_PROGRAM_LIMIT_CLASS) for e in exception_chain(exc))
+
+
+def is_foreign_key_violation(exc: BaseException | None) -> bool:
+    """True when a row was refused for referring to a row that is not there (SQLSTATE
+    23503): one deleted, or being deleted, while the statement ran."""
+    return any(getattr(e, "sqlstate", None) == _FOREIGN_KEY_VIOLATION for e in exception_chain(exc))

@@ -21,8 +21,9 @@ from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
+from core.db_errors import is_foreign_key_violation
 from core.errors import ErrorCode, ServiceError
 from core.metrics import rate_limit_rejection_record
 from core.scope import CallContext, MemoryScope
@@ -77,9 +78,19 @@ def rate_limit_consume(scope: MemoryScope, *, operation: str) -> None:
     # locks (the fixed window's row, the sliding window's advisory lock) are held to its
     # end, always credential first, then user, so concurrent calls queue, never deadlock.
     single = len(keys) == 1 and window < SLIDING_WINDOW_FROM_S
-    with nullcontext() if single else transaction.atomic():
-        for user_pk, key, key_limit in keys:
-            _consume(user_pk, operation=key, shown=operation, limit=key_limit, window=window)
+    try:
+        with nullcontext() if single else transaction.atomic():
+            for user_pk, key, key_limit in keys:
+                _consume(user_pk, operation=key, shown=operation, limit=key_limit, window=window)
+    except IntegrityError as exc:
+        # The account was deleted after the call authenticated (a staff deletion that
+        # committed first, or that this statement's foreign key check waited for): the
+        # window's row has no user to refer to. Raised at the statement, or at the commit
+        # of the transaction above (Django's foreign keys are deferred); in a caller's
+        # transaction, at its commit.
+        if not is_foreign_key_violation(exc):
+            raise
+        raise ServiceError(ErrorCode.UNAUTHENTICATED, "This account no longer exists.") from None
 
 
 def rate_limit_consume_audited(scope: MemoryScope, *, operation: str, call: CallContext) -> None:

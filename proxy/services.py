@@ -145,6 +145,8 @@ def chat_rate_limit_consume(caller: ChatCaller) -> None:
     try:
         rate_limit_consume(caller.scope, operation=Operation.CHAT_COMPLETION)
     except ServiceError as error:
+        if error.code == ErrorCode.UNAUTHENTICATED:  # the account was deleted meanwhile
+            raise unauthenticated(error.message) from None
         raise ProxyError(429, "rate_limited", error.message, retry_after_s=error.retry_after_s) from None
 
 

@@ -1,17 +1,19 @@
 """ "At most 5 per hour" holds in any 60-minute span (issue 10, D8): an exact sliding
 window for per-hour limits, atomic across processes."""
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connections
+from django.db import connection, connections, transaction
 
-from core.errors import ServiceError
+from core.errors import ErrorCode, ServiceError
 from memories import rate_limits
 from memories.models import RateEvent, RateWindow
 from memories.services import memory_clear_all
-from tests.conftest import internal_call
+from tests.conftest import InThread, internal_call, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -75,3 +77,73 @@ def test_short_limits_keep_the_fixed_window(alice_scope, settings, clock):
     # The refused third call counts nowhere (review 18, F6).
     assert RateWindow.objects.filter(operation="clear_all_memory").get().count == 2
     assert not RateEvent.objects.exists()
+
+
+# --- an account deleted while a call of it is counted ---------------------------------------------
+def _lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize(
+    ("operation", "credential"),
+    [("search_memory", False), ("clear_all_memory", False), ("search_memory", True)],
+    ids=["fixed window", "sliding window", "credential and user windows"],
+)
+def test_a_call_counted_as_its_account_is_deleted_is_unauthenticated(alice, alice_scope, operation, credential):
+    """The window's row refers to the user: a deletion that commits while the call is
+    counted (its foreign key check waits for it) was an IntegrityError, a 500."""
+    holding, release = threading.Event(), threading.Event()
+    scope = replace(alice_scope, credential="svc", credential_user_pk=alice.pk) if credential else alice_scope
+
+    def delete_account() -> None:
+        with transaction.atomic():
+            alice.delete()
+            holding.set()
+            assert release.wait(30)
+
+    deleter = InThread(delete_account)
+    assert holding.wait(30)
+    counter = InThread(lambda: rate_limits.rate_limit_consume(scope, operation=operation))
+    wait_for(lambda: _lock_waiters() >= 1 or counter.done(), timeout=20, what="the count waiting")
+    release.set()
+    deleter.result()
+    with pytest.raises(ServiceError) as refused:
+        counter.result()
+    assert (refused.value.code, refused.value.message) == (ErrorCode.UNAUTHENTICATED, "This account no longer exists.")
+    assert not RateWindow.objects.exists() and not RateEvent.objects.exists()
+
+
+def test_a_rest_call_whose_account_goes_before_it_is_counted_is_a_401(api_client, alice_key, monkeypatch):
+    from django.contrib.auth import get_user_model
+
+    from memories import services
+
+    counted = services.rate_limit_consume
+
+    def after_a_deletion(scope, *, operation):  # the deletion commits between auth and the count
+        get_user_model().objects.filter(pk=scope.user_pk).delete()
+        counted(scope, operation=operation)
+
+    monkeypatch.setattr(services, "rate_limit_consume", after_a_deletion)
+    client = api_client(alice_key)
+    client.raise_request_exception = False
+    response = client.post("/v1/memories/search", {"query": "cat"}, format="json")
+    assert response.status_code == 401, response.content
+    assert response.json()["error"] == {"code": "unauthenticated", "message": "This account no longer exists."}
+
+
+def test_the_chat_proxy_answers_an_account_gone_before_its_count_with_a_401(alice_scope, monkeypatch):
+    from types import SimpleNamespace
+
+    from proxy import services as proxy_services
+    from proxy.errors import ProxyError
+
+    def gone(scope, *, operation):
+        raise ServiceError(ErrorCode.UNAUTHENTICATED, "This account no longer exists.")
+
+    monkeypatch.setattr(proxy_services, "rate_limit_consume", gone)
+    with pytest.raises(ProxyError) as refused:
+        proxy_services.chat_rate_limit_consume(SimpleNamespace(scope=alice_scope))
+    assert (refused.value.status, refused.value.code) == (401, "invalid_api_key")
