@@ -1,5 +1,6 @@
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from audit.admin import ContentListAudited, EstimatedCountPaginator, ReadOnlyAdmin, history_table
@@ -7,8 +8,14 @@ from audit.services import audit_staff_action
 from core.choices import Operation
 from core.errors import ServiceError
 from core.inputs import digits_int
-from core.scope import DEFAULT_TENANT, user_tenant
-from memories.engine import EngineMemory, engine_memory_of, engine_rows_matching, engine_rows_newest_first
+from core.scope import DEFAULT_TENANT, MemoryScope, user_tenant
+from memories.engine import (
+    EngineMemory,
+    engine_memory_of,
+    engine_rows_matching,
+    engine_rows_newest_first,
+    engine_rows_of,
+)
 from memories.models import ApiKey, EngineMemoryRow, ExternalIdentity, RateWindow, Tenant, TenantMembership
 from memories.selectors import SYSTEM_KEYS
 from memories.services import api_key_revoke
@@ -22,6 +29,19 @@ def _memory(row: EngineMemoryRow) -> EngineMemory:
 def _user_pk(engine_user_id: str) -> int | None:
     _, _, pk = (engine_user_id or "").rpartition(":")
     return digits_int(pk)
+
+
+def _partitions_of_user(user_pk: int) -> list[MemoryScope]:
+    """Where `user:<pk>` looks. A user's tenant never changes, so their memories are in one
+    partition, `<tenant>:<pk>`: an exact lookup in the engine's paging index (a match on
+    the key's end read every row). Rows left behind by a deleted account may be under
+    any tenant: then each tenant's partition of that pk is looked up."""
+    user = get_user_model().objects.select_related("tenant_membership").filter(pk=user_pk).first()
+    if user is not None:
+        tenants = [user_tenant(user)]
+    else:
+        tenants = sorted({DEFAULT_TENANT, *Tenant.objects.values_list("name", flat=True)})
+    return [MemoryScope(tenant=tenant, user_pk=user_pk) for tenant in tenants]
 
 
 @admin.register(EngineMemoryRow)
@@ -42,7 +62,7 @@ class MemoryAdmin(ContentListAudited, ReadOnlyAdmin):
         "updated",
     )
     search_fields = ("id",)
-    search_help_text = "Words of the memory text, a memory id, or user:<id>."
+    search_help_text = 'Whole words of the memory text ("a phrase" in quotes), a memory id, or user:<id>.'
     fields = (
         "id", "owner", "text", "memory_type", "tags", "importance", "agent_id", "session_id", "expires_at",
         "why_stored", "recalls", "state", "pinned", "source", "client_app", "metadata", "created", "updated",
@@ -60,6 +80,9 @@ class MemoryAdmin(ContentListAudited, ReadOnlyAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
+        user_pk = digits_int(term.removeprefix("user:")) if term.startswith("user:") else None
+        if user_pk is not None:
+            return engine_rows_of(queryset, _partitions_of_user(user_pk)), False
         return engine_rows_matching(queryset, term), False
 
     def shown_memory_id(self, obj) -> str:

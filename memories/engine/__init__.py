@@ -48,6 +48,7 @@ from memories.engine.payload import (
     engine_memory_of,
     engine_rows_matching,
     engine_rows_newest_first,
+    engine_rows_of,
     engine_rows_owned,
     engine_timestamp,
 )
@@ -147,6 +148,7 @@ __all__ = [
     "engine_purge_user",
     "engine_rows_matching",
     "engine_rows_newest_first",
+    "engine_rows_of",
     "engine_rows_owned",
     "engine_update",
     "get_memory",

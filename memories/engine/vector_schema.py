@@ -390,6 +390,66 @@ def drop_fulltext_column(schema_editor: Any) -> None:
     schema_editor.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS fts").format(table).as_string())
 
 
+# --- the forensic admin's indexes (migration 0026) ----------------------------------------
+def admin_created_index_name() -> str:
+    return f"{settings.MEMORY_COLLECTION}_created_idx"
+
+
+def trash_fulltext_index_name() -> str:
+    return f"{settings.MEMORY_COLLECTION}_trash_fts_idx"
+
+
+# The live rows' full-text index (LIVE_ROWS) and this one together cover every row.
+TRASHED_ROWS = sql.SQL(" WHERE trashed")
+
+
+def _admin_index_statements() -> dict[str, sql.Composed]:
+    table = sql.Identifier(settings.MEMORY_COLLECTION)
+    return {
+        # The unfiltered memories page, newest first (payload.engine_rows_newest_first):
+        # 100 entries read backwards instead of a sort of every row of every user. Keyed
+        # on the jsonb value, whose order is its text's, not on the text the engine's own
+        # queries compare: with an index of the text, the planner took it for a large
+        # user's neighbour probes (the rows just before and after a memory, which the
+        # paging index finds at once) and walked every user's rows testing the owner.
+        admin_created_index_name(): sql.SQL("ON {} ((payload->'created_at'), id)").format(table),
+        # The word search over trashed rows: search's own full-text index holds live rows
+        # only (create_live_search_indexes), and staff look for trashed memories too. It
+        # holds only the trash (kept TRASH_RETENTION_DAYS): a new memory adds nothing to it.
+        trash_fulltext_index_name(): sql.SQL("ON {} USING gin (fts){}").format(table, TRASHED_ROWS),
+    }
+
+
+def create_admin_indexes(schema_editor: Any) -> None:
+    """Built CONCURRENTLY (the migration is not atomic): a plain CREATE INDEX would block
+    every memory write while it reads the whole table. A build that failed halfway leaves
+    an invalid index of that name, which IF NOT EXISTS would keep: it is dropped first."""
+    for name, definition in _admin_index_statements().items():
+        if _index_invalid(schema_editor, name):
+            _drop_index_concurrently(schema_editor, name)
+        schema_editor.execute(
+            sql.SQL("CREATE INDEX CONCURRENTLY IF NOT EXISTS {} {}")
+            .format(sql.Identifier(name), definition)
+            .as_string()
+        )
+
+
+def drop_admin_indexes(schema_editor: Any) -> None:
+    for name in _admin_index_statements():
+        _drop_index_concurrently(schema_editor, name)
+
+
+def _index_invalid(schema_editor: Any, name: str) -> bool:
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", [name])
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+def _drop_index_concurrently(schema_editor: Any, name: str) -> None:
+    schema_editor.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)).as_string())
+
+
 def drop_paging_index(schema_editor: Any) -> None:
     _drop_index(schema_editor, f"{settings.MEMORY_COLLECTION}_user_created_idx")
 

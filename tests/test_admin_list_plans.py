@@ -1,0 +1,132 @@
+"""The admin's lists of the tables that grow per call never read a whole table per page
+(docs/architecture.md, "Validation at the edge"): the memories page (mem0's table),
+unfiltered and each kind of search, each read through an index. The plans are read with
+sequential scans priced out, as in tests/test_audit.py: what remains is the best plan the
+indexes allow, and a page that has to sort the table shows a Sort."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+from django.conf import settings
+from django.db import connection, transaction
+
+from core.scope import MemoryScope
+from memories.engine.vector_schema import owner_fulltext_index_name
+from memories.services import memory_delete, memory_remember
+from memories.tenancy import tenant_create, tenant_user_create
+from tests.conftest import internal_call
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+MEMORIES = "/admin/memories/enginememoryrow/"
+PAGING_INDEX = f"{settings.MEMORY_COLLECTION}_user_created_idx"
+FULLTEXT_INDEX = f"{settings.MEMORY_COLLECTION}_fts_idx"
+# Migration memories 0026 (vector_schema.create_admin_indexes).
+CREATED_INDEX = f"{settings.MEMORY_COLLECTION}_created_idx"
+TRASH_FULLTEXT_INDEX = f"{settings.MEMORY_COLLECTION}_trash_fts_idx"
+
+
+@pytest.fixture
+def memories(alice, bob):
+    """Alice (default tenant) with a live and a trashed memory, Bob, and Carol of another
+    tenant: {name: memory id}."""
+    tenant_create(name="acme")
+    carol = tenant_user_create(tenant="acme", username="carol")
+
+    def remember(user, text: str) -> str:
+        return memory_remember(MemoryScope.for_user(user), memory=text, call=internal_call()).id
+
+    ids = {
+        "alice": remember(alice, "Alice bakes sourdough bread on Sundays"),
+        "alice_trashed": remember(alice, "Alice knits woollen scarves"),
+        "bob": remember(bob, "Bob is baking rye for the neighbours"),
+        "carol": remember(carol, "Carol grows tomatoes on her balcony"),
+    }
+    memory_delete(MemoryScope.for_user(alice), memory_id=ids["alice_trashed"], call=internal_call())
+    ids["carol_pk"] = carol.pk
+    return ids
+
+
+def _page(admin_client, url: str, params: dict[str, str] | None = None):
+    page = admin_client.get(url, params or {})
+    assert page.status_code == 200, (url, params)
+    return page.context["cl"]
+
+
+def _plan(changelist, *, priced_out: tuple[str, ...] = ("seqscan",)) -> str:
+    """EXPLAIN of the page's own query (ordered as the admin orders it, one page long),
+    with these plan nodes priced out (constants of the tests)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        for node in priced_out:
+            cursor.execute(f"SET LOCAL enable_{node} = off")
+        return changelist.queryset[: changelist.list_per_page].explain()
+
+
+def _found(admin_client, term: str) -> set[str]:
+    return {str(row.id) for row in _page(admin_client, MEMORIES, {"q": term}).result_list}
+
+
+def test_memories_page_searches_find_the_right_rows(admin_client, alice, bob, memories):
+    # user:<pk>: the user's rows, live and trashed, whichever tenant, nobody else's.
+    assert _found(admin_client, f"user:{alice.pk}") == {memories["alice"], memories["alice_trashed"]}
+    assert _found(admin_client, f"user:{bob.pk}") == {memories["bob"]}
+    assert _found(admin_client, f"user:{memories['carol_pk']}") == {memories["carol"]}
+    assert _found(admin_client, " user:999999 ") == set()
+    # A memory id, however it was pasted.
+    assert _found(admin_client, memories["bob"].upper()) == {memories["bob"]}
+    assert _found(admin_client, uuid.UUID(memories["carol"]).hex) == {memories["carol"]}
+    assert _found(admin_client, str(uuid.uuid4())) == set()
+    # Words: whole words in any inflection, live or trashed rows, any user's.
+    assert _found(admin_client, "sourdough") == {memories["alice"]}
+    assert _found(admin_client, "bake") == {memories["alice"], memories["bob"]}
+    assert _found(admin_client, "Scarves") == {memories["alice_trashed"]}
+    assert _found(admin_client, '"woollen scarves"') == {memories["alice_trashed"]}
+    assert _found(admin_client, "tomatoes balcony") == {memories["carol"]}
+    assert _found(admin_client, "tomatoes sourdough") == set()  # every word, not any
+    for nothing in ("no such words", "the", "user:abc", "!!", "&|:*"):  # no error either
+        assert _found(admin_client, nothing) == set(), nothing
+    # Unfiltered: every row, newest first.
+    listed = [str(row.id) for row in _page(admin_client, MEMORIES).result_list]
+    assert listed == [memories[k] for k in ("carol", "bob", "alice_trashed", "alice")]
+
+
+def test_memories_page_of_a_deleted_account_finds_its_rows(admin_client, memories, django_user_model):
+    """Rows a deleted account left behind (deleted outside the erasing user admin) are
+    still found by `user:<pk>`, in whichever tenant they are."""
+    django_user_model.objects.filter(pk=memories["carol_pk"]).delete()
+    assert _found(admin_client, f"user:{memories['carol_pk']}") == {memories["carol"]}
+
+
+def test_memories_page_reads_through_indexes(admin_client, alice, memories):
+    unfiltered = _plan(_page(admin_client, MEMORIES))
+    # 100 entries of the (created_at, id) index read backwards: no sort of every row.
+    assert f"Index Scan Backward using {CREATED_INDEX}" in unfiltered, unfiltered
+    assert "Sort" not in unfiltered and "Seq Scan" not in unfiltered, unfiltered
+
+    # One user: an exact lookup of their partition in the paging index (owner, created_at,
+    # id). A small user's few rows may be sorted; the index also gives them in order,
+    # which is the plan once sorting them costs more.
+    owned_page = _page(admin_client, MEMORIES, {"q": f"user:{alice.pk}"})
+    owned = _plan(owned_page)
+    assert f"Index Cond: ((payload ->> 'user_id'::text) = 'default:{alice.pk}'::text)" in owned, owned
+    assert PAGING_INDEX in owned and "Seq Scan" not in owned, owned
+    in_order = _plan(owned_page, priced_out=("seqscan", "sort", "bitmapscan"))
+    assert f"Index Scan Backward using {PAGING_INDEX}" in in_order and "Sort" not in in_order, in_order
+
+    by_id = _plan(_page(admin_client, MEMORIES, {"q": memories["bob"]}))
+    assert f"{settings.MEMORY_COLLECTION}_pkey" in by_id and "Seq Scan" not in by_id, by_id
+
+    # Words: the live rows' full-text index (search's) ORed with the trashed rows', and
+    # the matches sorted; never the (created_at, id) index walked testing every row's
+    # words, which reads the whole table when matches are few or none.
+    words = _plan(_page(admin_client, MEMORIES, {"q": "sourdough bread"}))
+    scans = set(re.findall(r"Bitmap Index Scan on (\w+)", words))
+    # (owner, fts) where the server has btree_gin (migration 0017), fts alone otherwise.
+    live_index = owner_fulltext_index_name() if owner_fulltext_index_name() in words else FULLTEXT_INDEX
+    assert scans == {live_index, TRASH_FULLTEXT_INDEX}, words
+    assert "Seq Scan" not in words and CREATED_INDEX not in words, words
+    walk_priced_out = _plan(_page(admin_client, MEMORIES, {"q": "sourdough bread"}), priced_out=("seqscan", "sort"))
+    assert CREATED_INDEX not in walk_priced_out, walk_priced_out  # no plan of the page can use it
