@@ -75,7 +75,11 @@ class ProxyTurn(models.Model):
     closed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["state", "created_at"], name="proxy_turn_due")]
+        indexes = [
+            models.Index(fields=["state", "created_at"], name="proxy_turn_due"),
+            # The admin's unfiltered list, newest first (the admin adds the id).
+            models.Index(fields=["-created_at", "-id"], name="proxy_turn_recent"),
+        ]
 
     def __str__(self) -> str:
         return f"turn {self.request_id} ({self.state})"

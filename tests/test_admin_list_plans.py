@@ -1,8 +1,9 @@
 """The admin's lists of the tables that grow per call never read a whole table per page
 (docs/architecture.md, "Validation at the edge"): the memories page (mem0's table),
-unfiltered and each kind of search, each read through an index. The plans are read with
-sequential scans priced out, as in tests/test_audit.py: what remains is the best plan the
-indexes allow, and a page that has to sort the table shows a Sort."""
+unfiltered and each kind of search, the memory history and the chat turns, each read
+through an index. The plans are read with sequential scans priced out, as in
+tests/test_audit.py: what remains is the best plan the indexes allow, and a page that has
+to sort the table shows a Sort."""
 
 from __future__ import annotations
 
@@ -130,3 +131,18 @@ def test_memories_page_reads_through_indexes(admin_client, alice, memories):
     assert "Seq Scan" not in words and CREATED_INDEX not in words, words
     walk_priced_out = _plan(_page(admin_client, MEMORIES, {"q": "sourdough bread"}), priced_out=("seqscan", "sort"))
     assert CREATED_INDEX not in walk_priced_out, walk_priced_out  # no plan of the page can use it
+
+
+def test_memory_history_and_chat_turn_pages_read_through_indexes(admin_client, memories):
+    for url, params, index in (
+        ("/admin/audit/memoryhistory/", {}, "history_recent"),
+        ("/admin/audit/memoryhistory/", {"event__exact": "RESTORE"}, "history_event_recent"),
+        ("/admin/proxy/proxyturn/", {}, "proxy_turn_recent"),
+    ):
+        plan = _plan(_page(admin_client, url, params))
+        assert f"Index Scan using {index}" in plan, plan  # defined newest first
+        assert "Sort" not in plan and "Seq Scan" not in plan, plan
+    # The history page still lists every version, newest first.
+    versions = _page(admin_client, "/admin/audit/memoryhistory/").result_list
+    assert [v.recorded_at for v in versions] == sorted((v.recorded_at for v in versions), reverse=True)
+    assert {v.memory_id for v in versions} >= {memories["alice"], memories["bob"], memories["carol"]}
