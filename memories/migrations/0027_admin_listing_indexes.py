@@ -22,6 +22,6 @@ def backwards(apps, schema_editor):
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("memories", "0025_turn_guard_fact_counts")]
+    dependencies = [("memories", "0026_turn_guard_content_sha256")]
 
     operations = [migrations.RunPython(forwards, backwards)]
