@@ -12,9 +12,9 @@ import base64
 import binascii
 import contextvars
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -39,7 +39,7 @@ from mcp.shared.auth import InvalidRedirectUriError, InvalidScopeError, OAuthCli
 from pydantic import AnyUrl
 from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, request_response
 
 from core.asgi_body import asgi_body_buffered
@@ -301,6 +301,41 @@ def _metadata_url_prechecked(app: Any) -> Any:
     return checked
 
 
+def _redirects_only_to_consent(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """The SDK handler redirects an error to the client's registered redirect_uri once the
+    client and redirect check out (RFC 6749 §4.1.2.1). A self-registered client (DCR, or a
+    metadata document anyone can publish) vouches for nothing, so that made /authorize an
+    open redirector (RFC 9700 §4.11.2). Before the user has answered the consent page a
+    redirect means nothing to the client: the error is answered here, directly. The one
+    redirect left is to the consent page, whose answer (a code or access_denied) still goes
+    to the client."""
+
+    async def handle(request: Request) -> Response:
+        response = await handler(request)
+        location = response.headers.get("location")
+        if location is None or _is_consent_page(location):
+            return response
+        error, description = _redirected_error(location)
+        return _oauth_error(400, error, description)
+
+    return handle
+
+
+def _is_consent_page(location: str) -> bool:
+    return location.startswith(f"{_issuer.get()}{CONSENT_PATH}") and not urlsplit(location).query
+
+
+def _redirected_error(location: str) -> tuple[str, str]:
+    """The error the SDK put on a redirect: the parameters from the last `error` on (it
+    appends them after whatever query the registered redirect_uri has)."""
+    items = parse_qsl(urlsplit(location).query, keep_blank_values=True)
+    starts = [index for index, (name, _) in enumerate(items) if name == "error"]
+    answer = dict(items[starts[-1] :]) if starts else {}
+    return answer.get("error") or "invalid_request", answer.get("error_description") or "invalid authorization request"
+
+
 # The parameters that identify or authenticate the client: bad text there is invalid_client.
 _CLIENT_PARAMETERS = ("client_id", "client_secret")
 
@@ -388,7 +423,7 @@ def oauth_asgi_routes() -> dict[str, Any]:
         enabled=True, valid_scopes=list(services.SCOPES_SUPPORTED), default_scopes=list(services.SCOPES_SUPPORTED)
     )
     handlers: list[tuple[str, Any, list[str]]] = [
-        (AUTHORIZE_PATH, AuthorizationHandler(provider).handle, ["GET", "POST"]),
+        (AUTHORIZE_PATH, _redirects_only_to_consent(AuthorizationHandler(provider).handle), ["GET", "POST"]),
         (TOKEN_PATH, TokenHandler(provider, authenticator).handle, ["POST"]),
         (REGISTER_PATH, RegistrationHandler(provider, options=options).handle, ["POST"]),
         (REVOKE_PATH, RevocationHandler(provider, authenticator).handle, ["POST"]),

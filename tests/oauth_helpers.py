@@ -4,6 +4,7 @@ who signs in and answers the consent page over plain HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import hashlib
@@ -218,3 +219,23 @@ def authorize_url(base: str, **params: str) -> str:
 
 def token_request(base: str, **form: str) -> httpx.Response:
     return httpx.post(f"{base}/oauth/token", data=form, timeout=30)
+
+
+def oauth_in_process(*requests: tuple[str, str, dict]) -> list:
+    """Send (method, path, httpx arguments) to the OAuth ASGI apps (oauth/provider.py)
+    in-process, one after another, as http://testserver."""
+    from oauth import provider
+
+    routes = provider.oauth_asgi_routes()
+
+    async def app(scope, receive, send):
+        await routes[scope["path"]](scope, receive, send)
+
+    async def main():
+        import httpx2
+
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://testserver", timeout=60) as http:
+            return [await http.request(method, path, **kwargs) for method, path, kwargs in requests]
+
+    return asyncio.run(main())

@@ -325,7 +325,8 @@ def test_token_for_another_resource_is_refused(live, alice):  # noqa: ARG001
             resource="https://evil.example/mcp",
         )  # fmt: skip
     )
-    assert answer.status_code == 302 and query_of(answer.headers["location"])["error"] == "invalid_target"
+    # Answered directly, not redirected: before consent a redirect vouches for nothing.
+    assert answer.status_code == 400 and answer.json()["error"] == "invalid_target", answer.text
     # Nor do OAuth tokens open the REST API (bound to the MCP resource).
     rest = httpx.get(f"{base}/v1/memories", headers={"Authorization": f"Bearer {other['access_token']}"})
     assert rest.status_code == 401
@@ -395,9 +396,9 @@ def test_bad_metadata_urls_redirects_and_pkce_are_refused(live, alice):  # noqa:
     missing_pkce = authorize(client_id=document_url, code_challenge="")
     plain_pkce = authorize(client_id=document_url, code_challenge_method="plain")
     for answer in (missing_pkce, plain_pkce):
-        assert answer.status_code == 302, answer.text
-        assert query_of(answer.headers["location"])["error"] == "invalid_request"
-        assert query_of(answer.headers["location"])["state"] == "s1"
+        # Not redirected, even to the document's redirect: anyone can publish a document.
+        assert answer.status_code == 400 and "location" not in answer.headers, answer.text
+        assert answer.json()["error"] == "invalid_request"
     assert not OAuthAuthorizationRequest.objects.exists()
 
     bad_registration = httpx.post(

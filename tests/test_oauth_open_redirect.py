@@ -1,0 +1,95 @@
+"""/oauth/authorize is no open redirector (RFC 9700 §4.11.2): anyone may register a client
+with any https redirect, so an error found before the user has answered the consent page
+is answered directly (400, OAuth JSON), never redirected to the client. The consent page's
+redirect, and the consent page's answer (code or access_denied) to the client, stay."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode, urlsplit
+
+import pytest
+
+from oauth.models import OAuthAuthorizationRequest
+from tests.oauth_helpers import oauth_in_process, pkce, query_of
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+EVIL = "https://evil.example/x"
+
+
+def _register(redirect_uri: str = EVIL) -> str:
+    body = {"redirect_uris": [redirect_uri], "token_endpoint_auth_method": "none"}
+    (registered,) = oauth_in_process(
+        ("POST", "/oauth/register", {"content": json.dumps(body), "headers": {"Content-Type": "application/json"}})
+    )
+    assert registered.status_code == 201, registered.text
+    return registered.json()["client_id"]
+
+
+def _authorize(**params: str) -> tuple[str, str, dict]:
+    return ("GET", "/oauth/authorize?" + urlencode(params), {})
+
+
+def _assert_answered_directly(response, error: str) -> None:
+    assert response.status_code == 400, (response.status_code, response.headers.get("location"))
+    assert "location" not in response.headers
+    assert response.json()["error"] == error, response.text
+    assert response.headers["Cache-Control"] == "no-store"
+
+
+def test_a_self_registered_clients_redirect_gets_no_error_before_consent():
+    """The reviewer's attack: register https://evil.example/x, hand out an authorize link
+    with any error in it; the server bounced the browser there without login or consent."""
+    client_id = _register()
+    _, challenge = pkce()
+    good = {"client_id": client_id, "response_type": "code", "code_challenge": challenge, "state": "anything"}
+    missing_pkce = {key: value for key, value in good.items() if key != "code_challenge"}
+    responses = oauth_in_process(
+        _authorize(**missing_pkce),
+        _authorize(**good, scope="admin"),
+        _authorize(**good, resource="https://evil.example/mcp"),
+        _authorize(**good, code_challenge_method="plain"),
+        _authorize(**{**good, "response_type": "token"}),
+        _authorize(**good, redirect_uri=EVIL, resource="http://testserver/engines/memory/mcp?x=1"),
+    )
+    errors = [
+        "invalid_request", "invalid_scope", "invalid_target", "invalid_request", "unsupported_response_type",
+        "invalid_target",
+    ]  # fmt: skip
+    for response, error in zip(responses, errors, strict=True):
+        _assert_answered_directly(response, error)
+    assert "code_challenge" in responses[0].json()["error_description"]
+    assert not OAuthAuthorizationRequest.objects.exists()
+
+
+def test_the_answer_names_the_real_error_when_the_redirect_has_a_query_of_its_own():
+    """The SDK appends its error after the registered redirect's own query: the direct
+    answer reports the SDK's, not a look-alike planted in the registered URI."""
+    client_id = _register(f"{EVIL}?error=access_denied&error_description=planted")
+    (response,) = oauth_in_process(_authorize(client_id=client_id, response_type="code", state="s"))
+    _assert_answered_directly(response, "invalid_request")
+    assert "code_challenge" in response.json()["error_description"]
+
+
+def test_the_legitimate_flow_still_redirects_to_consent_and_then_to_the_client(client, alice):
+    client_id = _register()
+    _, challenge = pkce()
+    params = {
+        "client_id": client_id, "response_type": "code", "code_challenge": challenge, "code_challenge_method": "S256",
+        "state": "st", "scope": "read write offline_access", "resource": "http://testserver/engines/memory/mcp",
+    }  # fmt: skip
+    allowed, denied = oauth_in_process(_authorize(**params), _authorize(**params))
+    for answer in (allowed, denied):
+        assert answer.status_code == 302, answer.text
+        assert answer.headers["location"].startswith("http://testserver/oauth/consent/")
+    client.force_login(alice)
+    consent = urlsplit(allowed.headers["location"]).path
+    assert client.get(consent).status_code == 200
+    granted = client.post(consent, {"allow": "", "scope": ["read", "write"]})
+    assert granted.status_code == 302 and granted["Location"].startswith(EVIL + "?")
+    assert query_of(granted["Location"])["state"] == "st" and query_of(granted["Location"])["code"]
+    # Refusing on the consent page still tells the client, at its registered redirect.
+    refused = client.post(urlsplit(denied.headers["location"]).path, {"deny": ""})
+    assert refused.status_code == 302
+    assert query_of(refused["Location"]) == {"error": "access_denied", "state": "st", "iss": "http://testserver"}
