@@ -43,6 +43,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, request_response
 
 from core.asgi_body import asgi_body_buffered
+from core.hosts import host_allowed
 from core.inputs import InputError, json_loads_safe, text_problem
 from oauth import services
 from oauth.cimd import MetadataDocumentError
@@ -269,6 +270,22 @@ class MemsiteAuthenticator(ClientAuthenticator):
         return _client_info(row)
 
 
+def _host_checked(app: Any) -> Any:
+    """These endpoints are mounted beside Django, so its ALLOWED_HOSTS check never ran: a
+    foreign Host named the issuer (consent page, default resource) without
+    PUBLIC_BASE_URL. Refused first, as Django refuses it (400), before anything is read or
+    stored."""
+
+    async def checked(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if not host_allowed(Headers(scope=scope).get("host", "")):
+            refusal = _oauth_error(400, "invalid_request", "This host name is not served here (ALLOWED_HOSTS).")
+            await refusal(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return checked
+
+
 def _issuer_bound(app: Any) -> Any:
     async def bound(scope: dict[str, Any], receive: Any, send: Any) -> None:
         headers = Headers(scope=scope)
@@ -437,5 +454,5 @@ def oauth_asgi_routes() -> dict[str, Any]:
         app: Any = route.handle
         if path == AUTHORIZE_PATH:
             app = _metadata_url_prechecked(app)
-        apps[path] = _issuer_bound(app)
+        apps[path] = _host_checked(_issuer_bound(app))
     return apps

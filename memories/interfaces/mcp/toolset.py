@@ -44,6 +44,7 @@ from core.calls import call_context_from_request
 from core.choices import Channel
 from core.db_errors import PROGRAM_LIMIT_MESSAGE, is_program_limit_exceeded
 from core.errors import ErrorCode, ServiceError
+from core.hosts import allowed_hosts, host_allowed
 from core.inputs import LONE_SURROGATE_PROBLEM
 from core.scope import CallContext
 from memories.auth import Principal, authenticate_bearer
@@ -240,19 +241,6 @@ class Toolset:
         return app, McpHttpGate(app, resource_path=self.path)
 
 
-def _allowed_hosts() -> list[str]:
-    # What Django's HttpRequest.get_host() accepts.
-    if settings.DEBUG and not settings.ALLOWED_HOSTS:
-        return [".localhost", "127.0.0.1", "[::1]"]
-    return list(settings.ALLOWED_HOSTS)
-
-
-def host_allowed(host: str) -> bool:
-    """The Host header as Django checks it (ALLOWED_HOSTS, wildcards included)."""
-    domain, _ = split_domain_port(host)
-    return bool(domain) and validate_host(domain, _allowed_hosts())
-
-
 def origin_allowed(origin: str) -> bool:
     """A browser's Origin (DNS rebinding): a CSRF_TRUSTED_ORIGINS entry (Django's
     `https://*.example.com` form too), or http(s) on a host ALLOWED_HOSTS names. A bare
@@ -272,7 +260,7 @@ def origin_allowed(origin: str) -> bool:
             if allowed.scheme == parts.scheme and is_same_domain(parts.netloc, allowed.netloc.lstrip("*")):
                 return True
     domain, _ = split_domain_port(parts.netloc)
-    return bool(domain) and validate_host(domain, [host for host in _allowed_hosts() if host != "*"])
+    return bool(domain) and validate_host(domain, [host for host in allowed_hosts() if host != "*"])
 
 
 def _refusal(

@@ -1,0 +1,120 @@
+"""The OAuth endpoints honour ALLOWED_HOSTS. The SDK's /oauth/authorize, /token, /register
+and /revoke are mounted beside Django, so Django's host check never ran: with
+PUBLIC_BASE_URL unset a foreign Host became the issuer, the consent redirect's host and
+the stored resource. A foreign Host is now a 400 OAuth error, and nothing is stored."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode
+
+import pytest
+
+from oauth import services
+from oauth.models import OAuthAuthorizationRequest, OAuthClient, OAuthCode, OAuthGrant, OAuthToken
+from tests.conftest import internal_call
+from tests.oauth_helpers import oauth_in_process, pkce, query_of
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+CALLBACK = "http://127.0.0.1:5555/cb"
+EVIL = {"Host": "evil.example"}
+
+
+def _assert_refused_host(response) -> None:
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "invalid_request", response.text
+    assert "ALLOWED_HOSTS" in response.json()["error_description"]
+    assert "location" not in response.headers
+
+
+def _register(headers: dict | None = None) -> tuple[str, str, dict]:
+    body = {"client_name": "Host test", "redirect_uris": [CALLBACK], "token_endpoint_auth_method": "none"}
+    return (
+        "POST",
+        "/oauth/register",
+        {"content": json.dumps(body), "headers": {"Content-Type": "application/json", **(headers or {})}},
+    )
+
+
+def test_register_and_authorize_refuse_a_foreign_host_and_store_nothing():
+    (refused_registration,) = oauth_in_process(_register(EVIL))
+    _assert_refused_host(refused_registration)
+    assert not OAuthClient.objects.exists()
+
+    (registered,) = oauth_in_process(_register())
+    assert registered.status_code == 201, registered.text
+    _, challenge = pkce()
+    query = urlencode(
+        {"client_id": registered.json()["client_id"], "response_type": "code", "code_challenge": challenge}
+    )
+    foreign, port_only, allowed = oauth_in_process(
+        ("GET", f"/oauth/authorize?{query}", {"headers": EVIL}),
+        ("GET", f"/oauth/authorize?{query}", {"headers": {"Host": ":80"}}),
+        ("GET", f"/oauth/authorize?{query}", {}),
+    )
+    _assert_refused_host(foreign)
+    _assert_refused_host(port_only)
+    assert allowed.status_code == 302, allowed.text
+    assert allowed.headers["location"].startswith("http://testserver/oauth/consent/")
+    assert list(OAuthAuthorizationRequest.objects.values_list("resource", flat=True)) == [
+        "http://testserver/engines/memory/mcp"
+    ]
+
+
+def test_token_and_revoke_refuse_a_foreign_host_and_leave_the_code_usable(alice):
+    client = OAuthClient.objects.create(
+        client_id="host-client", kind=OAuthClient.Kind.DCR, redirect_uris=[CALLBACK], token_endpoint_auth_method="none"
+    )
+    verifier, challenge = pkce()
+    key = services.oauth_authorization_begin(
+        client=client, redirect_uri=CALLBACK, redirect_uri_explicit=True, state="s", scopes=["read"],
+        code_challenge=challenge, resource="http://testserver/engines/memory/mcp",
+    )  # fmt: skip
+    redirect = services.oauth_consent_decide(
+        request_key=key, user=alice, granted=["read"], issuer="http://testserver", call=internal_call()
+    )
+    form = {
+        "grant_type": "authorization_code", "code": query_of(redirect)["code"], "redirect_uri": CALLBACK,
+        "client_id": client.client_id, "code_verifier": verifier,
+    }  # fmt: skip
+    foreign_token, foreign_revoke = oauth_in_process(
+        ("POST", "/oauth/token", {"data": form, "headers": EVIL}),
+        ("POST", "/oauth/revoke", {"data": {"token": "mso_at_x", "client_id": client.client_id}, "headers": EVIL}),
+    )
+    _assert_refused_host(foreign_token)
+    _assert_refused_host(foreign_revoke)
+    assert OAuthCode.objects.get().used_at is None
+    assert OAuthGrant.objects.get().revoked_at is None
+    assert not OAuthToken.objects.exists()
+
+    (token,) = oauth_in_process(("POST", "/oauth/token", {"data": form}))
+    assert token.status_code == 200, token.text
+    assert token.json()["access_token"].startswith("mso_at_")
+
+
+def test_a_wildcard_in_allowed_hosts_is_honoured(settings):
+    settings.ALLOWED_HOSTS = [".example.com"]
+    subdomain, other = oauth_in_process(
+        _register({"Host": "auth.example.com:8443"}),
+        _register({"Host": "example.org"}),
+    )
+    assert subdomain.status_code == 201, subdomain.text
+    _assert_refused_host(other)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/.well-known/oauth-authorization-server",
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/engines/memory/mcp",
+    ],
+)
+def test_the_metadata_documents_are_refused_on_a_foreign_host_by_django(client, path):
+    """Served by Django, so its own host check answers (a 400), never a document naming
+    the foreign host as issuer or resource."""
+    refused = client.get(path, HTTP_HOST="evil.example")
+    assert refused.status_code == 400 and b"evil.example" not in refused.content
+    allowed = client.get(path)
+    assert allowed.status_code == 200 and "http://testserver" in allowed.content.decode()
