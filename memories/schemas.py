@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     StrictBool,
     StrictStr,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -196,6 +197,20 @@ class FiltersMixin(StrictInput):
 MemoryTypeName = Literal["user", "feedback", "project", "reference"]
 Tag = Annotated[StrictStr, Field(min_length=1, max_length=TAG_MAX_CHARS, pattern=r"^[^\x00-\x1f]+$")]
 Tags = Annotated[list[Tag], Field(max_length=TAGS_MAX, description=f"Short labels (at most {TAGS_MAX}).")]
+_TAG_ADAPTER: TypeAdapter[str] = TypeAdapter(Tag)
+
+
+def tag_storable(value: str) -> bool:
+    """Whether `value` is a tag as clients and the import take it (the `Tag` type itself):
+    a writer of tags that no client chose (an LLM's answer) keeps only these, or the
+    user's export would be refused whole."""
+    try:
+        _TAG_ADAPTER.validate_python(value)
+    except ValidationError:
+        return False
+    return True
+
+
 ScopeId = Annotated[StrictStr, Field(min_length=1, max_length=SCOPE_ID_MAX_CHARS, pattern=r"^[A-Za-z0-9_.:@-]+$")]
 Importance = Annotated[float, Field(ge=0, le=1, description="0 to 1 (default 0.5).")]
 TtlDays = Annotated[int, Field(ge=1, le=TTL_DAYS_MAX, strict=True)]

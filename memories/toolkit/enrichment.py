@@ -13,13 +13,14 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from memories.engine import engine_llm_json, llm_configured
-from memories.schemas import TAG_MAX_CHARS
+from memories.schemas import TAG_MAX_CHARS, tag_storable
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_MAX_CHARS = 200
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_ANY_CONTROL = re.compile("[\x00-\x1f]")
 MAX_TAGS = 5
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9+#.-]{2,}")
 _STOP = frozenset(
@@ -230,10 +231,18 @@ def _llm_tags(raw: object, *, fallback: list[str]) -> list[str]:
         return fallback
     tags: list[str] = []
     for item in raw:
-        tag = storable_text(item)[:TAG_MAX_CHARS].strip().lower() if isinstance(item, str) else ""
+        tag = _llm_tag(item) if isinstance(item, str) else ""
         if tag and tag not in tags:
             tags.append(tag)
     return tags[:MAX_TAGS]
+
+
+def _llm_tag(item: str) -> str:
+    """One of the LLM's tags as a `Tag` ("" when it cannot be one). Tags hold no control
+    characters, a tab or a newline either (they become spaces, runs of spaces one);
+    lowercased before the cut, as a lowercase form can be longer ("İ" is two characters)."""
+    tag = " ".join(storable_text(_ANY_CONTROL.sub(" ", item)).split()).lower()[:TAG_MAX_CHARS].strip()
+    return tag if tag_storable(tag) else ""
 
 
 class LlmBreaker:
