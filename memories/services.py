@@ -107,6 +107,7 @@ from memories.selectors import (
     memory_view,
 )
 from memories.sessions import derived_answers_forget, session_data_clear_all
+from memories.toolkit.enrichment import enrich_heuristic
 from memories.turns.extraction import FACT_TAG, tags_made_durable
 
 logger = logging.getLogger(__name__)
@@ -1165,6 +1166,11 @@ def memory_delete(
 # and, for a human message, its long-term candidate linked to it by `stm_id`.
 STORE_MEMORY_SOURCE = RESERVED_SOURCE  # set by no client but on its own rows (schemas.FieldsMixin, memory_update)
 STM_LINK_KEY = "stm_id"
+# store_memory's long-term candidates, pending the toolkit's enrichment. `tier` and
+# `enrichment_status` are metadata any surface may set, and a memory the user remembered
+# with them must keep its own tags, type and importance: only rows store_memory wrote
+# (`source`, as `_pairs` checks) are taken.
+CANDIDATE_CONTAINMENT = {"source": STORE_MEMORY_SOURCE, TIER_KEY: "ltm", ENRICHMENT_KEY: "pending"}
 
 
 def _toolkit_row(item: EngineMemory) -> bool:
@@ -1945,6 +1951,7 @@ def memory_import(
     if len(items) > settings.IMPORT_MAX_MEMORIES:
         raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"at most {settings.IMPORT_MAX_MEMORIES} memories per import")
     rate_limit_consume(scope, operation=Operation.IMPORT_MEMORIES)
+    items = [_import_settled(item) for item in items]
     now = engine_timestamp(datetime.now(UTC))
     live = [item for item in items if not (item.fields.get("expires_at") and item.fields["expires_at"] <= now)]
     expired = len(items) - len(live)
@@ -1990,6 +1997,21 @@ def memory_import(
         duplicates = len(items) - expired - len(created)
         return ImportResult(imported=len(created), duplicates=duplicates, expired=expired, ids=created)
     raise backend_unavailable()
+
+
+def _import_settled(item: ImportItem) -> ImportItem:
+    """An imported store_memory candidate still pending its enrichment, enriched by the
+    heuristics as it comes in (what the sweep writes without an LLM). An import makes no
+    pending candidate: the sweep would spend an LLM call on each, up to IMPORT_MAX_MEMORIES
+    for one billed call, and a file's old `created_at` would put them ahead of every user's
+    own candidates, which the sweep takes oldest first. Everything else, settled candidates
+    (`completed`, `failed`) too, comes in as it was exported."""
+    row = {**item.metadata, "source": item.source}
+    if any(row.get(key) != value for key, value in CANDIDATE_CONTAINMENT.items()):
+        return item
+    result = enrich_heuristic(item.text)
+    fields = {**item.fields, "memory_type": result.memory_type, "tags": result.tags, "importance": result.importance}
+    return replace(item, metadata={**item.metadata, **result.metadata()}, fields=fields)
 
 
 def _import_groups(items: list[ImportItem]) -> dict[str, list[ImportItem]]:

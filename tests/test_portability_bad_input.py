@@ -29,6 +29,7 @@ from memories.services import (
     memory_purge,
     memory_remember,
 )
+from memories.toolkit.services import toolkit_candidates_enrich
 from tests.conftest import internal_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
@@ -287,6 +288,8 @@ def test_round_trip_keeps_a_long_term_memory_beside_its_short_term_copy(alice):
     principal = Principal(user=alice, method="api_key", client_app="seed003-agent")
     messages = [{"role": "human", "content": HUMAN_LONG}, {"role": "ai", "content": "Noted, dark mode it is."}]
     operation_execute(principal, "store_memory", {"conversation_id": "c-1", "messages": messages}, call=internal_call())
+    # Enriched before the export: an import enriches a pending candidate as it comes in.
+    assert toolkit_candidates_enrich() == 1
     scope = MemoryScope.for_user(alice)  # no client app: the remembered memory's is null
     memory_remember(scope, memory="Alice takes her coffee black", call=internal_call())
     memory_remember(scope, memory="Alice works night shifts", fields={"memory_type": "project"}, call=internal_call())

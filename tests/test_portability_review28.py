@@ -4,6 +4,8 @@ in whole, with their expiry, agent and run."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from core.scope import CallContext
@@ -72,3 +74,66 @@ def test_llm_tags_with_control_characters_or_growing_in_lowercase_export_and_imp
 def test_llm_tags_that_are_no_tag_once_cleaned_are_dropped(llm):
     llm.queue_answer(_answer(["\x00\x01", "\t\n", "Tab\tand\n\nnewline", "\x1f" + "x" * 70, "Ok", "OK "]))
     assert enrichment.enrich_text(FLIGHTS).tags == ["tab and newline", "x" * 64, "ok"]
+
+
+# --- 2: an import makes no toolkit candidates ------------------------------------------------------
+def _file(records: list[dict]) -> str:
+    header = {"format": "memsite.memories", "version": 1, "count": len(records)}
+    return "\n".join(json.dumps(r) for r in [header, *records]) + "\n"
+
+
+def _forged(n: int) -> dict:
+    return {
+        "text": f"Forged long-term candidate number {n}, long enough to be one.",
+        "source": "store_memory",
+        "metadata": {"tier": "ltm", "enrichment_status": "pending"},
+        "created_at": "2000-01-01T00:00:00Z",
+    }
+
+
+def test_imported_pending_candidates_cost_no_llm_call_and_do_not_delay_anyone(alice, bob, bob_scope, llm):
+    assert _import(bob_scope, _file([_forged(n) for n in range(6)])).imported == 6
+    _store(alice)
+    llm.queue_answer(_answer(["travel"]))
+    # The sweep takes the oldest pending candidate first: Alice's, the only one there is.
+    assert toolkit_candidates_enrich(limit=1) == 1
+    assert _ltm(alice)["metadata"]["enriched_by"] == "llm"
+    assert toolkit_candidates_enrich() == 0
+    assert len(llm.prompts()) == 1
+    # Bob's rows were settled by the import, with the heuristics (no LLM call, no wait).
+    for memory in _all(bob):
+        expected = enrichment.enrich_heuristic(memory["memory"])
+        assert memory["metadata"] == {
+            "tier": "ltm",
+            "enrichment_status": "completed",
+            "enriched_by": "heuristic",
+            "summary": expected.summary,
+        }
+        assert (memory["tags"], memory["importance"]) == (expected.tags, expected.importance)
+
+
+def test_an_export_of_enriched_toolkit_rows_imports_with_their_enrichment(alice, bob, alice_scope, bob_scope, llm):
+    llm.queue_answer(_answer(["travel", "flights"]))
+    _store(alice)
+    assert toolkit_candidates_enrich() == 1
+    assert _import(bob_scope, _export(alice_scope)).imported == 2
+    mine, copy = _ltm(alice), _ltm(bob)
+    assert copy["metadata"]["enriched_by"] == "llm" and copy["metadata"]["summary"] == "Prefers window seats"
+    assert (copy["tags"], copy["importance"], copy["memory_type"]) == (mine["tags"], 0.7, "user")
+    assert toolkit_candidates_enrich() == 0
+    assert len(llm.prompts()) == 1
+
+
+def test_an_export_of_a_pending_candidate_imports_enriched_by_the_heuristics(alice, bob, alice_scope, bob_scope, llm):
+    _store(alice)
+    assert _ltm(alice)["metadata"]["enrichment_status"] == "pending"
+    assert _import(bob_scope, _export(alice_scope)).imported == 2
+    copy = _ltm(bob)
+    assert copy["metadata"]["enrichment_status"] == "completed"
+    assert copy["metadata"]["enriched_by"] == "heuristic"
+    assert copy["tags"] == enrichment.enrich_heuristic(FLIGHTS).tags
+    # Still a pair: deleting the short-term row deletes the long-term one too.
+    stm = next(m for m in _all(bob) if m["metadata"].get("tier") == "stm")
+    assert copy["metadata"]["stm_id"] == stm["id"]
+    assert toolkit_candidates_enrich(memory_ids=[copy["id"]]) == 0
+    assert llm.prompts() == []

@@ -167,10 +167,11 @@ def test_a3_an_export_taken_while_a_candidate_is_claimed_round_trips(alice, bob,
     exported = _export(alice_scope)
     assert all("enrichment_claim" not in r["metadata"] for r in _records(exported))
     assert _import(bob_scope, exported).imported == 2
-    # Bob's copy is a pending candidate of his own, enriched by the next sweep.
+    # Bob's copy is no pending candidate (an import makes none): the heuristics enriched it.
     copy = next(m for m in _all(bob) if m["metadata"].get("tier") == "ltm")
-    assert copy["metadata"]["enrichment_status"] == "pending"
-    assert toolkit_candidates_enrich(memory_ids=[copy["id"]]) == 1
+    assert copy["metadata"]["enrichment_status"] == "completed"
+    assert copy["metadata"]["enriched_by"] == "heuristic"
+    assert toolkit_candidates_enrich(memory_ids=[copy["id"]]) == 0
     # Alice's claimed candidate is still held by its lease, and its holder still applies.
     assert toolkit_candidates_enrich(memory_ids=[ltm["id"]]) == 0
     item, claim = claimed

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from memories.engine import engine_llm_json, llm_configured
-from memories.schemas import TAG_MAX_CHARS, tag_storable
+from memories.engine import ENRICHMENT_KEY, engine_llm_json, llm_configured
+from memories.schemas import ENRICHED_BY_KEY, SUMMARY_KEY, TAG_MAX_CHARS, tag_storable
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +170,11 @@ class Enrichment:
     tags: list[str]
     memory_type: str
     method: str  # "heuristic" or "llm"
+
+    def metadata(self) -> dict[str, str]:
+        """What the enrichment writes into the memory's metadata besides its fields
+        (outside the owner's metadata budget: schemas.ENRICHMENT_METADATA_KEYS)."""
+        return {ENRICHMENT_KEY: "completed", SUMMARY_KEY: self.summary, ENRICHED_BY_KEY: self.method}
 
 
 def storable_text(text: str) -> str:

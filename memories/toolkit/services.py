@@ -60,6 +60,7 @@ from memories.models import ContentHash, IngestIntent
 from memories.rate_limits import rate_limit_consume, rate_limit_consume_audited
 from memories.selectors import memory_get_owned
 from memories.services import (
+    CANDIDATE_CONTAINMENT,
     STM_LINK_KEY,
     STORE_MEMORY_SOURCE,
     _attributed,
@@ -249,12 +250,6 @@ def toolkit_candidates_enrich(
     return done
 
 
-# store_memory's long-term candidates. `tier` and `enrichment_status` are metadata any
-# surface may set, and a memory the user remembered with them must keep its own tags,
-# type and importance: only rows store_memory wrote (`source`, as `_pairs` checks) are taken.
-CANDIDATE_CONTAINMENT = {"source": SOURCE, TIER_KEY: "ltm", ENRICHMENT_KEY: "pending"}
-
-
 def _is_candidate(item: EngineMemory) -> bool:
     return all(item.metadata.get(key) == value for key, value in CANDIDATE_CONTAINMENT.items())
 
@@ -347,12 +342,7 @@ def _candidate_apply(
     )
     # Outside the user's metadata budget (schemas.ENRICHMENT_METADATA_KEYS): the enrichment
     # adds them to a memory whose owner may already use every key, and its export must import.
-    metadata = {
-        ENRICHMENT_KEY: "completed",
-        schemas.SUMMARY_KEY: result.summary,
-        schemas.ENRICHED_BY_KEY: result.method,
-    }
-    engine_enrichment_apply(scope, memory_id=item.id, metadata=metadata, attrs=attrs)
+    engine_enrichment_apply(scope, memory_id=item.id, metadata=result.metadata(), attrs=attrs)
     audit_record(
         scope,
         call=call,
