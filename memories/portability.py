@@ -9,7 +9,8 @@
   trash is not exported (it is on its way out; restore first to take a memory along).
 - Markdown (export only): for people to read.
 - mem0: `get_all` output or its export JSON, `{"results": [{"id", "memory", "metadata",
-  "created_at", "updated_at", ...}]}` (a bare list is accepted too).
+  "created_at", "updated_at", "agent_id", "run_id", "expiration_date", ...}]}` (a bare list
+  is accepted too); mem0's own keys in `metadata` that we reserve come in as `mem0_<key>`.
 - OpenMemory: the zip its `/api/v1/backup/export` writes (`memories.json` with `memories`
   and `apps`, `categories`, `memory_categories`; `memories.jsonl.gz` is a derived copy and
   not needed). Categories become tags; archived memories come in, deleted ones do not.
@@ -25,13 +26,13 @@ import lzma
 import zipfile
 import zlib
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time
 from typing import Any
 
 from core.errors import ErrorCode, ServiceError
 from core.inputs import MAX_JSON_DEPTH, InputError, json_depth_check, json_loads_safe, json_value_check, text_problem
 from memories import schemas
-from memories.engine import ENRICHMENT_CLAIM_KEY, TIER_KEY, engine_timestamp
+from memories.engine import ENRICHMENT_CLAIM_KEY, MEM0_RESERVED_METADATA_KEYS, TIER_KEY, engine_timestamp
 
 FORMAT_NAME = "memsite.memories"
 FORMAT_VERSION = 1
@@ -289,7 +290,9 @@ def _parse_mem0(data: bytes) -> list[ImportItem]:
         metadata = record.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise _invalid(f"{where}: metadata must be an object")
-        text, pinned, metadata, _ = _checked(record.get("memory"), False, metadata, where=where)
+        text, pinned, metadata, _ = _checked(
+            record.get("memory"), False, _mem0_keys_renamed(metadata, where=where), where=where
+        )
         items.append(
             ImportItem(
                 text=text,
@@ -299,9 +302,68 @@ def _parse_mem0(data: bytes) -> list[ImportItem]:
                 client_app=None,
                 created_at=_timestamp(record.get("created_at"), where=f"{where} created_at"),
                 updated_at=_timestamp(record.get("updated_at"), where=f"{where} updated_at"),
+                fields=_mem0_fields(record, where=where),
             )
         )
     return items
+
+
+MEM0_KEY_PREFIX = "mem0_"
+
+
+def _mem0_keys_renamed(metadata: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """A mem0 memory's metadata with the keys mem0 itself put there renamed `mem0_<key>`
+    (its procedural memories carry `memory_type: procedural_memory`): memsite reserves
+    them, and refusing them refused every real export that holds one. The owner's own
+    keys stay as they are (a reserved one of memsite's is still refused, by position)."""
+    if not MEM0_RESERVED_METADATA_KEYS.intersection(metadata):
+        return metadata
+    renamed: dict[str, Any] = {}
+    for n, (key, value) in enumerate(metadata.items(), start=1):
+        name = MEM0_KEY_PREFIX + key if key in MEM0_RESERVED_METADATA_KEYS else key
+        if name != key and name in metadata:
+            raise _invalid(
+                f"{where}: metadata: metadata key #{n} ({key!r}) is mem0's, and its new name {name!r} is taken"
+            )
+        renamed[name] = value
+    return renamed
+
+
+class _Mem0Scopes(schemas.StrictInput):
+    """A mem0 memory's agent and run, with the types every surface gives a memory's
+    agent and session."""
+
+    agent_id: schemas.ScopeId | None = None
+    run_id: schemas.ScopeId | None = None
+
+
+def _mem0_fields(record: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """The fields a mem0 memory carries at its top level: `agent_id`, `run_id` (our
+    `session_id`) and `expiration_date` (our `expires_at`; a passed one makes the memory
+    skipped and counted as expired, as a memsite record's)."""
+    given = {key: record.get(key) for key in ("agent_id", "run_id") if record.get(key) not in (None, "")}
+    try:
+        scopes = schemas.validate_input(_Mem0Scopes, given)
+    except ServiceError as exc:
+        raise ServiceError(exc.code, f"{where}: {exc.message}") from None
+    fields = {"agent_id": scopes.agent_id, "session_id": scopes.run_id}
+    fields["expires_at"] = _mem0_expiry(record.get("expiration_date"), where=f"{where} expiration_date")
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _mem0_expiry(value: Any, *, where: str) -> str | None:
+    """mem0's expiration date as our expiry instant: mem0 shows a memory through that
+    date (UTC) and hides it from the next, so it expires at the end of that day in UTC.
+    A date-time (not what mem0 writes, but an ISO 8601 instant) is taken as it is."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > 64:
+        raise _invalid(f"{where}: must be a date, e.g. 2026-12-31")
+    try:
+        day = date.fromisoformat(value)
+    except ValueError:
+        return _timestamp(value, where=where)
+    return engine_timestamp(datetime.combine(day, time.max, tzinfo=UTC))
 
 
 # A memory's metadata sits two levels deeper in a mem0 or OpenMemory document

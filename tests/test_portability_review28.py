@@ -5,9 +5,11 @@ in whole, with their expiry, agent and run."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
+from core.errors import ErrorCode, ServiceError
 from core.scope import CallContext
 from memories.auth import Principal
 from memories.operations import operation_execute
@@ -137,3 +139,62 @@ def test_an_export_of_a_pending_candidate_imports_enriched_by_the_heuristics(ali
     assert copy["metadata"]["stm_id"] == stm["id"]
     assert toolkit_candidates_enrich(memory_ids=[copy["id"]]) == 0
     assert llm.prompts() == []
+
+
+# --- 3: mem0 files ------------------------------------------------------------------------------------
+def _mem0(*records: dict) -> bytes:
+    """A file as mem0 2.2's `get_all` writes it: the payload's own keys at the top, the rest
+    (its procedural memories' `memory_type` too) under `metadata`."""
+    base = {"hash": "0123456789abcdef0123456789abcdef", "created_at": "2025-05-20T18:00:00-07:00", "user_id": "dana"}
+    return json.dumps({"results": [base | {"id": f"m{n}"} | r for n, r in enumerate(records)]}).encode()
+
+
+def _by_text(user) -> dict[str, dict]:
+    return {m["memory"]: m for m in _all(user)}
+
+
+def test_a_mem0_export_with_procedural_memories_expiry_agent_and_run_imports_them(bob, bob_scope):
+    today = datetime.now(UTC).date()
+    data = _mem0(
+        {"memory": "Books aisle seats", "agent_id": "travel-agent", "run_id": "run-42", "expiration_date": "2999-12-31",
+         "metadata": {"category": "travel"}},
+        {"memory": "Step 1: run the linter", "agent_id": "coder", "metadata": {"memory_type": "procedural_memory"}},
+        {"memory": "Is in Lisbon this week", "expiration_date": today.isoformat(), "agent_id": None, "run_id": None},
+        {"memory": "Was in Porto last year", "expiration_date": "2001-01-01"},
+    )  # fmt: skip
+    result = _import(bob_scope, data, "mem0")
+    assert (result.imported, result.expired) == (3, 1)  # an expired one is left out, as a memsite file's
+    memories = _by_text(bob)
+    seats = memories["Books aisle seats"]
+    assert (seats["agent_id"], seats["session_id"]) == ("travel-agent", "run-42")
+    # mem0 shows a memory through its expiration date (UTC): it expires at that day's end.
+    assert seats["expires_at"] == "2999-12-31T23:59:59.999999+00:00"
+    assert seats["metadata"] == {"category": "travel"}
+    procedure = memories["Step 1: run the linter"]
+    assert procedure["metadata"] == {"mem0_memory_type": "procedural_memory"}
+    assert (procedure["agent_id"], procedure["session_id"], procedure["expires_at"]) == ("coder", None, None)
+    assert memories["Is in Lisbon this week"]["expires_at"] == f"{today.isoformat()}T23:59:59.999999+00:00"
+    assert "Was in Porto last year" not in memories
+
+
+INVALID, TOO_LARGE = ErrorCode.INVALID_ARGUMENT, ErrorCode.PAYLOAD_TOO_LARGE
+
+
+@pytest.mark.parametrize(
+    ("record", "named", "code"),
+    [
+        ({"agent_id": "travel agent"}, "results[1]: agent_id", INVALID),
+        ({"run_id": 42}, "results[1]: run_id", INVALID),
+        ({"run_id": "r" * 129}, "results[1]: run_id", TOO_LARGE),
+        ({"expiration_date": "next week"}, "results[1] expiration_date", INVALID),
+        ({"expiration_date": 20261231}, "results[1] expiration_date", INVALID),
+        ({"metadata": {"memory_type": "a", "mem0_memory_type": "b"}}, "results[1]: metadata: metadata key #1", INVALID),
+        ({"metadata": {"source": "mine"}}, "results[1]: metadata: metadata key #1 ('source') is reserved", INVALID),
+    ],
+)  # fmt: skip
+def test_a_mem0_file_with_a_bad_scope_expiry_or_key_is_refused_whole(bob, bob_scope, record, named, code):
+    with pytest.raises(ServiceError) as refused:
+        _import(bob_scope, _mem0({"memory": "A good one"}, {"memory": "Secret words"} | record), "mem0")
+    assert refused.value.code == code and refused.value.message.startswith(named)
+    assert "Secret" not in refused.value.message
+    assert _all(bob) == []
