@@ -78,6 +78,13 @@ def test_llm_tags_that_are_no_tag_once_cleaned_are_dropped(llm):
     assert enrichment.enrich_text(FLIGHTS).tags == ["tab and newline", "x" * 64, "ok"]
 
 
+def test_llm_tags_never_name_the_turn_lifecycles_own_tags(llm):
+    """The memory's text steers the LLM: a tag `turn-fact`, `tier:...` or `project:...`
+    would make a toolkit memory a turn fact (consolidated, deleted by retention)."""
+    llm.queue_answer(_answer(["Turn-Fact", "tier:l1", "project:x", "travel"]))
+    assert enrichment.enrich_text(FLIGHTS).tags == ["travel"]
+
+
 # --- 2: an import makes no toolkit candidates ------------------------------------------------------
 def _file(records: list[dict]) -> str:
     header = {"format": "memsite.memories", "version": 1, "count": len(records)}

@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from memories.engine import ENRICHMENT_KEY, engine_llm_json, llm_configured
-from memories.schemas import ENRICHED_BY_KEY, SUMMARY_KEY, TAG_MAX_CHARS, tag_storable
+from memories.schemas import ENRICHED_BY_KEY, SUMMARY_KEY, TAG_MAX_CHARS, system_tag, tag_storable
 
 logger = logging.getLogger(__name__)
 
@@ -245,9 +245,12 @@ def _llm_tags(raw: object, *, fallback: list[str]) -> list[str]:
 def _llm_tag(item: str) -> str:
     """One of the LLM's tags as a `Tag` ("" when it cannot be one). Tags hold no control
     characters, a tab or a newline either (they become spaces, runs of spaces one);
-    lowercased before the cut, as a lowercase form can be longer ("İ" is two characters)."""
+    lowercased before the cut, as a lowercase form can be longer ("İ" is two characters).
+    Never one of the turn lifecycle's own tags (`turn-fact`, `tier:...`, `project:...`): the
+    memory's text steers the LLM, and such a tag would make a toolkit memory a turn fact
+    that consolidation may trash and retention delete."""
     tag = " ".join(storable_text(_ANY_CONTROL.sub(" ", item)).split()).lower()[:TAG_MAX_CHARS].strip()
-    return tag if tag_storable(tag) else ""
+    return tag if tag_storable(tag) and not system_tag(tag) else ""
 
 
 class LlmBreaker:
