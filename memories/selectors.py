@@ -28,6 +28,7 @@ from memories.engine import (
     engine_memory_ids,
     engine_trashed,
 )
+from memories.keyset import KeysetPage, Seek, queryset_page
 
 # Metadata keys the service writes; everything else in metadata is the client's own.
 SYSTEM_KEYS = ("pinned", "source", "client_app")
@@ -260,26 +261,30 @@ def memory_activity_count(scope: MemoryScope, *, by_services: bool = False) -> i
 
 
 def memory_activity(
-    scope: MemoryScope, *, by_services: bool = False, limit: int = ACTIVITY_LIMIT, offset: int = 0
-) -> list[dict[str, Any]]:
+    scope: MemoryScope, *, by_services: bool = False, limit: int = ACTIVITY_LIMIT, seek: Seek | None = None
+) -> KeysetPage[dict[str, Any]]:
     """The calls made on the scope's memories, newest first (issue 12): who (the actor,
     its role and client app: a service acting for the user shows as itself), what, when,
-    how it ended. `by_services`: only calls by another principal than the user. `limit`
-    rows after the first `offset` (the web UI's pages; `memory_activity_count` says how
-    many there are in all)."""
+    how it ended. `by_services`: only calls by another principal than the user. A page of
+    `limit` rows, the first or the one `seek` names (by audit row id: the web UI's pages,
+    which calls recorded meanwhile do not shift; `memory_activity_count` says how many
+    there are in all)."""
     rows = _activity_rows(scope, by_services=by_services)
     fields = (
-        "occurred_at", "operation", "outcome", "error_code", "channel", "actor_user_id", "actor_username",
+        "id", "occurred_at", "operation", "outcome", "error_code", "channel", "actor_user_id", "actor_username",
         "actor_role", "actor_client_app", "staff_username", "memory_ids",
     )  # fmt: skip
-    activity = []
-    for row in rows.order_by("-id").values(*fields)[offset : offset + limit]:
-        row["by_service"] = row["actor_user_id"] is not None and row["actor_user_id"] != scope.user_pk
-        row["memory_count"] = len(row.pop("memory_ids") or [])
-        row["role_label"] = row["actor_role"].replace("_", " ") if row["actor_role"] not in ("", "user") else ""
-        if row["outcome"] == AuditEvent.Outcome.DENIED and row["error_code"] == ErrorCode.NOT_FOUND:
-            # Another user's id was answered as missing; the trail keeps `denied` for staff,
-            # but shown here it would tell the caller that the id exists.
-            row["outcome"] = AuditEvent.Outcome.ERROR
-        activity.append(row)
-    return activity
+    # Newest first by id, through the index (subject, -id).
+    page = queryset_page(rows.values(*fields), order=("-id",), seek=seek, limit=limit)
+    return page.map(lambda row: _activity_row(scope, row))
+
+
+def _activity_row(scope: MemoryScope, row: dict[str, Any]) -> dict[str, Any]:
+    row["by_service"] = row["actor_user_id"] is not None and row["actor_user_id"] != scope.user_pk
+    row["memory_count"] = len(row.pop("memory_ids") or [])
+    row["role_label"] = row["actor_role"].replace("_", " ") if row["actor_role"] not in ("", "user") else ""
+    if row["outcome"] == AuditEvent.Outcome.DENIED and row["error_code"] == ErrorCode.NOT_FOUND:
+        # Another user's id was answered as missing; the trail keeps `denied` for staff,
+        # but shown here it would tell the caller that the id exists.
+        row["outcome"] = AuditEvent.Outcome.ERROR
+    return row

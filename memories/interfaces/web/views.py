@@ -28,6 +28,7 @@ from core.scope import CallContext, MemoryScope
 from memories import schemas
 from memories.auth import Principal
 from memories.interfaces.downloads import EXPORT_DOWNLOADS, streaming_download
+from memories.interfaces.web.paging import Listing, page_read, pager_of
 from memories.interfaces.wellknown import MEMORY_MCP_PATH
 from memories.models import ApiKey
 from memories.operations import operation_execute
@@ -48,6 +49,7 @@ PAGE_SIZE = 25
 SEARCH_RESULTS = 50
 TRASH_PAGE_SIZE = 200
 WEB_CLIENT = "web"
+ACTIVITY = Listing("activity", kinds=("int",))  # audit row ids, newest first
 
 
 def _principal(request) -> Principal:
@@ -505,13 +507,14 @@ def activity(request):
     and role (issue 12)."""
     by_services = request.GET.get("by") == "services"
     scope = _scope(request)
-    page = page_of(request, total=memory_activity_count(scope, by_services=by_services), page_size=ACTIVITY_LIMIT)
-    rows = memory_activity(scope, by_services=by_services, limit=ACTIVITY_LIMIT, offset=page.object_list.start)
+    rows, status = page_read(
+        request, ACTIVITY, lambda seek: memory_activity(scope, by_services=by_services, limit=ACTIVITY_LIMIT, seek=seek)
+    )
+    total = memory_activity_count(scope, by_services=by_services)
+    # The pager's links keep the filter.
+    pager = pager_of(request, ACTIVITY, rows, total=total, keep={"by": "services"} if by_services else None)
     return render(
-        request,
-        "web/activity.html",
-        # The pager's links keep the filter.
-        {"rows": rows, "by_services": by_services, "page": page, "pager_query": "by=services&" if by_services else ""},
+        request, "web/activity.html", {"rows": rows, "by_services": by_services, "pager": pager}, status=status
     )
 
 

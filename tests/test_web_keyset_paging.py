@@ -1,0 +1,129 @@
+"""The web UI's lists page by position (a keyset cursor), not by row number: calls recorded,
+rows added or deleted while someone pages through a list neither repeat nor skip a row on
+the next page; a garbage, tampered or foreign cursor is a 400 that shows the first page;
+another user's rows never appear, whatever the cursor says."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable
+
+import pytest
+
+from audit.models import AuditEvent
+from core.scope import MemoryScope
+from memories.interfaces.web import views as web
+from tests.test_bad_input import BAD_CURSORS
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+MAX_PAGES = 12  # a pager that never ends (the old one past a count that changed) fails, not hangs
+
+
+def link(page: str, rel: str) -> str | None:
+    found = re.search(rf'rel="{rel}" href="([^"]+)"', page)
+    return html.unescape(found.group(1)) if found else None
+
+
+def walk(client, url: str, pattern: str, *, between: Callable[[int], None] | None = None) -> list[list[str]]:
+    """The markers (`pattern`'s group) each page shows, from `url` through its "next"
+    links; `between(n)` changes the list after page n is read, before the next is."""
+    path, pages = url.split("?")[0], []
+    while url and len(pages) < MAX_PAGES:
+        response = client.get(url)
+        assert response.status_code == 200, url
+        page = response.content.decode()
+        pages.append(re.findall(pattern, page))
+        if between is not None:
+            between(len(pages))
+        following = link(page, "next")
+        url = path + following if following else None
+    return pages
+
+
+def flat(pages: list[list[str]]) -> list[str]:
+    return [marker for page in pages for marker in page]
+
+
+def assert_bad_cursors_show_the_first_page(client, path: str, first_page: list[str], pattern: str, *, real: str):
+    """Garbage, a damaged real cursor, the API's cursors: 400 with the message, first page."""
+    tampered = real[:10] + ("A" if real[10] != "A" else "B") + real[11:]
+    for cursor in [tampered, "garbage", real + "x", *[c for c in BAD_CURSORS if "\x00" not in c]]:
+        response = client.get(path, {"cursor": cursor})
+        page = response.content.decode()
+        assert response.status_code == 400, cursor
+        assert "cursor is not one this server issued: showing the first page." in page
+        assert re.findall(pattern, page) == first_page, cursor
+
+
+# --- Activity ---------------------------------------------------------------------------------
+APP = r"you \((app-\d+)\)"
+
+
+def _call(user, app: str) -> None:
+    AuditEvent.objects.create(
+        request_id="r", channel="mcp", operation="remember", outcome="ok", actor_user_id=user.pk,
+        actor_username=user.username, actor_client_app=app, tenant=MemoryScope.for_user(user).tenant,
+        subject_user_id=user.pk,
+    )  # fmt: skip
+
+
+def test_activity_pages_neither_repeat_nor_skip_calls_recorded_meanwhile(alice, bob, client, monkeypatch):
+    """An agent working while the user reads page 2 used to push page 1's rows onto it."""
+    monkeypatch.setattr(web, "ACTIVITY_LIMIT", 3)
+    for n in range(8):
+        _call(alice, f"app-{n}")
+        _call(bob, f"app-{100 + n}")  # bob's ids between alice's: never shown to her
+    client.force_login(alice)
+    newest_first = [f"app-{n}" for n in reversed(range(8))]
+
+    pages = walk(client, "/activity/", APP, between=lambda n: _call(alice, f"app-{50 + n}"))
+    assert flat(pages) == newest_first  # each once, in order; the calls made meanwhile are newer
+    assert [len(page) for page in pages] == [3, 3, 2]
+
+
+def test_activity_links_back_to_the_rows_before_and_bad_cursors_show_the_first_page(alice, bob, client, monkeypatch):
+    monkeypatch.setattr(web, "ACTIVITY_LIMIT", 3)
+    for n in range(7):
+        _call(alice, f"app-{n}")
+    client.force_login(alice)
+    first = client.get("/activity/").content.decode()
+    assert re.findall(APP, first) == ["app-6", "app-5", "app-4"] and link(first, "prev") is None
+    assert "Showing 3 of 7 calls" in first and ">Older<" in first
+    second = client.get("/activity/" + link(first, "next")).content.decode()
+    assert re.findall(APP, second) == ["app-3", "app-2", "app-1"]
+    _call(alice, "app-70")
+    back = client.get("/activity/" + link(second, "prev")).content.decode()
+    assert re.findall(APP, back) == ["app-6", "app-5", "app-4"]  # the rows before, not the newest
+    assert ">Newer<" in back  # app-70 is newer still
+
+    from memories.cursors import position_encode
+
+    real = link(first, "next").split("cursor=")[1]
+    assert_bad_cursors_show_the_first_page(client, "/activity/", ["app-70", "app-6", "app-5"], APP, real=real)
+    # A cursor of another list, or one issued to another user, does not open.
+    alices_trash = position_encode(["after", "2026-01-01T00:00:00+00:00", "5b3a3c1e-1111-4444-8888-123456789abc"],
+                                   bound_to=f"{alice.pk}:trash")  # fmt: skip
+    assert client.get("/activity/", {"cursor": alices_trash}).status_code == 400
+    client.force_login(bob)
+    response = client.get("/activity/", {"cursor": real})
+    assert response.status_code == 400 and "app-" not in response.content.decode()
+
+
+def test_a_cursor_is_only_a_position_the_rows_are_the_signed_in_users(alice, bob, client, monkeypatch):
+    """Even a cursor sealed for her (a forged position) only says where to start: she
+    sees her own rows after it, never bob's."""
+    from memories.cursors import position_encode
+
+    monkeypatch.setattr(web, "ACTIVITY_LIMIT", 3)
+    for n in range(4):
+        _call(bob, f"app-{100 + n}")
+        _call(alice, f"app-{n}")
+    top = AuditEvent.objects.order_by("-id").values_list("id", flat=True).first()
+    forged = position_encode(["after", top + 1], bound_to=f"{alice.pk}:activity")
+    client.force_login(alice)
+    page = client.get("/activity/", {"cursor": forged}).content.decode()
+    assert re.findall(APP, page) == ["app-3", "app-2", "app-1"]
+    pages = walk(client, "/activity/?by=services", r"(app-\d+)")
+    assert flat(pages) == []  # bob acted on his own memories, not for her
