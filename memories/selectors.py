@@ -5,6 +5,7 @@ are services: they consume rate limits and write usage events and audit rows."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,7 +29,7 @@ from memories.engine import (
     engine_memory_ids,
     engine_trashed,
 )
-from memories.keyset import KeysetPage, Seek, queryset_page
+from memories.keyset import KeysetPage, Seek, keyset_page, queryset_page
 
 # Metadata keys the service writes; everything else in metadata is the client's own.
 SYSTEM_KEYS = ("pinned", "source", "client_app")
@@ -121,17 +122,39 @@ class TrashedView:
 
 
 def memory_trash_list(
-    scope: MemoryScope, *, limit: int = 500, offset: int = 0, after: tuple[str, str] | None = None
+    scope: MemoryScope, *, limit: int = 500, after: tuple[str, str] | None = None
 ) -> list[TrashedView]:
-    """The scope's trash, most recently deleted first: `limit` items after the first
-    `offset` (the web UI's pages; `memory_trash_count` says how many there are in all),
-    or after the (trashed at, id) position `after` (the API's cursor)."""
-    # The engine has no offset: read the earlier pages too and drop them.
-    trashed = engine_trashed(scope, after=after, limit=offset + limit)[offset:]
+    """The scope's trash, most recently deleted first: `limit` items, the first ones or
+    those after the (trashed at, id) position `after` (the API's cursor)."""
+    return _trashed_views(engine_trashed(scope, after=after, limit=limit))
+
+
+def memory_trash_page(scope: MemoryScope, *, limit: int = 200, seek: Seek | None = None) -> KeysetPage[TrashedView]:
+    """A page of the scope's trash, most recently deleted first (the web UI's pages, which
+    memories deleted, restored or purged meanwhile do not shift): the first or the one
+    `seek` names by (trashed at, id). `memory_trash_count` says how many there are in all."""
+
+    def fetch(seek: Seek | None, limit: int) -> list[EngineMemory]:
+        if seek is None:
+            return engine_trashed(scope, limit=limit)
+        position = (str(seek.position[0]), str(seek.position[1]))
+        if seek.backward:
+            return engine_trashed(scope, before=position, limit=limit)
+        return engine_trashed(scope, after=position, limit=limit)
+
+    page = keyset_page(fetch, key=_trash_position, seek=seek, limit=limit)
+    return KeysetPage(rows=_trashed_views(page), previous=page.previous, next=page.next)
+
+
+def _trash_position(item: EngineMemory) -> tuple[str, str]:
+    return (item.trash.at if item.trash is not None else "", item.id)
+
+
+def _trashed_views(items: Iterable[EngineMemory]) -> list[TrashedView]:
     return [
         TrashedView(memory=memory_view(item), trashed_at=item.trash.at, request_id=item.trash.request_id,
                     operation=item.trash.operation)
-        for item in trashed
+        for item in items
         if item.trash is not None
     ]  # fmt: skip
 

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 MEMORIES = "/admin/memories/enginememoryrow/"
 PAGING_INDEX = f"{settings.MEMORY_COLLECTION}_user_created_idx"
 FULLTEXT_INDEX = f"{settings.MEMORY_COLLECTION}_fts_idx"
-# Migration memories 0026 (vector_schema.create_admin_indexes).
+# Migration memories 0027 (vector_schema.create_admin_indexes).
 CREATED_INDEX = f"{settings.MEMORY_COLLECTION}_created_idx"
 TRASH_FULLTEXT_INDEX = f"{settings.MEMORY_COLLECTION}_trash_fts_idx"
 

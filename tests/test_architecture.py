@@ -38,6 +38,7 @@ def test_every_selector_runs_in_a_read_only_transaction(alice_scope, bob_scope):
         "memory_ids_owned": lambda: selectors.memory_ids_owned(alice_scope),
         "usage_by_day": lambda: selectors.usage_by_day(alice_scope, days=30),
         "memory_trash_list": lambda: selectors.memory_trash_list(alice_scope),
+        "memory_trash_page": lambda: selectors.memory_trash_page(alice_scope),
         "memory_trash_count": lambda: selectors.memory_trash_count(alice_scope),
         "memory_activity": lambda: selectors.memory_activity(alice_scope),
         "memory_activity_count": lambda: selectors.memory_activity_count(alice_scope, by_services=True),

@@ -13,7 +13,10 @@ import pytest
 
 from audit.models import AuditEvent
 from core.scope import MemoryScope
+from memories.auth import Principal
 from memories.interfaces.web import views as web
+from memories.operations import operation_execute
+from tests.conftest import internal_call
 from tests.test_bad_input import BAD_CURSORS
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
@@ -26,9 +29,9 @@ def link(page: str, rel: str) -> str | None:
     return html.unescape(found.group(1)) if found else None
 
 
-def walk(client, url: str, pattern: str, *, between: Callable[[int], None] | None = None) -> list[list[str]]:
+def walk(client, url: str, pattern: str, *, between: Callable[[list[str]], None] | None = None) -> list[list[str]]:
     """The markers (`pattern`'s group) each page shows, from `url` through its "next"
-    links; `between(n)` changes the list after page n is read, before the next is."""
+    links; `between(markers)` changes the list after a page is read, before the next is."""
     path, pages = url.split("?")[0], []
     while url and len(pages) < MAX_PAGES:
         response = client.get(url)
@@ -36,7 +39,7 @@ def walk(client, url: str, pattern: str, *, between: Callable[[int], None] | Non
         page = response.content.decode()
         pages.append(re.findall(pattern, page))
         if between is not None:
-            between(len(pages))
+            between(pages[-1])
         following = link(page, "next")
         url = path + following if following else None
     return pages
@@ -78,7 +81,7 @@ def test_activity_pages_neither_repeat_nor_skip_calls_recorded_meanwhile(alice, 
     client.force_login(alice)
     newest_first = [f"app-{n}" for n in reversed(range(8))]
 
-    pages = walk(client, "/activity/", APP, between=lambda n: _call(alice, f"app-{50 + n}"))
+    pages = walk(client, "/activity/", APP, between=lambda shown: _call(alice, f"app-new-{shown[0]}"))
     assert flat(pages) == newest_first  # each once, in order; the calls made meanwhile are newer
     assert [len(page) for page in pages] == [3, 3, 2]
 
@@ -127,3 +130,54 @@ def test_a_cursor_is_only_a_position_the_rows_are_the_signed_in_users(alice, bob
     assert re.findall(APP, page) == ["app-3", "app-2", "app-1"]
     pages = walk(client, "/activity/?by=services", r"(app-\d+)")
     assert flat(pages) == []  # bob acted on his own memories, not for her
+
+
+def run(user, name: str, **arguments) -> dict:
+    principal = Principal(user=user, method="api_key", client_app="paging-agent")
+    return operation_execute(principal, name, arguments, call=internal_call())
+
+
+# --- Trash ------------------------------------------------------------------------------------
+TRASHED = r"Trash paging fact (\d+)"
+
+
+def test_trash_pages_neither_repeat_nor_skip_while_memories_are_deleted_and_restored(alice, bob, client, monkeypatch):
+    monkeypatch.setattr(web, "TRASH_PAGE_SIZE", 2)
+    ids = {}
+    for n in range(7):
+        ids[str(n)] = run(alice, "remember", memory=f"Trash paging fact {n}")["id"]
+        run(alice, "delete_memory", memory_id=ids[str(n)])  # a group of one each, in order
+        run(bob, "delete_memory", memory_id=run(bob, "remember", memory=f"Trash paging fact {100 + n}")["id"])
+    client.force_login(alice)
+    newest_first = [str(n) for n in reversed(range(7))]
+    assert flat(walk(client, "/trash/", TRASHED)) == newest_first  # never bob's
+
+    def trash_another(shown: list[str]) -> None:
+        memory_id = run(alice, "remember", memory=f"Trash paging fact {50 + int(shown[0])}")["id"]
+        run(alice, "delete_memory", memory_id=memory_id)
+
+    assert flat(walk(client, "/trash/", TRASHED, between=trash_another)) == newest_first
+    newest_first = flat(walk(client, "/trash/", TRASHED))  # with the three trashed meanwhile
+
+    def restore_one_shown(shown: list[str]) -> None:
+        run(alice, "restore_memory", memory_id=ids.get(shown[0]) or _trashed_id(alice, shown[0]))
+
+    assert flat(walk(client, "/trash/", TRASHED, between=restore_one_shown)) == newest_first
+
+
+def _trashed_id(user, marker: str) -> str:
+    from memories.selectors import memory_trash_list
+
+    (found,) = [t for t in memory_trash_list(MemoryScope.for_user(user)) if t.memory.memory.endswith(f" {marker}")]
+    return found.memory.id
+
+
+def test_trash_bad_cursors_show_the_first_page(alice, client, monkeypatch):
+    monkeypatch.setattr(web, "TRASH_PAGE_SIZE", 2)
+    for n in range(3):
+        run(alice, "delete_memory", memory_id=run(alice, "remember", memory=f"Trash paging fact {n}")["id"])
+    client.force_login(alice)
+    first = client.get("/trash/").content.decode()
+    real = link(first, "next").split("cursor=")[1]
+    assert re.findall(TRASHED, client.get("/trash/" + link(first, "next")).content.decode()) == ["0"]
+    assert_bad_cursors_show_the_first_page(client, "/trash/", ["2", "1"], TRASHED, real=real)

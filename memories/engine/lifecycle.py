@@ -128,18 +128,26 @@ def engine_trashed(
     memory_ids: list[str] | None = None,
     request_id: str | None = None,
     after: tuple[str, str] | None = None,
+    before: tuple[str, str] | None = None,
     limit: int = 500,
 ) -> list[EngineMemory]:
     """The scope's trash, most recently trashed first (id breaking ties); optionally only
     `memory_ids`, only what the call `request_id` trashed, or only what comes after the
-    (trashed at, id) position `after` in that order."""
-    params: list[Any] = [KEY_USER_ID, scope.engine_user_id, KEY_TRASH]
+    (trashed at, id) position `after` in that order; `before`: what comes before that
+    position, the nearest first (so in the opposite order). `trashed` (the generated
+    column) and the position's bound on the time alone let the partial index
+    (owner, trashed at DESC, id) (vector_schema.create_trash_order_index) find the page."""
+    params: list[Any] = [KEY_USER_ID, scope.engine_user_id]
     clause: sql.Composable = sql.SQL("")
+    trashed_at = sql.SQL("payload->{}->>'at'").format(sql.Literal(KEY_TRASH))
+    order = sql.SQL("{} DESC, id").format(trashed_at)
     if after is not None:
-        clause = sql.SQL(
-            " AND (payload->{trash}->>'at' < %s OR (payload->{trash}->>'at' = %s AND id > %s::uuid))"
-        ).format(trash=sql.Literal(KEY_TRASH))
+        clause = sql.SQL(" AND {at} <= %s AND ({at} < %s OR id > %s::uuid)").format(at=trashed_at)
         params += [after[0], after[0], after[1]]
+    elif before is not None:
+        clause = sql.SQL(" AND {at} >= %s AND ({at} > %s OR id < %s::uuid)").format(at=trashed_at)
+        params += [before[0], before[0], before[1]]
+        order = sql.SQL("{}, id DESC").format(trashed_at)
     if memory_ids is not None:
         clause = sql.SQL("{} AND id = ANY(%s::uuid[])").format(clause)
         params.append(memory_ids)
@@ -147,10 +155,9 @@ def engine_trashed(
         clause = sql.SQL("{} AND payload->{}->>'request_id' = %s").format(clause, sql.Literal(KEY_TRASH))
         params.append(request_id)
     params.append(limit)
-    statement = sql.SQL(
-        "SELECT id, payload FROM {} WHERE payload->>%s = %s AND payload ? %s{}"
-        " ORDER BY payload->{}->>'at' DESC, id LIMIT %s"
-    ).format(_table(), clause, sql.Literal(KEY_TRASH))
+    statement = sql.SQL("SELECT id, payload FROM {} WHERE payload->>%s = %s AND trashed{} ORDER BY {} LIMIT %s").format(
+        _table(), clause, order
+    )
     return [engine_memory_from_row(row[0], _payload(row[1])) for row in _run(statement, params)]
 
 

@@ -311,7 +311,7 @@ def engine_client_apps(scope: MemoryScope) -> list[str]:
 
 
 # --- the forensic admin's view of the table ------------------------------------------------
-# Each is read through an index (migration 0026, vector_schema.create_admin_indexes): the
+# Each is read through an index (migration 0027, vector_schema.create_admin_indexes): the
 # table holds every user's memories, and a page must not read all of it.
 def engine_rows_newest_first(rows: QuerySet[EngineMemoryRow]) -> QuerySet[EngineMemoryRow]:
     """Rows newest first with their owner, without loading the vectors (the admin lists).

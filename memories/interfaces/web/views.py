@@ -39,7 +39,7 @@ from memories.selectors import (
     memory_activity_count,
     memory_client_apps,
     memory_trash_count,
-    memory_trash_list,
+    memory_trash_page,
     memory_versions,
     usage_by_day,
 )
@@ -50,6 +50,7 @@ SEARCH_RESULTS = 50
 TRASH_PAGE_SIZE = 200
 WEB_CLIENT = "web"
 ACTIVITY = Listing("activity", kinds=("int",))  # audit row ids, newest first
+TRASH = Listing("trash", kinds=("stamp", "uuid"))  # (trashed at, memory id), most recently deleted first
 
 
 def _principal(request) -> Principal:
@@ -341,9 +342,8 @@ def _safe_day_after(day: str) -> str | None:
 @require_GET
 def trash(request):
     scope = _scope(request)
-    page = page_of(request, total=memory_trash_count(scope), page_size=TRASH_PAGE_SIZE)
-    rows = memory_trash_list(scope, limit=TRASH_PAGE_SIZE, offset=page.object_list.start)
-    trashed = [item.as_dict() for item in rows]
+    page, status = page_read(request, TRASH, lambda seek: memory_trash_page(scope, limit=TRASH_PAGE_SIZE, seek=seek))
+    trashed = [item.as_dict() for item in page]
     groups: dict[str, dict] = {}
     for item in trashed:
         group = groups.setdefault(
@@ -354,22 +354,21 @@ def trash(request):
     listed = list(groups.values())
     for group in listed:
         group["count"] = len(group["items"])
-    # A call's group can run over a page boundary: "Restore all" restores all of it. (A
-    # purge between the count and the listing can leave this page empty.)
-    boundary = ([listed[0]] if listed and page.has_previous() else []) + (
-        [listed[-1]] if listed and page.has_next() else []
-    )
+    # A call's group can run over a page boundary: "Restore all" restores all of it.
+    boundary = ([listed[0]] if listed and page.previous else []) + ([listed[-1]] if listed and page.next else [])
     for group in boundary:
         group["count"] = memory_trash_count(scope, request_id=group["request_id"])
+    count = memory_trash_count(scope)
     return render(
         request,
         "web/trash.html",
         {
             "groups": listed,
-            "count": page.paginator.count,
-            "page": page,
+            "count": count,
+            "pager": pager_of(request, TRASH, page, total=count),
             "retention_days": settings.TRASH_RETENTION_DAYS,
         },
+        status=status,
     )
 
 
