@@ -295,7 +295,11 @@ class SessionState(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["engine_user_id", "project", "session_id"], name="session_state_unique")
         ]
-        indexes = [models.Index(fields=["last_active_at"])]
+        indexes = [
+            models.Index(fields=["last_active_at"]),
+            # The Sessions page: one user's sessions, most recently active first (keyset pages).
+            models.Index(fields=["engine_user_id", "-last_active_at", "id"], name="session_state_recent"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.project}/{self.session_id}"

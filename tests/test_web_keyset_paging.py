@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 
 import pytest
+from django.utils.http import urlencode
 
 from audit.models import AuditEvent
 from core.scope import MemoryScope
@@ -45,6 +46,10 @@ def walk(client, url: str, pattern: str, *, between: Callable[[list[str]], None]
     return pages
 
 
+def with_cursor(url: str, cursor: str) -> str:
+    return url + ("&" if "?" in url else "?") + urlencode({"cursor": cursor})
+
+
 def flat(pages: list[list[str]]) -> list[str]:
     return [marker for page in pages for marker in page]
 
@@ -53,7 +58,7 @@ def assert_bad_cursors_show_the_first_page(client, path: str, first_page: list[s
     """Garbage, a damaged real cursor, the API's cursors: 400 with the message, first page."""
     tampered = real[:10] + ("A" if real[10] != "A" else "B") + real[11:]
     for cursor in [tampered, "garbage", real + "x", *[c for c in BAD_CURSORS if "\x00" not in c]]:
-        response = client.get(path, {"cursor": cursor})
+        response = client.get(with_cursor(path, cursor))
         page = response.content.decode()
         assert response.status_code == 400, cursor
         assert "cursor is not one this server issued: showing the first page." in page
@@ -181,3 +186,140 @@ def test_trash_bad_cursors_show_the_first_page(alice, client, monkeypatch):
     real = link(first, "next").split("cursor=")[1]
     assert re.findall(TRASHED, client.get("/trash/" + link(first, "next")).content.decode()) == ["0"]
     assert_bad_cursors_show_the_first_page(client, "/trash/", ["2", "1"], TRASHED, real=real)
+
+
+# --- Sessions, a session's raw log, its archives ------------------------------------------------
+SESSION = r"<h2>(sess-\d+)</h2>"
+
+
+def _log(scope, session_id: str, texts: list[str]) -> None:
+    from django.db import transaction
+
+    from memories import sessions
+
+    with transaction.atomic():
+        items = [{"type": "message", "role": "user", "content": text} for text in texts]
+        sessions.session_events_append(scope, session_id=session_id, items=items, turn_id="t-1")
+
+
+def test_sessions_pages_neither_repeat_nor_skip_while_sessions_start_and_go(
+    alice, alice_scope, bob_scope, client, monkeypatch
+):
+    from memories.interfaces.web import sessions as web_sessions
+
+    monkeypatch.setattr(web_sessions, "SESSIONS_PAGE_SIZE", 2)
+    for n in range(7):
+        _log(alice_scope, f"sess-{n}", [f"hello {n}"])
+        _log(bob_scope, f"sess-{100 + n}", ["bob's"])
+    client.force_login(alice)
+    newest_first = [f"sess-{n}" for n in reversed(range(7))]
+    assert flat(walk(client, "/sessions/", SESSION)) == newest_first
+
+    def new_session(shown: list[str]) -> None:
+        _log(alice_scope, f"sess-{50 + int(shown[0][5:])}", ["a new session"])
+
+    assert flat(walk(client, "/sessions/", SESSION, between=new_session)) == newest_first
+    newest_first = flat(walk(client, "/sessions/", SESSION))  # with the new ones
+
+    def delete_one_shown(shown: list[str]) -> None:
+        client.post("/sessions/delete-events/", {"session_id": shown[0], "project": ""})
+
+    assert flat(walk(client, "/sessions/", SESSION, between=delete_one_shown)) == newest_first
+
+    first = client.get("/sessions/").content.decode()
+    real = link(first, "next").split("cursor=")[1]
+    assert_bad_cursors_show_the_first_page(client, "/sessions/", re.findall(SESSION, first), SESSION, real=real)
+
+
+LINE = r"(line-\d+)-"
+
+
+def test_a_session_log_pages_neither_repeat_nor_skip_while_events_come_and_are_compacted(
+    alice, alice_scope, bob, bob_scope, client, monkeypatch
+):
+    from memories.interfaces.web import sessions as web_sessions
+    from memories.models import SessionEvent
+
+    monkeypatch.setattr(web_sessions, "SESSION_ITEMS_PAGE_SIZE", 3)
+    for n in range(8):
+        _log(alice_scope, "long", [f"line-{n}-"])
+        _log(bob_scope, "long", [f"line-{100 + n}-"])  # the same session name, bob's
+    client.force_login(alice)
+    url = "/sessions/log/?session_id=long&project="
+    in_order = [f"line-{n}" for n in range(8)]
+    assert flat(walk(client, url, LINE)) == in_order
+
+    def later_event(shown: list[str]) -> None:
+        if int(shown[0][5:]) < 8:
+            _log(alice_scope, "long", [f"line-{50 + int(shown[0][5:])}-"])
+
+    # Events written meanwhile come after the others, on the last pages.
+    assert flat(walk(client, url, LINE, between=later_event)) == [*in_order, "line-50", "line-53", "line-56"]
+    in_order = flat(walk(client, url, LINE))
+
+    def compact_the_oldest(shown: list[str]) -> None:  # noqa: ARG001 - maintenance archives the oldest events
+        oldest = SessionEvent.objects.filter(engine_user_id=alice_scope.engine_user_id).order_by("id")[:2]
+        SessionEvent.objects.filter(id__in=[e.id for e in oldest]).delete()
+
+    assert flat(walk(client, url, LINE, between=compact_the_oldest)) == in_order
+
+    _log(alice_scope, "other", [f"line-{n}-" for n in range(7)])
+    url = "/sessions/log/?session_id=other&project="
+    first = client.get(url).content.decode()
+    assert "Showing 3 of 7 raw events" in first
+    assert 'rel="next" href="?session_id=other&amp;project=&amp;cursor=' in first  # the links keep the session
+    real = link(first, "next").split("cursor=")[1]
+    assert_bad_cursors_show_the_first_page(client, url, ["line-0", "line-1", "line-2"], LINE, real=real)
+    client.force_login(bob)
+    _log(bob_scope, "other", ["line-100-"])
+    response = client.get(with_cursor(url, real))  # bob's own session of that name: her cursor does not open
+    assert response.status_code == 400 and re.findall(LINE, response.content.decode()) == ["line-100"]
+
+
+ARCHIVED = r"(archived-\d+)-a"
+
+
+def test_a_sessions_archives_page_neither_repeat_nor_skip_while_runs_come_and_go(
+    alice, alice_scope, bob_scope, client, monkeypatch
+):
+    from memories.interfaces.web import sessions as web_sessions
+    from memories.models import SessionArchive
+
+    monkeypatch.setattr(web_sessions, "SESSION_ARCHIVES_PAGE_SIZE", 2)
+    _log(alice_scope, "long", ["still-raw"])
+    _log(bob_scope, "long", ["bob-raw"])
+
+    def archive(scope, n: int) -> None:
+        SessionArchive.objects.create(
+            engine_user_id=scope.engine_user_id, session_id="long", first_event_id=100 * n + 1,
+            last_event_id=100 * n + 2, items=[{"type": "message", "role": "user", "content": f"archived-{n}-a"}],
+        )  # fmt: skip
+
+    for n in range(6):
+        archive(alice_scope, n)
+        archive(bob_scope, 50 + n)
+    client.force_login(alice)
+    url = "/sessions/log/archives/?session_id=long&project="
+    in_order = [f"archived-{n}" for n in range(6)]
+    assert flat(walk(client, url, ARCHIVED)) == in_order
+
+    def compacted_later(shown: list[str]) -> None:
+        if int(shown[0][9:]) < 6:
+            archive(alice_scope, 20 + int(shown[0][9:]))
+
+    assert flat(walk(client, url, ARCHIVED, between=compacted_later)) == [
+        *in_order,
+        "archived-20",
+        "archived-22",
+        "archived-24",
+    ]
+    in_order = flat(walk(client, url, ARCHIVED))
+
+    def delete_one_shown(shown: list[str]) -> None:
+        SessionArchive.objects.filter(items__0__content=f"{shown[0]}-a").delete()
+
+    assert flat(walk(client, url, ARCHIVED, between=delete_one_shown)) == in_order
+
+    first = client.get(url).content.decode()
+    real = link(first, "next").split("cursor=")[1]
+    assert_bad_cursors_show_the_first_page(client, url, re.findall(ARCHIVED, first), ARCHIVED, real=real)

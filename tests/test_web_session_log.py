@@ -98,7 +98,7 @@ def test_a_long_log_pages_and_the_links_keep_the_session(alice, alice_scope, cli
     log(alice_scope, "a b&c", [{"type": "message", "role": "user", "content": f"line-{n}-"} for n in range(7)])
     client.force_login(alice)
     first = client.get("/sessions/log/", {"session_id": "a b&c"}).content.decode()
-    assert "Showing 1–3 of 7 raw events" in first and "line-0-" in first and "line-3-" not in first
+    assert "Showing 3 of 7 raw events" in first and "line-0-" in first and "line-3-" not in first
     following = re.search(r'rel="next" href="([^"]+)"', first).group(1).replace("&amp;", "&")
     second = client.get(f"/sessions/log/{following}").content.decode()
     assert "line-3-" in second and "line-5-" in second and "line-2-" not in second
@@ -212,12 +212,12 @@ def test_archived_runs_are_readable_oldest_first_and_only_by_their_owner(
     assert "compacted by maintenance into 3 archives:" in raw and "archived-0-a" not in raw
     archives_link = re.search(r'href="(/sessions/log/archives/[^"]+)"', raw).group(1).replace("&amp;", "&")
     first = client.get(archives_link).content.decode()
-    assert "Showing 1–2 of 3 archived runs" in first
+    assert "Showing 2 of 3 archived runs" in first
     assert first.index("archived-0-a") < first.index("archived-1-a") and "archived-2-a" not in first
-    assert "lookup({&quot;n&quot;: 0})" in first and "Run 1: 2 events" in first
+    assert "lookup({&quot;n&quot;: 0})" in first and "A run of 2 events" in first
     following = re.search(r'rel="next" href="([^"]+)"', first).group(1).replace("&amp;", "&")
     second = client.get(f"/sessions/log/archives/{following}").content.decode()
-    assert "archived-2-a" in second and "Run 3: 2 events" in second
+    assert "archived-2-a" in second and "archived-1-a" not in second
     for query in ("session_id=bobs", "session_id=nobody", ""):
         response = client.get(f"/sessions/log/archives/?{query}")
         assert response.status_code == 404 and "bob-archived-secret" not in response.content.decode()

@@ -8,6 +8,7 @@ from typing import Any
 
 from core.scope import MemoryScope
 from memories.engine import attrs_containment, engine_memory_of, engine_rows_owned
+from memories.keyset import KeysetPage, Seek, queryset_page
 from memories.models import SessionArchive, SessionEvent, SessionState
 from memories.turns.extraction import FACT_TAG, TIERS, project_tag, tier_tag
 
@@ -24,26 +25,34 @@ class SessionSummary:
     archives: int
 
 
-def sessions_of_user(scope: MemoryScope, *, limit: int = 200, offset: int = 0) -> list[SessionSummary]:
-    """The user's sessions, most recently active first: `limit` after the first `offset`."""
-    ordered = SessionState.objects.filter(engine_user_id=scope.engine_user_id).order_by("-last_active_at", "id")
-    states = ordered[offset : offset + limit]
-    result = []
-    for state in states:
-        owned = {"engine_user_id": scope.engine_user_id, "project": state.project, "session_id": state.session_id}
-        result.append(
-            SessionSummary(
-                project=state.project,
-                session_id=state.session_id,
-                abstract=state.abstract,
-                overview=state.overview,
-                summary_updated_at=state.summary_updated_at,
-                last_active_at=state.last_active_at,
-                events=SessionEvent.objects.filter(**owned).count(),
-                archives=SessionArchive.objects.filter(**owned).count(),
-            )
-        )
-    return result
+# Orders of the web UI's pages (memories.keyset), each ending with a unique key and served
+# by an index that starts with the owner.
+SESSIONS_ORDER = ("-last_active_at", "id")  # index session_state_recent
+SESSION_ITEMS_ORDER = ("id",)  # index session_event_order
+SESSION_ARCHIVES_ORDER = ("first_event_id", "id")  # the (owner, session, first_event_id) index
+
+
+def sessions_of_user(scope: MemoryScope, *, limit: int = 200, seek: Seek | None = None) -> KeysetPage[SessionSummary]:
+    """The user's sessions, most recently active first: a page of `limit`, the first or
+    the one `seek` names by (last active at, id). A session active again meanwhile moves
+    up to the first page and leaves the pages after it as it goes: seen once at most."""
+    states = SessionState.objects.filter(engine_user_id=scope.engine_user_id)
+    page = queryset_page(states, order=SESSIONS_ORDER, seek=seek, limit=limit)
+    return page.map(lambda state: _session_summary(scope, state))
+
+
+def _session_summary(scope: MemoryScope, state: SessionState) -> SessionSummary:
+    owned = {"engine_user_id": scope.engine_user_id, "project": state.project, "session_id": state.session_id}
+    return SessionSummary(
+        project=state.project,
+        session_id=state.session_id,
+        abstract=state.abstract,
+        overview=state.overview,
+        summary_updated_at=state.summary_updated_at,
+        last_active_at=state.last_active_at,
+        events=SessionEvent.objects.filter(**owned).count(),
+        archives=SessionArchive.objects.filter(**owned).count(),
+    )
 
 
 def session_count(scope: MemoryScope) -> int:
@@ -102,13 +111,13 @@ def _session_item(item: Any, *, turn_id: str, created_at: Any) -> SessionItem:
 
 
 def session_items(
-    scope: MemoryScope, *, project: str, session_id: str, limit: int = 200, offset: int = 0
-) -> list[SessionItem]:
-    """The session's raw log in order: `limit` items after the first `offset`."""
-    rows = SessionEvent.objects.filter(
-        engine_user_id=scope.engine_user_id, project=project, session_id=session_id
-    ).order_by("id")[offset : offset + limit]
-    return [_session_item(row.item, turn_id=row.turn_id, created_at=row.created_at) for row in rows]
+    scope: MemoryScope, *, project: str, session_id: str, limit: int = 200, seek: Seek | None = None
+) -> KeysetPage[SessionItem]:
+    """The session's raw log in order: a page of `limit` items, the first or the one `seek`
+    names by event id (events maintenance compacts meanwhile shift nothing)."""
+    rows = SessionEvent.objects.filter(engine_user_id=scope.engine_user_id, project=project, session_id=session_id)
+    page = queryset_page(rows, order=SESSION_ITEMS_ORDER, seek=seek, limit=limit)
+    return page.map(lambda row: _session_item(row.item, turn_id=row.turn_id, created_at=row.created_at))
 
 
 @dataclass(frozen=True)
@@ -120,20 +129,21 @@ class SessionArchiveView:
 
 
 def session_archives(
-    scope: MemoryScope, *, project: str, session_id: str, limit: int = 5, offset: int = 0
-) -> list[SessionArchiveView]:
-    """The session's archived runs, oldest first: `limit` after the first `offset`. Archived
-    items keep no time or turn of their own: the run's compaction time stands for them."""
+    scope: MemoryScope, *, project: str, session_id: str, limit: int = 5, seek: Seek | None = None
+) -> KeysetPage[SessionArchiveView]:
+    """The session's archived runs, oldest first: a page of `limit`, the first or the one
+    `seek` names by (first event id, id). Archived items keep no time or turn of their own:
+    the run's compaction time stands for them."""
     archives = SessionArchive.objects.filter(
         engine_user_id=scope.engine_user_id, project=project, session_id=session_id
-    ).order_by("first_event_id", "id")[offset : offset + limit]
-    return [
-        SessionArchiveView(
+    )
+    page = queryset_page(archives, order=SESSION_ARCHIVES_ORDER, seek=seek, limit=limit)
+    return page.map(
+        lambda archive: SessionArchiveView(
             compacted_at=archive.created_at,
             items=[_session_item(item, turn_id="", created_at=None) for item in archive.items or []],
         )
-        for archive in archives
-    ]
+    )
 
 
 def session_item_count(scope: MemoryScope, *, project: str, session_id: str) -> int:

@@ -17,7 +17,8 @@ from core.errors import ServiceError
 from core.inputs import text_problem
 from core.metrics import lines_observed
 from memories.interfaces.downloads import streaming_download
-from memories.interfaces.web.views import _execute, _scope, page_of, web_call
+from memories.interfaces.web.paging import Listing, page_read, pager_of
+from memories.interfaces.web.views import _execute, _scope, web_call
 from memories.sessions import session_logs_export
 from memories.turns.extraction import FACT_TAG, TIERS, tier_tag
 from memories.turns.selectors import (
@@ -38,6 +39,10 @@ SESSION_ITEMS_PAGE_SIZE = 200
 SESSION_ARCHIVES_PAGE_SIZE = 5  # runs of up to 200 items each
 SESSION_KEY_MAX_CHARS = 128  # SessionState's project and session_id columns
 FACTS_PER_TIER = 100  # the newest; the rest are a link to My memories filtered by the tier's tags
+# Cursors' positions: the orders' keys (memories.turns.selectors *_ORDER).
+SESSIONS = Listing("sessions", kinds=("time", "int"))  # (last active at, id), most recent first
+SESSION_LOG = Listing("session-log", kinds=("int",))  # event id, oldest first
+SESSION_ARCHIVES = Listing("session-archives", kinds=("int", "int"))  # (first event id, id), oldest first
 
 
 @login_required
@@ -55,9 +60,11 @@ def sessions(request):
         }
         for tier in TIERS
     ]
-    page = page_of(request, total=session_count(scope), page_size=SESSIONS_PAGE_SIZE)
-    shown = sessions_of_user(scope, limit=SESSIONS_PAGE_SIZE, offset=page.object_list.start)
-    return render(request, "web/sessions.html", {"sessions": shown, "tiers": tiers, "page": page})
+    shown, status = page_read(
+        request, SESSIONS, lambda seek: sessions_of_user(scope, limit=SESSIONS_PAGE_SIZE, seek=seek)
+    )
+    pager = pager_of(request, SESSIONS, shown, total=session_count(scope))
+    return render(request, "web/sessions.html", {"sessions": shown, "tiers": tiers, "pager": pager}, status=status)
 
 
 def _session_of(request) -> tuple[Any, str, str]:
@@ -81,20 +88,24 @@ def session_log(request):
     conversation. The session is named by query parameters (ids are free text); another
     user's session is a 404 like an unknown one."""
     scope, session_id, project = _session_of(request)
-    total = session_item_count(scope, project=project, session_id=session_id)
-    page = page_of(request, total=total, page_size=SESSION_ITEMS_PAGE_SIZE)
-    items = session_items(
-        scope, project=project, session_id=session_id, limit=SESSION_ITEMS_PAGE_SIZE, offset=page.object_list.start
+    items, status = page_read(
+        request,
+        SESSION_LOG,
+        lambda seek: session_items(
+            scope, project=project, session_id=session_id, limit=SESSION_ITEMS_PAGE_SIZE, seek=seek
+        ),
     )
+    total = session_item_count(scope, project=project, session_id=session_id)
+    session = {"session_id": session_id, "project": project}
     context = {
-        "session_id": session_id,
-        "project": project,
+        **session,
         "items": items,
-        "page": page,
+        "count": total,
+        "pager": pager_of(request, SESSION_LOG, items, total=total, keep=session),
         "archives": session_archive_count(scope, project=project, session_id=session_id),
-        "query": urlencode({"session_id": session_id, "project": project}) + "&",
+        "query": urlencode(session),
     }
-    return render(request, "web/session_log.html", context)
+    return render(request, "web/session_log.html", context, status=status)
 
 
 @login_required
@@ -132,18 +143,19 @@ def session_logs_download(request):
 def session_log_archives(request):
     """A session's archived runs (older events maintenance compacted), oldest first, paged."""
     scope, session_id, project = _session_of(request)
-    total = session_archive_count(scope, project=project, session_id=session_id)
-    page = page_of(request, total=total, page_size=SESSION_ARCHIVES_PAGE_SIZE)
-    archives = session_archives(
-        scope, project=project, session_id=session_id, limit=SESSION_ARCHIVES_PAGE_SIZE, offset=page.object_list.start
+    archives, status = page_read(
+        request,
+        SESSION_ARCHIVES,
+        lambda seek: session_archives(
+            scope, project=project, session_id=session_id, limit=SESSION_ARCHIVES_PAGE_SIZE, seek=seek
+        ),
     )
-    session_query = urlencode({"session_id": session_id, "project": project})
+    total = session_archive_count(scope, project=project, session_id=session_id)
+    session = {"session_id": session_id, "project": project}
     context = {
-        "session_id": session_id,
-        "project": project,
+        **session,
         "archives": archives,
-        "page": page,
-        "session_query": session_query,
-        "query": session_query + "&",
+        "pager": pager_of(request, SESSION_ARCHIVES, archives, total=total, keep=session),
+        "session_query": urlencode(session),
     }
-    return render(request, "web/session_archives.html", context)
+    return render(request, "web/session_archives.html", context, status=status)
