@@ -215,8 +215,10 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
         },
         toolkit_selectors: {
             "decision_list": lambda: list(toolkit_selectors.decision_list(alice_scope)),
+            "decision_page": lambda: toolkit_selectors.decision_page(alice_scope),
             "decision_count": lambda: toolkit_selectors.decision_count(alice_scope),
             "cache_entry_list": lambda: list(toolkit_selectors.cache_entry_list(alice_scope)),
+            "cache_entry_page": lambda: toolkit_selectors.cache_entry_page(alice_scope),
             "cache_entry_count": lambda: toolkit_selectors.cache_entry_count(alice_scope),
         },
         sessions: {

@@ -5,6 +5,7 @@ another user's rows never appear, whatever the cursor says."""
 
 from __future__ import annotations
 
+import base64
 import html
 import re
 from collections.abc import Callable
@@ -323,3 +324,97 @@ def test_a_sessions_archives_page_neither_repeat_nor_skip_while_runs_come_and_go
     first = client.get(url).content.decode()
     real = link(first, "next").split("cursor=")[1]
     assert_bad_cursors_show_the_first_page(client, url, re.findall(ARCHIVED, first), ARCHIVED, real=real)
+
+
+# --- Decisions, cached answers ------------------------------------------------------------------
+DECISION = r"<code>(pref_\d+)</code>"
+
+
+def test_decisions_pages_neither_repeat_nor_skip_while_decisions_are_stored_and_deleted(
+    alice, bob, client, settings, monkeypatch
+):
+    from memories.interfaces.web import toolkit_views
+
+    monkeypatch.setattr(toolkit_views, "DECISIONS_PAGE_SIZE", 2)
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "store_decision": (0, 60)}
+    for n in range(10, 17):
+        run(alice, "store_decision", key=f"pref_{n:04d}", value=f"value {n}")
+        run(bob, "store_decision", key=f"pref_{n + 100:04d}", value="bob's")
+    client.force_login(alice)
+    by_key = [f"pref_{n:04d}" for n in range(10, 17)]
+    assert flat(walk(client, "/decisions/", DECISION)) == by_key
+
+    def store_one_before(shown: list[str]) -> None:  # a key that sorts before the page read
+        run(alice, "store_decision", key=f"pref_{int(shown[0][5:]) - 10:04d}", value="new")
+
+    assert flat(walk(client, "/decisions/", DECISION, between=store_one_before)) == by_key
+    by_key = flat(walk(client, "/decisions/", DECISION))
+
+    def delete_one_shown(shown: list[str]) -> None:
+        client.post("/decisions/delete/", {"key": shown[0]})
+
+    assert flat(walk(client, "/decisions/", DECISION, between=delete_one_shown)) == by_key
+
+    first = client.get("/decisions/").content.decode()
+    real = link(first, "next").split("cursor=")[1]
+    # The position is a decision's key, which is content: the cursor does not show it.
+    assert b"pref_" not in base64.urlsafe_b64decode(real + "=" * (-len(real) % 4))
+    assert_bad_cursors_show_the_first_page(client, "/decisions/", re.findall(DECISION, first), DECISION, real=real)
+
+
+CACHED = r"<td>(question \d+)</td>"
+
+
+def test_cached_answers_pages_neither_repeat_nor_skip_while_answers_are_cached_and_deleted(
+    alice, bob, client, settings, monkeypatch
+):
+    from memories.interfaces.web import toolkit_views
+    from memories.toolkit.models import CacheEntry
+
+    monkeypatch.setattr(toolkit_views, "CACHE_PAGE_SIZE", 2)
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "store_cache": (0, 60)}
+    for n in range(6):
+        run(alice, "store_cache", query=f"question {n}", response=f"answer {n}")
+        run(bob, "store_cache", query=f"question {100 + n}", response="bob's")
+    client.force_login(alice)
+    newest_first = [f"question {n}" for n in reversed(range(6))]
+    assert flat(walk(client, "/cache/", CACHED)) == newest_first
+
+    def cache_another(shown: list[str]) -> None:
+        run(alice, "store_cache", query=f"question {50 + int(shown[0][9:])}", response="new")
+
+    assert flat(walk(client, "/cache/", CACHED, between=cache_another)) == newest_first
+    newest_first = flat(walk(client, "/cache/", CACHED))
+
+    def delete_one_shown(shown: list[str]) -> None:
+        client.post("/cache/delete/", {"id": str(CacheEntry.objects.get(user=alice, query=shown[0]).id)})
+
+    assert flat(walk(client, "/cache/", CACHED, between=delete_one_shown)) == newest_first
+
+    first = client.get("/cache/").content.decode()
+    real = link(first, "next").split("cursor=")[1]
+    assert_bad_cursors_show_the_first_page(client, "/cache/", re.findall(CACHED, first), CACHED, real=real)
+
+
+def test_a_sealed_position_holds_only_values_of_its_kinds(alice):
+    """Even under a valid seal (a leaked key), a value the database would refuse or
+    misread never reaches it: the wrong kind, an out-of-range id, a naive time."""
+    from memories.cursors import CursorError, position_decode, position_encode
+
+    bound = f"{alice.pk}:activity"
+    for values, kinds in (
+        (["after", 2**63], ("text", "int")),
+        (["after", -1], ("text", "int")),
+        (["after", True], ("text", "int")),
+        (["after", "12"], ("text", "int")),
+        (["after", "2026-01-01T00:00:00"], ("text", "time")),
+        (["after", "not-a-uuid"], ("text", "uuid")),
+        (["after", "x" * 300], ("text", "text")),
+        (["after", 1, 2], ("text", "int")),
+    ):
+        with pytest.raises(CursorError):
+            position_decode(position_encode(values, bound_to=bound), kinds=kinds, bound_to=bound)
+    cursor = position_encode(["after", 7], bound_to=bound)
+    assert position_decode(cursor, kinds=("text", "int"), bound_to=bound) == ("after", 7)
+    with pytest.raises(CursorError):
+        position_decode(cursor, kinds=("text", "int"), bound_to=f"{alice.pk + 1}:activity")

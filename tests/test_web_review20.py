@@ -68,7 +68,7 @@ def test_another_users_rows_are_neither_shown_nor_counted_on_any_page(alice, bob
         input_items=[{"type": "message", "role": "user", "content": "I prefer tea over coffee."}],
         output_items=[{"type": "message", "role": "assistant", "content": "Noted."}])  # fmt: skip
     client.force_login(alice)
-    for url in ("/trash/", "/trash/?page=2", "/decisions/", "/decisions/?page=2", "/sessions/"):
+    for url in ("/trash/", "/decisions/", "/sessions/"):
         page = client.get(url).content.decode()
         assert "Bob" not in page and "bob_" not in page and "bob-s" not in page and "Showing" not in page, url
     assert "Empty trash (3)" not in client.get("/trash/").content.decode()  # bob's three are not counted
@@ -124,9 +124,9 @@ def test_decisions_page_pages_through_every_decision(alice, client, settings, mo
         run(alice, "store_decision", key=f"pref_{n:04d}", value=f"value {n}")
     client.force_login(alice)
     first = client.get("/decisions/").content.decode()
-    assert first.count('name="key"') == 4 and "Showing 1–4 of 7 decisions" in first
-    second = client.get("/decisions/?page=2").content.decode()
-    assert second.count('name="key"') == 3 and "pref_0006" in second and "Showing 5–7 of 7" in second
+    assert first.count('name="key"') == 4 and "Showing 4 of 7 decisions" in first
+    second = client.get("/decisions/" + next_link(first)).content.decode()
+    assert second.count('name="key"') == 3 and "pref_0006" in second and "Showing 3 of 7" in second
 
 
 def test_sessions_page_counts_all_facts_and_pages_sessions(alice, client, monkeypatch):

@@ -29,7 +29,11 @@ class CacheEntry(models.Model):
     expires_at = models.DateTimeField(db_index=True)
 
     class Meta:
-        indexes = [models.Index(fields=["user", "expires_at"], name="cache_user_expires")]
+        indexes = [
+            models.Index(fields=["user", "expires_at"], name="cache_user_expires"),
+            # The Cached answers page: one user's answers, newest first (keyset pages).
+            models.Index(fields=["user", "-created_at", "id"], name="cache_user_recent"),
+        ]
 
     def __str__(self) -> str:
         return f"cache {self.id}"

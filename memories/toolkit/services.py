@@ -844,7 +844,7 @@ def toolkit_data_export(scope: MemoryScope, *, call: CallContext) -> dict[str, A
     user = _user_label(scope, call=call)
     # Each list in one statement: a count read first missed a row when another request
     # wrote one meanwhile (the new one took an existing one's place in the limit).
-    decisions = [decision_as_dict(d, user=user) for d in decision_list(scope, limit=None)]
+    decisions = [decision_as_dict(d, user=user) for d in decision_list(scope)]
     cached = [
         {
             "id": str(entry.id),
@@ -853,7 +853,7 @@ def toolkit_data_export(scope: MemoryScope, *, call: CallContext) -> dict[str, A
             "created_at": _iso(entry.created_at),
             "expires_at": _iso(entry.expires_at),
         }
-        for entry in cache_entry_list(scope, limit=None)
+        for entry in cache_entry_list(scope)
     ]
     with transaction.atomic():
         audit_record(

@@ -10,9 +10,10 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from core.choices import Operation
 from core.errors import ErrorCode, ServiceError
-from memories.interfaces.web.views import _execute, _scope, page_of, ui_call_observed, web_call
+from memories.interfaces.web.paging import Listing, page_read, pager_of
+from memories.interfaces.web.views import _execute, _scope, ui_call_observed, web_call
 from memories.toolkit.schemas import DECISION_KEY_MAX_CHARS
-from memories.toolkit.selectors import cache_entry_count, cache_entry_list, decision_count, decision_list
+from memories.toolkit.selectors import cache_entry_count, cache_entry_page, decision_count, decision_page
 from memories.toolkit.services import (
     toolkit_cache_entries_clear,
     toolkit_cache_entry_delete,
@@ -23,15 +24,21 @@ from memories.toolkit.services import (
 ERASE_PHRASE = "erase all my data"
 DECISIONS_PAGE_SIZE = 200
 CACHE_PAGE_SIZE = 100
+# Cursors' positions: the orders' keys (memories.toolkit.selectors). A decision's key is
+# content: the sealed cursor keeps it out of URLs and logs.
+DECISIONS = Listing("decisions", kinds=("text",))  # key
+CACHE_ENTRIES = Listing("cache", kinds=("time", "uuid"))  # (created at, id), newest first
 
 
 @login_required
 @require_GET
 def decisions(request):
     scope = _scope(request)
-    page = page_of(request, total=decision_count(scope), page_size=DECISIONS_PAGE_SIZE)
-    shown = decision_list(scope, limit=DECISIONS_PAGE_SIZE, offset=page.object_list.start)
-    return render(request, "web/decisions.html", {"decisions": shown, "page": page})
+    shown, status = page_read(
+        request, DECISIONS, lambda seek: decision_page(scope, limit=DECISIONS_PAGE_SIZE, seek=seek)
+    )
+    pager = pager_of(request, DECISIONS, shown, total=decision_count(scope))
+    return render(request, "web/decisions.html", {"decisions": shown, "pager": pager}, status=status)
 
 
 @login_required
@@ -55,9 +62,12 @@ def decision_delete(request):
 def cache_entries(request):
     """The answers agents cached for you (seed 003's store_cache), until they expire."""
     scope = _scope(request)
-    page = page_of(request, total=cache_entry_count(scope), page_size=CACHE_PAGE_SIZE)
-    shown = cache_entry_list(scope, limit=CACHE_PAGE_SIZE, offset=page.object_list.start)
-    return render(request, "web/cache.html", {"entries": shown, "page": page})
+    shown, status = page_read(
+        request, CACHE_ENTRIES, lambda seek: cache_entry_page(scope, limit=CACHE_PAGE_SIZE, seek=seek)
+    )
+    count = cache_entry_count(scope)
+    pager = pager_of(request, CACHE_ENTRIES, shown, total=count)
+    return render(request, "web/cache.html", {"entries": shown, "count": count, "pager": pager}, status=status)
 
 
 @login_required

@@ -12,7 +12,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Page, Paginator
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -80,13 +79,6 @@ def ui_call_observed(operation: str) -> AbstractContextManager[CallObservation]:
     """The metrics of a web UI call made outside the dispatcher (with `web_call`): counted
     and timed as operation_execute does the UI's other calls, a refusal under its code."""
     return call_observed(operation=operation, channel=Channel.UI)
-
-
-def page_of(request, *, total: int, page_size: int) -> Page:
-    """The page `?page=N` asks for of a list of `total` rows (a bad number gives the first
-    page, one past the end the last): Django's paginator over the row numbers, so the
-    page's `object_list` is the range of rows to read (`.start` the offset)."""
-    return Paginator(range(total), page_size).get_page(request.GET.get("page"))
 
 
 def _execute(request, name: str, arguments: dict | schemas.RejectedArguments) -> dict:
