@@ -339,3 +339,37 @@ def test_the_user_reads_a_session_log_and_curates_cached_answers(browser, memsit
     page.click("#clear-cache")
     assert "Deleted 1 cached answer." in page.text and "No cached answers." in page.text
     assert list(CacheEntry.objects.values_list("response", flat=True)) == ["bob-private-answer"]
+
+
+def test_the_user_pages_through_activity_while_an_agent_works(browser, memsite_server, alice):
+    """Older and Newer follow the rows shown, not row numbers: the calls an agent makes
+    while the user reads page 1 neither push page 1's rows onto page 2 nor show up there."""
+    import re
+
+    from audit.models import AuditEvent
+
+    tenant = MemoryScope.for_user(alice).tenant
+
+    def calls(apps: list[str]) -> None:
+        AuditEvent.objects.bulk_create(
+            AuditEvent(request_id="r", channel="mcp", operation="remember", outcome="ok", actor_user_id=alice.pk,
+                       actor_username="alice", actor_client_app=app, tenant=tenant, subject_user_id=alice.pk)
+            for app in apps
+        )  # fmt: skip
+
+    calls([f"app-{n}" for n in range(203)])  # a page holds 200
+    page = Page(browser, memsite_server)
+    _login(page, "alice")
+    page.open("/activity/")
+
+    def shown() -> list[str]:
+        return re.findall(r"you \((app-\d+)\)", page.text_of("#activity"))
+
+    newest_first = [f"app-{n}" for n in reversed(range(203))]
+    first = shown()  # (the newest row of a page may be the sign-in's)
+    assert first == newest_first[: len(first)] and len(first) >= 199
+    calls([f"app-new-{n}" for n in range(5)])  # the agent goes on
+    page.click("a[rel=next]")  # "Older"
+    assert shown() == newest_first[len(first) :]
+    page.click("a[rel=prev]")  # "Newer"
+    assert shown() == first and "Newer" in page.text  # the agent's new calls are newer still
