@@ -417,7 +417,7 @@ def drop_fulltext_column(schema_editor: Any) -> None:
     schema_editor.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS fts").format(table).as_string())
 
 
-# --- the forensic admin's indexes (migration 0026) ----------------------------------------
+# --- the forensic admin's indexes (migration 0027) ----------------------------------------
 def admin_created_index_name() -> str:
     return f"{settings.MEMORY_COLLECTION}_created_idx"
 

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("memories", "0026_trash_order_index"),
+        ("memories", "0028_trash_order_index"),
     ]
 
     operations = [
