@@ -178,6 +178,24 @@ class AuthFailureWindow(models.Model):
         return f"{self.ip or '?'} {self.window_start:%Y-%m-%d %H:%M} = {self.count}"
 
 
+class LoginFailure(models.Model):
+    """A failed sign-in with a password (web or admin login form), or one whose password is
+    being checked, once under each key it counts against: `user:<keyed digest of the
+    username>` and `ip:<client address, an IPv6 client's /64>`. The login throttle
+    counts a key's rows over the last LOGIN_FAILURE_WINDOW_S (a sliding window); older
+    rows are pruned. Only a digest of the username: what was typed there may be a
+    password typed into the wrong box."""
+
+    key = models.CharField(max_length=80)
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["key", "at"], name="login_failure_key_at")]
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.at:%Y-%m-%d %H:%M:%S}"
+
+
 class SubjectKey(models.Model):
     """A user's data key (issue 14, crypto-shredding): the content snapshots of their
     audit rows (`before`/`after`) are sealed with it, AES-256-GCM. The key is stored

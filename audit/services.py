@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import math
 import time
+import unicodedata
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from audit.crypto import Sealer
-from audit.models import AuditEvent, AuthFailureWindow, MemoryHistory
+from audit.models import AuditEvent, AuthFailureWindow, LoginFailure, MemoryHistory
 from core.calls import call_context_from_request
 from core.choices import Channel, Operation
-from core.errors import ServiceError
+from core.errors import ErrorCode, ServiceError
+from core.metrics import rate_limit_rejection_record
 from core.scope import DEFAULT_TENANT, MemoryScope
 
 if TYPE_CHECKING:
@@ -173,10 +180,13 @@ RETURNING count
 """  # noqa: S608 - table name from our own model
 
 
-def auth_failure_record(*, call: CallContext, credential_presented: bool) -> int:
-    """Count one unauthenticated request (a 401) per client address and minute; the
-    first of each window also leaves one audit row (outcome denied, operation
-    `authenticate`). Returns the window's count so far: the hook for a metric."""
+def auth_failure_record(
+    *, call: CallContext, credential_presented: bool, error_code: str = ErrorCode.UNAUTHENTICATED
+) -> int:
+    """Count one unauthenticated request (a 401, a failed or refused sign-in) per client
+    address and minute; the first of each window also leaves one audit row (outcome
+    denied, operation `authenticate`). Returns the window's count so far: the hook for a
+    metric."""
     now = timezone.now()
     window_start = now.replace(second=0, microsecond=0)
     with transaction.atomic():
@@ -189,7 +199,7 @@ def auth_failure_record(*, call: CallContext, credential_presented: bool) -> int
                 call=call,
                 operation=Operation.AUTHENTICATE,
                 outcome=AuditEvent.Outcome.DENIED,
-                error_code="unauthenticated",
+                error_code=error_code,
                 detail={"credential_presented": credential_presented, "sampled": "first failure per ip per minute"},
             )
     return count
@@ -198,7 +208,147 @@ def auth_failure_record(*, call: CallContext, credential_presented: bool) -> int
 def auth_failure_windows_prune(*, older_than_days: int = 30) -> int:
     cutoff = timezone.now() - timedelta(days=older_than_days)
     deleted, _ = AuthFailureWindow.objects.filter(window_start__lt=cutoff).delete()
+    return deleted + login_failures_prune()
+
+
+# --- The login throttle (web and admin sign-in forms) -----------------------------------------
+LOGIN_KEY_SALT = "memsite.audit.login_failures"
+
+
+@dataclass(frozen=True)
+class LoginAttempt:
+    """A sign-in let through to its password check: its place under each throttle key
+    (LoginFailure rows, kept as its failure or deleted when it succeeds), and the limits
+    its failure brings to their end (audited when it fails)."""
+
+    failure_ids: tuple[int, ...]
+    fills: tuple[str, ...]
+
+
+def login_attempt_begin(*, call: CallContext, username: str) -> LoginAttempt:
+    """Admit one sign-in with a password before the password is checked, or refuse it
+    (`rate_limited`, with retry_after_s) while the username (LOGIN_FAILURES_PER_USERNAME)
+    or the client address (LOGIN_FAILURES_PER_ADDRESS) has had that many failed sign-ins in
+    the last LOGIN_FAILURE_WINDOW_S. A refused attempt never checks a password, so
+    guessing stops; the same for every username, existing or not, so the answer says
+    nothing about accounts. An admitted attempt counts as a failure from the start (a row
+    per key, written under each key's advisory lock): concurrent guesses cannot overrun a
+    limit while their passwords are being checked. A refusal is counted like a 401
+    (AuthFailureWindow, its sampled audit row under `rate_limited`)."""
+    window = settings.LOGIN_FAILURE_WINDOW_S
+    keys = _login_throttle_keys(username=username, ip=call.ip)
+    now = timezone.now()
+    since = now - timedelta(seconds=window)
+    retry_after: float | None = None
+    fills: list[str] = []
+    rows: list[LoginFailure] = []
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            for key in sorted(key for _, key, _ in keys):  # one lock order: never a deadlock
+                cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"login:{key}"])
+        for kind, key, limit in keys:
+            failures = LoginFailure.objects.filter(key=key)
+            failures.filter(at__lte=since).delete()  # aged out: a key keeps at most `limit` rows
+            counted = failures.count()
+            if counted >= limit:
+                # A place frees up when the limit-th newest failure ages out of the window.
+                oldest_counted = failures.order_by("-at").values_list("at", flat=True)[limit - 1]
+                retry_after = max(retry_after or 0.0, (oldest_counted - since).total_seconds())
+            elif counted + 1 == limit:
+                fills.append(kind)
+        if retry_after is None:
+            rows = LoginFailure.objects.bulk_create([LoginFailure(key=key, at=now) for _, key, _ in keys])
+    if retry_after is not None:
+        _login_refusal_record(call=_login_call(call, username=username))
+        seconds = max(1, math.ceil(retry_after))
+        raise ServiceError(
+            ErrorCode.RATE_LIMITED,
+            f"Too many failed sign-ins. Try again in {_minutes(seconds)}.",
+            retry_after_s=seconds,
+        )
+    return LoginAttempt(failure_ids=tuple(row.pk for row in rows), fills=tuple(fills))
+
+
+def login_attempt_failed(attempt: LoginAttempt, *, call: CallContext, username: str) -> None:
+    """A wrong username or password (or an account that may not sign in here): its rows
+    stay as the failure. Counted like a 401 (AuthFailureWindow, the sampled audit row);
+    a failure that brings a limit to its end also leaves its own audit row, so staff can
+    tell why an account or address cannot sign in. Rows name the account tried only when
+    it exists (actor_username, as actors are recorded); never what was typed otherwise,
+    never a password."""
+    call = _login_call(call, username=username)
+    auth_failure_record(call=call, credential_presented=True)
+    if attempt.fills:
+        with transaction.atomic():
+            audit_record(
+                None,
+                call=call,
+                operation=Operation.AUTHENTICATE,
+                outcome=AuditEvent.Outcome.DENIED,
+                error_code=ErrorCode.UNAUTHENTICATED,
+                detail={
+                    "login_throttled": list(attempt.fills),
+                    "window_s": settings.LOGIN_FAILURE_WINDOW_S,
+                },
+            )
+
+
+def login_attempt_succeeded(attempt: LoginAttempt) -> None:
+    """The password was right: the attempt is no failure. Earlier failures keep counting
+    (a success resets nothing: per address, an attacker signing in to an account of their
+    own would otherwise lift the limit on guessing everyone else's)."""
+    LoginFailure.objects.filter(pk__in=attempt.failure_ids).delete()
+
+
+def login_failures_prune() -> int:
+    cutoff = timezone.now() - timedelta(seconds=settings.LOGIN_FAILURE_WINDOW_S)
+    deleted, _ = LoginFailure.objects.filter(at__lte=cutoff).delete()
     return deleted
+
+
+def _login_throttle_keys(*, username: str, ip: str | None) -> list[tuple[str, str, int]]:
+    """(kind, key, limit) of each limit a sign-in counts against. The username as a keyed
+    digest of its case-folded form (the row never holds what was typed; "Alice" and
+    "alice" share a limit); the address as given, an IPv6 client by its /64 (one client's
+    usual allocation, which it could otherwise walk through)."""
+    digest = salted_hmac(LOGIN_KEY_SALT, unicodedata.normalize("NFKC", username).casefold()).hexdigest()
+    return [
+        ("username", f"user:{digest}", settings.LOGIN_FAILURES_PER_USERNAME),
+        ("address", f"ip:{_address_key(ip)}", settings.LOGIN_FAILURES_PER_ADDRESS),
+    ]
+
+
+def _address_key(ip: str | None) -> str:
+    try:
+        address = ipaddress.ip_address(ip or "")
+    except ValueError:
+        return "?"  # unknown: such clients share one limit
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is None:
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(getattr(address, "ipv4_mapped", None) or address)
+
+
+def _login_call(call: CallContext, *, username: str) -> CallContext:
+    """The call as its audit rows record it: the account tried as the actor's username,
+    only if one of that name exists (an unknown name may be a password typed into the
+    wrong box); never authenticated, so no actor id."""
+    user_model = get_user_model()
+    account = (
+        user_model._default_manager.filter(**{user_model.USERNAME_FIELD: username})
+        .values_list(user_model.USERNAME_FIELD, flat=True)
+        .first()
+    )
+    return replace(call, actor_username=str(account or ""))
+
+
+def _login_refusal_record(*, call: CallContext) -> None:
+    rate_limit_rejection_record(operation=Operation.AUTHENTICATE)
+    auth_failure_record(call=call, credential_presented=True, error_code=ErrorCode.RATE_LIMITED)
+
+
+def _minutes(seconds: int) -> str:
+    minutes = math.ceil(seconds / 60)
+    return "1 minute" if minutes == 1 else f"{minutes} minutes"
 
 
 # Issue 13: the turn lifecycle's calls are turn events too.

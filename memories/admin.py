@@ -16,10 +16,14 @@ from memories.engine import (
     engine_rows_newest_first,
     engine_rows_of,
 )
+from memories.interfaces.web.login import AdminLoginForm
 from memories.models import ApiKey, EngineMemoryRow, ExternalIdentity, RateWindow, Tenant, TenantMembership
 from memories.selectors import SYSTEM_KEYS
 from memories.services import api_key_revoke
 from memories.tenancy import tenant_name_check
+
+# The admin's sign-in counts against the login throttle too (else a way around it).
+admin.site.login_form = AdminLoginForm
 
 
 def _memory(row: EngineMemoryRow) -> EngineMemory:

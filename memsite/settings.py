@@ -338,6 +338,13 @@ OIDC_OP_LOGOUT_URL_METHOD = "memories.interfaces.web.oidc_login.provider_logout_
 AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
 if OIDC_WEB_LOGIN:
     AUTHENTICATION_BACKENDS.append("memories.interfaces.web.oidc_login.MemsiteOIDCBackend")
+# Sign-in with a password (the web UI's and the admin's forms): failed attempts per username
+# (existing or not) and per client address (an IPv6 client's /64) over a sliding window.
+# Past either limit the form answers 429 without checking the password until enough of
+# them age out of the window. A success resets nothing.
+LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 900, minimum=1, maximum=86400)
+LOGIN_FAILURES_PER_USERNAME = env_int("LOGIN_FAILURES_PER_USERNAME", 10, minimum=1, maximum=10_000)
+LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 50, minimum=1, maximum=100_000)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["memories.interfaces.rest.auth.BearerTokenAuthentication"],

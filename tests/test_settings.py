@@ -71,6 +71,8 @@ def test_bad_port_is_refused():
         ("IMPORT_MAX_BYTES", "-1", "IMPORT_MAX_BYTES must be >= 1"),
         ("OAUTH_ACCESS_TOKEN_TTL_S", "0", "OAUTH_ACCESS_TOKEN_TTL_S must be >= 1"),
         ("OIDC_TENANT_MAP", "acme", "OIDC_TENANT_MAP must look like key:value"),
+        ("LOGIN_FAILURES_PER_USERNAME", "0", "LOGIN_FAILURES_PER_USERNAME must be >= 1"),
+        ("LOGIN_FAILURE_WINDOW_S", "86401", "LOGIN_FAILURE_WINDOW_S must be <= 86400"),
         ("DATABASE_URL", "postgres://user:s3cretPW@host:notaport/db", "DATABASE_URL is not a valid postgresql:// URL"),
     ],
 )

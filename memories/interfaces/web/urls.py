@@ -1,13 +1,14 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from memories.interfaces.web import login as web_login
 from memories.interfaces.web import sessions as web_sessions
 from memories.interfaces.web import toolkit_views
 from memories.interfaces.web import views as web
 
 urlpatterns = [
     path("", web.home, name="web-home"),
-    path("accounts/login/", web.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("accounts/login/", web_login.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("memories/", web.memory_index, name="web-memories"),
     path("memories/clear/", web.memory_clear, name="web-clear"),

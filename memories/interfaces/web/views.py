@@ -10,7 +10,6 @@ from datetime import date, timedelta
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import redirect, render
@@ -106,11 +105,6 @@ def _date_param(request, name: str) -> str | None:
     except ValueError:
         messages.error(request, f"Ignored the {name.replace('_', ' ')}: use a date like 2026-01-31.")
         return None
-
-
-class LoginView(auth_views.LoginView):
-    def get_context_data(self, **kwargs):
-        return {**super().get_context_data(**kwargs), "oidc_enabled": settings.OIDC_WEB_LOGIN}
 
 
 @require_GET
