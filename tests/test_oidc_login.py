@@ -1,8 +1,10 @@
 """Web login end to end through a local fake OIDC provider: discovery, authorization
 code with PKCE, token endpoint, JWKS; user created on first login; logout at the provider."""
 
+import html
+import re
 import urllib.request
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 
@@ -91,3 +93,29 @@ def test_a_forged_callback_is_refused(client, provider):
     assert response.status_code in (302, 400)
     assert not ExternalIdentity.objects.exists()
     assert client.get("/memories/").status_code == 302
+
+
+def _organisation_link(page) -> str:
+    found = re.search(r'href="([^"]*)">Sign in with your organisation', page.content.decode())
+    assert found, "no organisation sign-in link"
+    return html.unescape(found.group(1))
+
+
+def test_the_organisation_sign_in_brings_the_user_back_to_next(client, provider):
+    """Connecting an app: its consent page sends a signed-out user to the login page with
+    `next`; signing in through the provider lands back there, not on My memories."""
+    consent = "/oauth/consent/some-request/?lang=en&step=2"
+    link = _organisation_link(client.get("/accounts/login/", {"next": consent}))
+    assert link == f"/oidc/authenticate/?{urlencode({'next': consent})}"
+
+    start = client.get(link)
+    landed = client.get(_sign_in_at_provider(start["Location"]).replace("http://testserver", ""))
+    assert landed.status_code == 302 and landed["Location"] == consent
+
+
+@pytest.mark.parametrize("elsewhere", ["https://evil.example/steal", "//evil.example/", "javascript:alert(1)"])
+def test_the_organisation_sign_in_drops_a_next_leading_elsewhere(client, provider, elsewhere):
+    link = _organisation_link(client.get("/accounts/login/", {"next": elsewhere}))
+    assert link == "/oidc/authenticate/"
+    landed = client.get(_sign_in_at_provider(client.get(link)["Location"]).replace("http://testserver", ""))
+    assert landed["Location"] == "/memories/"

@@ -6,6 +6,7 @@ handler: no side effects in signals."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
@@ -13,6 +14,8 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 from django.http import HttpResponse
+from django.urls import reverse
+from mozilla_django_oidc.views import get_next_url
 
 from audit.services import login_attempt_begin, login_attempt_failed, login_attempt_succeeded
 from core.calls import call_context_from_request
@@ -60,7 +63,22 @@ class LoginView(auth_views.LoginView):
     authentication_form = ThrottledLoginForm
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
-        return {**super().get_context_data(**kwargs), "oidc_enabled": settings.OIDC_WEB_LOGIN}
+        context = super().get_context_data(**kwargs)
+        context["oidc_enabled"] = settings.OIDC_WEB_LOGIN
+        if settings.OIDC_WEB_LOGIN:
+            context["oidc_login_url"] = self._oidc_login_url()
+        return context
+
+    def _oidc_login_url(self) -> str:
+        """The provider sign-in, carrying this page's `next` (e.g. the consent page of an
+        app being connected) when mozilla-django-oidc's own check lets it through (this
+        host or OIDC_REDIRECT_ALLOWED_HOSTS, https when required): it sends the user
+        there after the callback."""
+        url = reverse("oidc_authentication_init")
+        next_url = get_next_url(self.request, self.redirect_field_name)
+        if not next_url:
+            return url
+        return f"{url}?{urlencode({getattr(settings, 'OIDC_REDIRECT_FIELD_NAME', 'next'): next_url})}"
 
     def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
         response = super().form_invalid(form)
