@@ -490,6 +490,28 @@ def asgi_get(
     """GET through the web process's ASGI application (signed in with a session cookie or
     a bearer key): the status, the body, and how many lines had been produced when each
     body message went out."""
+    headers = [*([(b"cookie", cookie.encode())] if cookie else [])]
+    headers += [(b"authorization", authorization.encode())] if authorization else []
+    return _asgi_request("GET", path, headers=headers, produced=produced)
+
+
+def asgi_post(path: str, form: dict[str, str], *, session: str, produced: list[str]) -> tuple[int, bytes, list[int]]:
+    """A form POST (a web UI download) the same way, signed in with a session cookie and
+    carrying the CSRF token as the page's form does."""
+    from urllib.parse import urlencode
+
+    token = "t" * 32  # a CSRF secret as the cookie holds it; the form may send it as is
+    headers = [
+        (b"cookie", f"sessionid={session}; csrftoken={token}".encode()),
+        (b"content-type", b"application/x-www-form-urlencoded"),
+    ]
+    body = urlencode({**form, "csrfmiddlewaretoken": token}).encode()
+    return _asgi_request("POST", path, headers=headers, body=body, produced=produced)
+
+
+def _asgi_request(
+    method: str, path: str, *, headers: list[tuple[bytes, bytes]], produced: list[str], body: bytes = b""
+) -> tuple[int, bytes, list[int]]:
     from memsite.asgi import build_application
 
     async def main() -> tuple[int, bytes, list[int]]:
@@ -503,7 +525,7 @@ def asgi_get(
             nonlocal requested
             if not requested:
                 requested = True
-                return {"type": "http.request", "body": b"", "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             await asyncio.Event().wait()  # the client stays until the response ends
             return {"type": "http.disconnect"}
 
@@ -518,17 +540,13 @@ def asgi_get(
             "type": "http",
             "asgi": {"version": "3.0"},
             "http_version": "1.1",
-            "method": "GET",
+            "method": method,
             "scheme": "http",
             "path": path.partition("?")[0],
             "raw_path": path.partition("?")[0].encode(),
             "query_string": path.partition("?")[2].encode(),
             "root_path": "",
-            "headers": [
-                (b"host", b"localhost"),
-                *([(b"cookie", cookie.encode())] if cookie else []),
-                *([(b"authorization", authorization.encode())] if authorization else []),
-            ],
+            "headers": [(b"host", b"localhost"), *headers],
             "client": ("127.0.0.1", 40000),
             "server": ("localhost", 80),
         }

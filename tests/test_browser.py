@@ -11,7 +11,7 @@ import pytest
 from core.scope import MemoryScope
 from memories.engine.retrieval import hybrid_search
 from memories.services import memory_remember
-from tests.conftest import age_memory, internal_call
+from tests.conftest import age_memory, internal_call, wait_for
 from tests.engine_helpers import memory_gone
 from tests.environment import ROOT
 
@@ -41,6 +41,10 @@ def browser(tmp_path):
         f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1280,1000",
     ):  # fmt: skip
         options.add_argument(flag)
+    # Downloads (the Your data page's forms) land in the test's own directory, unasked.
+    options.add_experimental_option(
+        "prefs", {"download.default_directory": str(tmp_path / "downloads"), "download.prompt_for_download": False}
+    )
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
     driver.implicitly_wait(5)
     yield driver
@@ -298,7 +302,14 @@ def engine_row_missing(memory_id: str) -> bool:
     return engine_get(memory_id) is None
 
 
-def test_the_user_reads_a_session_log_and_curates_cached_answers(browser, memsite_server, alice, bob):
+def downloaded(tmp_path, name: str) -> str:
+    """The text of a file the browser saved, once it has finished saving it."""
+    path = tmp_path / "downloads" / name
+    wait_for(lambda: path.exists(), timeout=15, what=f"the download {name}")
+    return path.read_text()
+
+
+def test_the_user_reads_a_session_log_and_curates_cached_answers(browser, memsite_server, alice, bob, tmp_path):
     """What agents keep besides memories, seen and deleted by the person in the UI."""
     from django.db import transaction
 
@@ -330,6 +341,15 @@ def test_the_user_reads_a_session_log_and_curates_cached_answers(browser, memsit
     page.click_text("Read the 2 raw events")
     assert "Book me on the Friday flight to Lisbon" in page.text and "Done: Friday 9:40" in page.text
     page.shot("12-session-log")
+
+    # The downloads are form POSTs (with the CSRF token): the browser saves the files.
+    page.open("/data/")
+    page.find("#export-session-logs button").click()
+    page.find("#export-memories button[value=jsonl]").click()
+    logs, memories = downloaded(tmp_path, "session-logs.jsonl"), downloaded(tmp_path, "memories.jsonl")
+    assert "Book me on the Friday flight to Lisbon" in logs and "Friday 9:40" in logs
+    assert '"count": 0' in memories.splitlines()[0]
+    assert "/data/" in browser.current_url  # still on the page: a download, not a navigation
 
     page.open("/cache/")
     assert "TAP, aisle seat" in page.text and "Gate 12" in page.text and "bob-private-answer" not in page.text

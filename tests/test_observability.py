@@ -187,18 +187,18 @@ def test_web_ui_calls_outside_the_dispatcher_are_counted(client, alice, alice_sc
     web.force_login(alice)
     toolkit_decision_store(alice_scope, key="db", value="postgres", call=internal_call())
 
-    download = web.get(reverse("web-data-export"), {"format": "jsonl"})
+    download = web.post(reverse("web-data-export"), {"format": "jsonl"})
     assert b'"count": 0' in b"".join(download.streaming_content)
     download.close()
-    assert web.get(reverse("web-data-export"), {"format": "pdf"}).status_code == 302
-    left = web.get(reverse("web-data-export"), {"format": "markdown"})
+    assert web.post(reverse("web-data-export"), {"format": "pdf"}).status_code == 302
+    left = web.post(reverse("web-data-export"), {"format": "markdown"})
     next(iter(left.streaming_content))  # the title line, then the client goes away
     left.close()
-    web.get(reverse("web-data-export"), {"format": "jsonl"}).close()  # gone before any line
-    logs = web.get(reverse("web-data-export-session-logs"))
+    web.post(reverse("web-data-export"), {"format": "jsonl"}).close()  # gone before any line
+    logs = web.post(reverse("web-data-export-session-logs"))
     b"".join(logs.streaming_content)
     logs.close()
-    assert web.get(reverse("web-data-export-decisions-and-cache")).status_code == 200
+    assert web.post(reverse("web-data-export-decisions-and-cache")).status_code == 200
     assert web.post(reverse("web-decision-delete"), {"key": "db"}).status_code == 302
     assert web.post(reverse("web-cache-clear")).status_code == 302
     after = scrape()

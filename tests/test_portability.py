@@ -366,7 +366,7 @@ def test_rest_export_and_import_are_scoped_by_the_token(alice, bob, alice_memori
 def test_web_download_and_upload(client, alice, bob, alice_memories):
     client.force_login(alice)
     assert b"Import memories" in client.get("/data/").content
-    download = client.get("/data/export/?format=jsonl")
+    download = client.post("/data/export/", {"format": "jsonl"})
     assert download.status_code == 200 and "attachment" in download["Content-Disposition"]
     client.force_login(bob)
     upload = io.BytesIO(b"".join(download.streaming_content))

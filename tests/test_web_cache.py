@@ -99,7 +99,7 @@ def test_delete_all_deletes_only_mine(alice, bob, client):
 
 def test_the_pages_need_a_login_and_changes_need_post(alice, client):
     assert client.get("/cache/").status_code == 302
-    assert client.get("/data/export/decisions-and-cache/").status_code == 302
+    assert client.post("/data/export/decisions-and-cache/").status_code == 302
     assert client.post("/cache/clear/").status_code == 302
     assert client.post("/cache/delete/", {"id": str(uuid.uuid4())}).status_code == 302
     client.force_login(alice)
@@ -119,7 +119,7 @@ def test_your_data_downloads_my_decisions_and_cached_answers_only(alice, bob, cl
     billed = UsageEvent.objects.count()
     client.force_login(alice)
     assert "/data/export/decisions-and-cache/" in client.get("/data/").content.decode()
-    response = client.get("/data/export/decisions-and-cache/")
+    response = client.post("/data/export/decisions-and-cache/")
     assert response.status_code == 200 and "attachment" in response["Content-Disposition"]
     document = response.json()
     assert document["format"] == "memsite.decisions_and_cache" and document["version"] == 1
@@ -145,8 +145,8 @@ def test_clear_all_memories_drops_the_cached_answers_too(alice, bob):
 def test_the_decisions_and_cache_download_is_rate_limited(alice, client, settings):
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "export_decisions_and_cache": (1, 60)}
     client.force_login(alice)
-    assert client.get("/data/export/decisions-and-cache/").status_code == 200
-    refused = client.get("/data/export/decisions-and-cache/", follow=True)
+    assert client.post("/data/export/decisions-and-cache/").status_code == 200
+    refused = client.post("/data/export/decisions-and-cache/", follow=True)
     assert (
         refused.redirect_chain[-1][0] == "/data/"
         and "Too many export_decisions_and_cache calls" in refused.content.decode()

@@ -15,7 +15,7 @@ from memories import services
 from memories.interfaces import downloads
 from memories.interfaces.web import views as web_views
 from memories.services import memory_delete, memory_export, memory_export_stream, memory_remember, memory_update
-from tests.conftest import asgi_get, elsewhere, internal_call, lines_counted
+from tests.conftest import asgi_post, elsewhere, internal_call, lines_counted
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -44,7 +44,7 @@ def test_the_download_is_the_api_export_of_the_person_billed_and_audited_once(
     monkeypatch.setattr(services, "EXPORT_PAGE_SIZE", 3)  # several pages, both passes of Markdown
     billed = UsageEvent.objects.count()
     client.force_login(alice)
-    response = client.get(f"/data/export/?format={file_format}")
+    response = client.post("/data/export/", {"format": file_format})
     assert response.status_code == 200 and response.streaming
     streamed = body_of(response)
     assert "bob-private-fact" not in streamed
@@ -74,11 +74,11 @@ def test_the_download_is_the_api_export_of_the_person_billed_and_audited_once(
 def test_a_bad_format_or_the_rate_limit_is_refused_audited_and_not_billed(alice, alices, client, settings):
     client.force_login(alice)
     billed = UsageEvent.objects.count()
-    refused = client.get("/data/export/?format=pdf", follow=True)
+    refused = client.post("/data/export/", {"format": "pdf"}, follow=True)
     assert refused.redirect_chain[-1][0] == "/data/" and "format must be one of" in refused.content.decode()
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "export_memories": (1, 60)}
-    assert client.get("/data/export/").status_code == 200
-    limited = client.get("/data/export/", follow=True)
+    assert client.post("/data/export/").status_code == 200
+    limited = client.post("/data/export/", follow=True)
     assert "Too many export_memories calls" in limited.content.decode()
     rows = AuditEvent.objects.filter(operation="export_memories").order_by("id")
     assert [(r.outcome, r.error_code) for r in rows] == [
@@ -128,8 +128,8 @@ def test_under_asgi_it_is_sent_while_it_is_read(alice, alice_scope, alices, clie
     monkeypatch.setattr(downloads, "DOWNLOAD_BATCH_LINES", 2)
     produced = lines_counted(monkeypatch, web_views, "memory_export_stream")
     client.force_login(alice)
-    status, body, sent_at = asgi_get(
-        "/data/export/?format=jsonl", cookie=f"sessionid={client.cookies['sessionid'].value}", produced=produced
+    status, body, sent_at = asgi_post(
+        "/data/export/", {"format": "jsonl"}, session=client.cookies["sessionid"].value, produced=produced
     )
     assert status == 200 and len(body.decode().splitlines()) == 8 == len(produced)
     assert b"bob-private-fact" not in body

@@ -14,7 +14,7 @@ from memories import sessions
 from memories.interfaces import downloads
 from memories.interfaces.web import sessions as web_sessions
 from memories.models import SessionArchive
-from tests.conftest import asgi_get, lines_counted
+from tests.conftest import asgi_post, lines_counted
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -121,7 +121,7 @@ def test_your_data_streams_every_session_log_of_mine_only(alice, alice_scope, bo
     billed = UsageEvent.objects.count()
     client.force_login(alice)
     assert "/data/export/session-logs/" in client.get("/data/").content.decode()
-    response = client.get("/data/export/session-logs/")
+    response = client.post("/data/export/session-logs/")
     assert response.status_code == 200 and "attachment" in response["Content-Disposition"]
     body = b"".join(response.streaming_content).decode()
     lines = [json.loads(line) for line in body.splitlines()]
@@ -144,7 +144,7 @@ def test_your_data_streams_every_session_log_of_mine_only(alice, alice_scope, bo
     assert row.actor_user_id == alice.pk and row.detail == {"sessions": 2, "events": 4, "archives": 1}
     assert UsageEvent.objects.count() == billed
     client.logout()
-    assert client.get("/data/export/session-logs/").status_code == 302
+    assert client.post("/data/export/session-logs/").status_code == 302
 
 
 def test_the_download_streams_under_asgi_without_reading_it_all_first(
@@ -158,8 +158,8 @@ def test_the_download_streams_under_asgi_without_reading_it_all_first(
     log(bob_scope, "s0", [{"type": "message", "role": "user", "content": "bob-secret"}])
     produced = lines_counted(monkeypatch, web_sessions, "session_logs_export")
     client.force_login(alice)
-    status, body, sent_at = asgi_get(
-        "/data/export/session-logs/", cookie=f"sessionid={client.cookies['sessionid'].value}", produced=produced
+    status, body, sent_at = asgi_post(
+        "/data/export/session-logs/", {}, session=client.cookies["sessionid"].value, produced=produced
     )
     lines = [json.loads(line) for line in body.decode().splitlines()]
     assert status == 200 and len(lines) == 1 + 4 + 200 == len(produced)
@@ -174,8 +174,8 @@ def test_the_download_is_rate_limited_and_a_refusal_is_audited(alice, alice_scop
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "export_session_logs": (1, 60)}
     log(alice_scope, "s1", [{"type": "message", "role": "user", "content": "hello"}])
     client.force_login(alice)
-    assert client.get("/data/export/session-logs/").status_code == 200
-    refused = client.get("/data/export/session-logs/", follow=True)
+    assert client.post("/data/export/session-logs/").status_code == 200
+    refused = client.post("/data/export/session-logs/", follow=True)
     assert (
         refused.redirect_chain[-1][0] == "/data/" and "Too many export_session_logs calls" in refused.content.decode()
     )

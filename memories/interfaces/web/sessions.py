@@ -121,9 +121,10 @@ def session_events_delete(request):
 
 
 @login_required
-@require_GET
+@require_POST
 def session_logs_download(request):
-    """The "Your data" page's download of every session log, streamed as JSONL."""
+    """The "Your data" page's download of every session log, streamed as JSONL. A POST
+    with the CSRF token, so another site cannot spend the user's export limit."""
     try:
         lines = lines_observed(
             operation=Operation.EXPORT_SESSION_LOGS,

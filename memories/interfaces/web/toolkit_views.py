@@ -93,9 +93,10 @@ def cache_entries_clear(request):
 
 
 @login_required
-@require_GET
+@require_POST
 def decisions_and_cache_export(request):
-    """The "Your data" page's second download: decisions and cached answers as JSON."""
+    """The "Your data" page's second download: decisions and cached answers as JSON. A
+    POST with the CSRF token, so another site cannot spend the user's export limit."""
     try:
         with ui_call_observed(Operation.EXPORT_DECISIONS_AND_CACHE):
             document = toolkit_data_export(_scope(request), call=web_call(request))

@@ -142,6 +142,13 @@ def memory_index(request):
         "sources": memory_client_apps(scope),
         "next_cursor": None,
     }
+    if query and request.headers.get("Sec-Fetch-Site") == "cross-site":
+        # A search is billed and rate limited, and another site can navigate a signed-in
+        # browser here (Lax cookies go along): it would spend the user's money and limit.
+        # The browser says where the navigation came from; a cross-site one shows the
+        # search unrun (the query filled in, nothing billed) until the user presses Apply.
+        # Same-origin, typed or bookmarked (`none`) and header-less requests run as always.
+        return render(request, "web/memory_list.html", {**context, "memories": [], "search_held": True})
     try:
         if query:
             arguments = {"query": query, "top_k": SEARCH_RESULTS, "filters": filters or None, **field_filters}
@@ -525,11 +532,13 @@ def data_page(request):
 
 
 @login_required
-@require_GET
+@require_POST
 def data_export(request):
     """The memories as a file, streamed (memory_export_stream: the same file and the same
-    billed, audited call as the API's export_memories, never held whole in memory)."""
-    file_format = request.GET.get("format", "jsonl")
+    billed, audited call as the API's export_memories, never held whole in memory). A POST
+    with the CSRF token: another site can navigate a signed-in browser to a GET (Lax
+    cookies go along), which would bill an export and spend the user's export limit."""
+    file_format = request.POST.get("format", "jsonl")
     try:
         lines = lines_observed(
             operation=Operation.EXPORT_MEMORIES,
