@@ -4,6 +4,7 @@ See README.md ("Configuration") for every variable. Secrets have no default outs
 local development (MEMSITE_ENV=local, the default for a checkout).
 """
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,28 @@ LOGIN_REDIRECT_URL = "web-memories"
 LOGOUT_REDIRECT_URL = "login"
 SESSION_COOKIE_SECURE = not LOCAL_DEV
 CSRF_COOKIE_SECURE = not LOCAL_DEV
+# HSTS: a browser that got the header over https uses only https for this host for that
+# long. Django's SecurityMiddleware sends it on https responses only (`request.is_secure()`;
+# behind a TLS proxy see SECURE_PROXY_SSL_HEADER). On in production (a year); 0 turns it
+# off; off by default locally, where the site is plain http.
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if LOCAL_DEV else 31_536_000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+if SECURE_HSTS_PRELOAD and not (SECURE_HSTS_INCLUDE_SUBDOMAINS and SECURE_HSTS_SECONDS >= 31_536_000):
+    raise ConfigError("SECURE_HSTS_PRELOAD needs SECURE_HSTS_INCLUDE_SUBDOMAINS and SECURE_HSTS_SECONDS >= 31536000")
+# Which requests came over https. uvicorn already takes the scheme from X-Forwarded-Proto
+# (and the client's address from X-Forwarded-For) when the request comes from an address in
+# FORWARDED_ALLOW_IPS (default: loopback, a proxy on the same host). Otherwise name the
+# header the proxy sets to `https` (e.g. X-Forwarded-Proto): only if the proxy always sets
+# it, replacing whatever the client sent, or a client could claim https.
+_PROXY_SSL_HEADER = env_str("SECURE_PROXY_SSL_HEADER")
+if _PROXY_SSL_HEADER is not None and not re.fullmatch(r"[A-Za-z0-9-]+", _PROXY_SSL_HEADER):
+    raise ConfigError(
+        f"SECURE_PROXY_SSL_HEADER must be a header name like X-Forwarded-Proto, got {_PROXY_SSL_HEADER!r}"
+    )
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _PROXY_SSL_HEADER.upper().replace("-", "_"), "https") if _PROXY_SSL_HEADER else None
+)
 
 # --- Memory engine (mem0) ---------------------------------------------------------
 EMBEDDER = env_choice("EMBEDDER", "local", ("local", "gemini"))

@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 
@@ -73,6 +74,9 @@ def test_bad_port_is_refused():
         ("OIDC_TENANT_MAP", "acme", "OIDC_TENANT_MAP must look like key:value"),
         ("LOGIN_FAILURES_PER_USERNAME", "0", "LOGIN_FAILURES_PER_USERNAME must be >= 1"),
         ("LOGIN_FAILURE_WINDOW_S", "86401", "LOGIN_FAILURE_WINDOW_S must be <= 86400"),
+        ("SECURE_HSTS_SECONDS", "-1", "SECURE_HSTS_SECONDS must be >= 0"),
+        ("SECURE_PROXY_SSL_HEADER", "X-Forwarded-Proto: https", "SECURE_PROXY_SSL_HEADER must be a header name"),
+        ("SECURE_HSTS_PRELOAD", "true", "SECURE_HSTS_PRELOAD needs SECURE_HSTS_INCLUDE_SUBDOMAINS"),
         ("DATABASE_URL", "postgres://user:s3cretPW@host:notaport/db", "DATABASE_URL is not a valid postgresql:// URL"),
     ],
 )
@@ -94,3 +98,59 @@ def test_the_coverage_gate_must_open_above_where_it_closes():
     assert "SEARCH_COVERAGE_RELATED_COSINE must be >= 0.3" in result.stderr
     step = _import_settings(SEARCH_COVERAGE_UNRELATED_COSINE="0.2", SEARCH_COVERAGE_RELATED_COSINE="0.2")
     assert step.returncode == 0, step.stderr  # equal: a step instead of a ramp
+
+
+PRODUCTION = {"MEMSITE_ENV": "production", "DJANGO_SECRET_KEY": "x" * 50, "AUDIT_MASTER_KEY": "A" * 43 + "="}
+HTTPS_SETTINGS = (
+    "SECURE_HSTS_SECONDS",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS",
+    "SECURE_HSTS_PRELOAD",
+    "SECURE_PROXY_SSL_HEADER",
+)
+
+
+def _settings_of(**overrides) -> dict:
+    """The HTTPS settings a process started with these variables gets."""
+    import os
+
+    code = f"import json, memsite.settings as s; print(json.dumps({{n: getattr(s, n) for n in {HTTPS_SETTINGS!r}}}))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **overrides}, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_production_sends_hsts_for_a_year_and_it_can_be_turned_off():
+    assert _settings_of(**PRODUCTION) == {
+        "SECURE_HSTS_SECONDS": 31_536_000,
+        "SECURE_HSTS_INCLUDE_SUBDOMAINS": False,
+        "SECURE_HSTS_PRELOAD": False,
+        "SECURE_PROXY_SSL_HEADER": None,  # uvicorn takes X-Forwarded-Proto from a trusted proxy
+    }
+    assert _settings_of(**PRODUCTION, SECURE_HSTS_SECONDS="0")["SECURE_HSTS_SECONDS"] == 0
+    assert _settings_of(MEMSITE_ENV="local")["SECURE_HSTS_SECONDS"] == 0  # plain http locally
+    chosen = _settings_of(
+        **PRODUCTION,
+        SECURE_HSTS_SECONDS="63072000",
+        SECURE_HSTS_INCLUDE_SUBDOMAINS="true",
+        SECURE_HSTS_PRELOAD="true",
+        SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto",
+    )
+    assert chosen == {
+        "SECURE_HSTS_SECONDS": 63_072_000,
+        "SECURE_HSTS_INCLUDE_SUBDOMAINS": True,
+        "SECURE_HSTS_PRELOAD": True,
+        "SECURE_PROXY_SSL_HEADER": ["HTTP_X_FORWARDED_PROTO", "https"],
+    }
+
+
+@pytest.mark.django_db
+def test_hsts_goes_out_on_https_responses_only(client, settings):
+    settings.SECURE_HSTS_SECONDS = 31_536_000
+    assert client.get("/accounts/login/", secure=True)["Strict-Transport-Security"] == "max-age=31536000"
+    assert "Strict-Transport-Security" not in client.get("/accounts/login/")
+    # Behind a proxy named in SECURE_PROXY_SSL_HEADER, its header says the request was https.
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    proxied = client.get("/accounts/login/", HTTP_X_FORWARDED_PROTO="https")
+    assert proxied["Strict-Transport-Security"] == "max-age=31536000"
