@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("audit", "0018_credential_index"),
+        ("audit", "0019_history_admin_indexes"),
     ]
 
     operations = [
