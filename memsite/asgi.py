@@ -77,7 +77,14 @@ def build_application():
 
     # While the database is away every surface answers 503 backend_unavailable with Retry-After;
     # no body over REQUEST_BODY_MAX_BYTES is read (413 payload_too_large).
-    return BackendUnavailableMiddleware(BodyLimitMiddleware(application, max_bytes=settings.REQUEST_BODY_MAX_BYTES))
+    # A chunked body is spooled for Django only: the MCP and OAuth apps read it themselves,
+    # after their host and credential checks.
+    limited = BodyLimitMiddleware(
+        application,
+        max_bytes=settings.REQUEST_BODY_MAX_BYTES,
+        reads_chunked=lambda path: path.rstrip("/") in routes,
+    )
+    return BackendUnavailableMiddleware(limited)
 
 
 application = build_application()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from collections.abc import Callable
 from typing import IO, Any
 
 logger = logging.getLogger(__name__)
@@ -84,9 +85,13 @@ def _replaying(spool: IO[bytes], size: int, receive: Any) -> Any:
 class BodyLimitMiddleware:
     """ASGI wrapper: a body over `max_bytes` is answered 413 and never read whole."""
 
-    def __init__(self, app: Any, *, max_bytes: int) -> None:
+    def __init__(self, app: Any, *, max_bytes: int, reads_chunked: Callable[[str], bool] | None = None) -> None:
+        """`reads_chunked(path)`: the app of that path reads a chunked body itself (the MCP
+        and OAuth apps, which check the host and credentials before reading any body, with
+        their own smaller caps); only the other paths (Django's) have it spooled here."""
         self.app = app
         self.max_bytes = max_bytes
+        self.reads_chunked = reads_chunked or (lambda _path: False)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -120,7 +125,7 @@ class BodyLimitMiddleware:
 
         app_receive = capped_receive
         spool: IO[bytes] | None = None
-        if _chunked_without_length(scope):
+        if _chunked_without_length(scope) and not self.reads_chunked(str(scope.get("path", ""))):
             spooled = await _body_spooled(capped_receive)
             if over:
                 await self._refuse(scope, send)

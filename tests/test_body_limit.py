@@ -122,3 +122,16 @@ def test_a_chunked_body_over_the_cap_is_refused(settings):
     assert status == 413 and json.loads(body)["error"]["code"] == "payload_too_large"
     assert read <= 5
     assert rows() == before  # refused before any app ran
+
+
+def test_a_chunked_body_to_mcp_is_left_to_its_gate(settings):
+    """The MCP gate checks the host and the bearer before it reads any body, with its own
+    cap: an unauthenticated chunked POST is refused without a chunk read."""
+    settings.REQUEST_BODY_MAX_BYTES = 64 * 1024 * 1024
+    chunks = [b"z" * 16 * 1024] * 200
+    status, _, read = post(
+        "/engines/memory/mcp",
+        chunks,
+        headers=[(b"content-type", b"application/json"), (b"transfer-encoding", b"chunked")],
+    )
+    assert status == 401 and read == 0
