@@ -83,6 +83,9 @@ def test_llm_tags_never_name_the_turn_lifecycles_own_tags(llm):
     would make a toolkit memory a turn fact (consolidated, deleted by retention)."""
     llm.queue_answer(_answer(["Turn-Fact", "tier:l1", "project:x", "travel"]))
     assert enrichment.enrich_text(FLIGHTS).tags == ["travel"]
+    # Nor the heuristics' (the sweep's fallback, and every imported pending candidate's).
+    tags = enrichment.enrich_heuristic("Our agents tag extracted facts turn-fact; the turn-fact tag marks them.").tags
+    assert "turn-fact" not in tags and "agents" in tags
 
 
 # --- 2: an import makes no toolkit candidates ------------------------------------------------------

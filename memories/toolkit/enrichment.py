@@ -213,7 +213,8 @@ def _tags(text: str) -> list[str]:
     words = [w.lower().strip(".-") for w in _WORD.findall(text)]
     # A tag is at most TAG_MAX_CHARS, as every writer's tags are (an export must import):
     # a longer "word" (a hash, a kebab-case run) is no useful tag anyway.
-    counts = Counter(w for w in words if w not in _STOP and 2 < len(w) <= TAG_MAX_CHARS)
+    # Never a turn lifecycle tag ("turn-fact" is a word here), as for the LLM's tags.
+    counts = Counter(w for w in words if w not in _STOP and 2 < len(w) <= TAG_MAX_CHARS and not system_tag(w))
     return [word for word, _ in counts.most_common(MAX_TAGS)]
 
 
