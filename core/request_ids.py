@@ -1,7 +1,8 @@
 """The request id of the call being served, for every log line of that call.
 
-The HTTP entry points (ASGI middleware for MCP, Django middleware for REST, UI and
-admin) and Celery task runs bind one id per request; the log filter in `core.logs`
+The HTTP entry points (ASGI wrappers around the MCP and OAuth apps and in front of
+Django's handlers for REST, UI and admin; Django's middleware when there is no ASGI
+layer, as in its test client) and Celery task runs bind one id per request; the log filter in `core.logs`
 stamps it on every record, and the first `CallContext` built during the request takes
 it (`request_id_claim`), so the audit row, the usage event, the `X-Request-Id` response
 header and the logs all carry the same id.
