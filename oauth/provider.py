@@ -38,6 +38,7 @@ from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, Request
 from mcp.shared.auth import InvalidRedirectUriError, InvalidScopeError, OAuthClientInformationFull, OAuthToken
 from pydantic import AnyUrl
 from starlette.datastructures import Headers
+from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, request_response
@@ -424,6 +425,11 @@ async def _form_refusal(path: str, scope: dict[str, Any], body: bytes) -> JSONRe
     request = Request(scope, once)
     try:
         form = await request.form()
+    except MultiPartException as error:
+        # A field over the form parser's part limit (1 MiB): the handlers' own parse (the
+        # client authenticator's first) would raise it uncaught, a 500. Starlette's message
+        # names the limit, never the field's text.
+        return _oauth_error(400, "invalid_request", str(error))
     except Exception:  # noqa: BLE001 - a malformed form is the handler's to answer, in its shape
         return None
     try:

@@ -316,3 +316,16 @@ def test_bearer_token_with_invalid_text_is_an_invalid_key(alice_key, api_client)
         assert response.status_code == 401
         assert 'error="invalid_token"' in response["WWW-Authenticate"]
     assert authenticate_bearer(f"Bearer {alice_key}") is not None
+
+
+def test_a_form_field_over_the_parsers_limit_is_a_400_not_a_500():
+    """Starlette's form parser refuses a field over 1 MiB by raising; the client
+    authenticator parsed the form first and let it through as a 500."""
+    big = "a" * (1024 * 1024 + 10)
+    responses = _oauth(
+        ("POST", "/oauth/token", {"data": {"grant_type": "authorization_code", "code": "x", "client_id": big}}),
+        ("POST", "/oauth/revoke", {"data": {"token": big, "client_id": "c"}}),
+    )
+    for response in responses:
+        _oauth_error(response, 400, "invalid_request")
+        assert "aaaa" not in response.text
