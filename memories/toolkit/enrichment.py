@@ -250,7 +250,7 @@ def _llm_tag(item: str) -> str:
     Never one of the turn lifecycle's own tags (`turn-fact`, `tier:...`, `project:...`): the
     memory's text steers the LLM, and such a tag would make a toolkit memory a turn fact
     that consolidation may trash and retention delete."""
-    tag = " ".join(storable_text(_ANY_CONTROL.sub(" ", item)).split()).lower()[:TAG_MAX_CHARS].strip()
+    tag = " ".join(_ANY_CONTROL.sub(" ", storable_text(item)).split()).lower()[:TAG_MAX_CHARS].strip()
     return tag if tag_storable(tag) and not system_tag(tag) else ""
 
 
