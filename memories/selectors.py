@@ -24,9 +24,9 @@ from memories.engine import (
     EngineMemory,
     engine_client_apps,
     engine_get,
-    engine_health_counts,
     engine_memory_count,
     engine_memory_ids,
+    engine_trash_count,
     engine_trashed,
 )
 from memories.keyset import KeysetPage, Seek, keyset_page, queryset_page
@@ -162,9 +162,7 @@ def _trashed_views(items: Iterable[EngineMemory]) -> list[TrashedView]:
 def memory_trash_count(scope: MemoryScope, *, request_id: str | None = None) -> int:
     """How many memories are in the scope's trash; with `request_id`, how many of them that
     one call deleted (what restoring its group brings back)."""
-    if request_id is None:
-        return int(engine_health_counts(scope)["trash"])
-    return len(engine_trashed(scope, request_id=request_id, limit=1_000_000))
+    return engine_trash_count(scope, request_id=request_id)
 
 
 def memory_versions(scope: MemoryScope, *, memory_id: str) -> list[dict[str, Any]]:
@@ -279,8 +277,15 @@ def _activity_rows(scope: MemoryScope, *, by_services: bool) -> QuerySet[AuditEv
     return rows
 
 
-def memory_activity_count(scope: MemoryScope, *, by_services: bool = False) -> int:
-    return _activity_rows(scope, by_services=by_services).count()
+# The Activity page says how many calls there were up to this many, and "more than" past
+# it: the count runs on every page view and a busy agent's user has millions of rows.
+ACTIVITY_COUNT_CAP = 10_000
+
+
+def memory_activity_count(scope: MemoryScope, *, by_services: bool = False, cap: int = ACTIVITY_COUNT_CAP) -> int:
+    """How many calls memory_activity lists, counted up to `cap` + 1 at most (more than
+    `cap` is all the page needs to say), so the count stops after that many index rows."""
+    return _activity_rows(scope, by_services=by_services)[: cap + 1].count()
 
 
 def memory_activity(

@@ -13,6 +13,7 @@ from memories.engine.lifecycle import (
     engine_restore,
     engine_set_attrs,
     engine_trash,
+    engine_trash_count,
     engine_trashed,
 )
 from memories.engine.mem0_adapter import (
@@ -128,6 +129,7 @@ __all__ = [
     "engine_set_attrs",
     "engine_timestamp",
     "engine_trash",
+    "engine_trash_count",
     "engine_trashed",
     "EngineError",
     "EngineMemory",

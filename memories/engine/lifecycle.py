@@ -161,6 +161,19 @@ def engine_trashed(
     return [engine_memory_from_row(row[0], _payload(row[1])) for row in _run(statement, params)]
 
 
+def engine_trash_count(scope: MemoryScope, *, request_id: str | None = None) -> int:
+    """How many of the scope's rows are in the trash; with `request_id`, how many that one
+    call trashed. Counted over the partial trash order index: the Trash page asks on every
+    view, and neither the user's live rows nor the trashed rows themselves are read."""
+    params: list[Any] = [KEY_USER_ID, scope.engine_user_id]
+    clause: sql.Composable = sql.SQL("")
+    if request_id is not None:
+        clause = sql.SQL(" AND payload->{}->>'request_id' = %s").format(sql.Literal(KEY_TRASH))
+        params.append(request_id)
+    statement = sql.SQL("SELECT count(*) FROM {} WHERE payload->>%s = %s AND trashed{}").format(_table(), clause)
+    return int(_run(statement, params)[0][0])
+
+
 def engine_purge_due(*, trashed_before: datetime | None, expired_at: datetime, limit: int) -> list[tuple[str, str]]:
     """(id, owner) of rows due for deletion: in the trash since before `trashed_before`
     (None: no trash is due), or expired at `expired_at`. Any user's: the purge job.

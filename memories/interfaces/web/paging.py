@@ -72,13 +72,21 @@ class Pager:
     total: int | None
     previous_url: str | None
     next_url: str | None
+    total_is_lower_bound: bool = False  # "of more than `total`": the count stopped there
 
 
 def pager_of(
-    request, listing: Listing, page: KeysetPage, *, total: int | None = None, keep: Mapping[str, str] | None = None
+    request,
+    listing: Listing,
+    page: KeysetPage,
+    *,
+    total: int | None = None,
+    total_cap: int | None = None,
+    keep: Mapping[str, str] | None = None,
 ) -> Pager:
     """The pager of `page`; its links keep the query parameters `keep` (a filter, the
-    session shown)."""
+    session shown). A `total` counted only up to `total_cap` + 1 shows as "more than
+    `total_cap`" when it got there."""
 
     def link(direction: str, position: Position | None) -> str | None:
         if position is None:
@@ -86,9 +94,11 @@ def pager_of(
         cursor = position_encode([direction, *position], bound_to=_bound_to(request, listing))
         return "?" + urlencode({**(keep or {}), "cursor": cursor})
 
+    capped = total is not None and total_cap is not None and total > total_cap
     return Pager(
         shown=len(page),
-        total=total,
+        total=total_cap if capped else total,
+        total_is_lower_bound=capped,
         previous_url=link(_BEFORE, page.previous),
         next_url=link(_AFTER, page.next),
     )

@@ -32,6 +32,7 @@ from memories.models import ApiKey
 from memories.operations import operation_execute
 from memories.schemas import MEMORY_MAX_CHARS, TAGS_MAX
 from memories.selectors import (
+    ACTIVITY_COUNT_CAP,
     ACTIVITY_LIMIT,
     memory_activity,
     memory_activity_count,
@@ -502,9 +503,16 @@ def activity(request):
     rows, status = page_read(
         request, ACTIVITY, lambda seek: memory_activity(scope, by_services=by_services, limit=ACTIVITY_LIMIT, seek=seek)
     )
-    total = memory_activity_count(scope, by_services=by_services)
+    total = memory_activity_count(scope, by_services=by_services, cap=ACTIVITY_COUNT_CAP)
     # The pager's links keep the filter.
-    pager = pager_of(request, ACTIVITY, rows, total=total, keep={"by": "services"} if by_services else None)
+    pager = pager_of(
+        request,
+        ACTIVITY,
+        rows,
+        total=total,
+        total_cap=ACTIVITY_COUNT_CAP,
+        keep={"by": "services"} if by_services else None,
+    )
     return render(
         request, "web/activity.html", {"rows": rows, "by_services": by_services, "pager": pager}, status=status
     )
