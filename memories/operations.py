@@ -28,6 +28,7 @@ from memories.call_record import failures_audited
 from memories.services import (
     memory_clear_all,
     memory_delete,
+    memory_delete_dry_run,
     memory_export,
     memory_export_stream,
     memory_forget_bulk,
@@ -141,6 +142,9 @@ def _delete(scope: MemoryScope, args: schemas.DeleteInput, call: CallContext) ->
             dry_run=args.dry_run,
             call=call,
         ).as_dict()
+    if args.dry_run:  # count, change nothing: as a bulk forget's dry run and the toolkit's delete
+        ids = memory_delete_dry_run(scope, memory_id=args.memory_id, within=dict(call.narrowed_to), call=call)
+        return {"id": args.memory_id, "deleted": False, "deleted_count": len(ids), "dry_run": True}
     memory_delete(scope, memory_id=args.memory_id, within=dict(call.narrowed_to), call=call)
     return {"id": args.memory_id, "deleted": True}
 
@@ -251,7 +255,8 @@ OPERATIONS: dict[str, OperationDef] = {
             "delete_memory",
             Operation.DELETE_MEMORY,
             "Delete a memory",
-            "Delete one memory by id (it goes to the user's trash, restorable for a while). Or bulk forget: "
+            "Delete one memory by id (it goes to the user's trash, restorable for a while; dry_run: true only "
+            "counts it and its linked twin, returning {id, deleted: false, deleted_count, dry_run}). Or bulk forget: "
             "give tags (all must match), time_range {start, end} (ISO 8601, creation time) and/or memory_type "
             "instead of memory_id, with confirm: true; dry_run: true only counts. Returns {deleted_count, dry_run}.",
             schemas.DeleteInput,

@@ -465,7 +465,9 @@ class DeleteInput(StrictInput):
     time_range: TimeRange | None = Field(default=None, description="Bulk: created in [start, end), ISO 8601.")
     memory_type: MemoryTypeName | None = Field(default=None, description="Bulk: memories of this type.")
     confirm: StrictBool = Field(default=False, description="Bulk: must be true.")
-    dry_run: StrictBool = Field(default=False, description="Bulk: only count what would be deleted.")
+    dry_run: StrictBool = Field(
+        default=False, description="Only count what would be deleted (by id: the memory and its linked twin)."
+    )
 
     @field_validator("memory_id")
     @classmethod
@@ -597,9 +599,13 @@ class MemoryOutput(BaseModel):
 
 class DeleteOutput(BaseModel):
     id: str | None = Field(default=None, description="Single delete: the memory's id.")
-    deleted: bool | None = Field(default=None, description="Single delete: true (moved to the trash).")
-    deleted_count: int | None = Field(default=None, description="Bulk forget: how many (would be) deleted.")
-    dry_run: bool | None = Field(default=None, description="Bulk forget: true when nothing was changed.")
+    deleted: bool | None = Field(
+        default=None, description="Single delete: true (moved to the trash); false for a dry run."
+    )
+    deleted_count: int | None = Field(
+        default=None, description="Bulk forget, or a dry run by id: how many (would be) deleted."
+    )
+    dry_run: bool | None = Field(default=None, description="True when nothing was changed.")
 
 
 class ListOutput(BaseModel):

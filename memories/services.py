@@ -1091,6 +1091,30 @@ def _trash_or_delete(
     return deleted
 
 
+def memory_delete_dry_run(
+    scope: MemoryScope, *, memory_id: str, within: Mapping[str, str] | None = None, call: CallContext
+) -> list[str]:
+    """What memory_delete would move to the trash (the memory, then the other row of its
+    toolkit store_memory message), changing nothing: a billed, audited read that answers
+    `not_found` exactly as the delete would (another user's id, outside `within`)."""
+    rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
+    item = memory_get_owned(scope, memory_id=memory_id)
+    if not _within(item, within):
+        raise not_found()
+    with _engine_errors():
+        twins = _message_twins(scope, item)
+    ids = [memory_id, *(twin.id for twin in twins)]
+    with transaction.atomic():
+        call_succeeded(
+            scope,
+            call=call,
+            operation=Operation.DELETE_MEMORY,
+            memory_ids=ids,
+            detail={"dry_run": True, "linked": ids[1:]},
+        )
+    return ids
+
+
 def memory_delete(
     scope: MemoryScope,
     *,

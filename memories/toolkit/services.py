@@ -58,7 +58,6 @@ from memories.engine import (
 )
 from memories.models import ContentHash, IngestIntent
 from memories.rate_limits import rate_limit_consume, rate_limit_consume_audited
-from memories.selectors import memory_get_owned
 from memories.services import (
     CANDIDATE_CONTAINMENT,
     STM_LINK_KEY,
@@ -67,7 +66,6 @@ from memories.services import (
     _engine_errors,
     _hash_owner,
     _live,
-    _message_twins,
     _pairs,
     _system_metadata,
     _text_insert_claimed,
@@ -76,6 +74,7 @@ from memories.services import (
     erasure_lock_key,
     ingest_intents_supersede,
     memory_delete,
+    memory_delete_dry_run,
     user_write_locks,
 )
 from memories.sessions import session_data_erase
@@ -906,19 +905,7 @@ def toolkit_memory_delete(scope: MemoryScope, *, memory_id: str, dry_run: bool, 
     id answers `not_found` like a missing one. `dry_run` counts them and changes nothing."""
     if not dry_run:
         return {"deleted_count": len(memory_delete(scope, memory_id=memory_id, call=call)), "dry_run": False}
-    rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
-    item = memory_get_owned(scope, memory_id=memory_id)
-    with _engine_errors():
-        twins = _message_twins(scope, item)
-    with transaction.atomic():
-        call_succeeded(
-            scope,
-            call=call,
-            operation=Operation.DELETE_MEMORY,
-            memory_ids=[memory_id, *(twin.id for twin in twins)],
-            detail={"dry_run": True, "linked": [twin.id for twin in twins]},
-        )
-    return {"deleted_count": 1 + len(twins), "dry_run": True}
+    return {"deleted_count": len(memory_delete_dry_run(scope, memory_id=memory_id, call=call)), "dry_run": True}
 
 
 # --- memory_health / wipe_user_data ---------------------------------------------------------

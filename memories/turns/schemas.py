@@ -233,7 +233,8 @@ class PrefetchInput(TurnInput):
 
     @model_validator(mode="after")
     def _one(self) -> PrefetchInput:
-        if not self.query.strip() and not self.messages:
+        # Blank messages leave nothing to recall for, as a blank query does.
+        if not self.query.strip() and not any(m.content.strip() for m in self.messages):
             raise ValueError("give a query or messages")
         return self
 

@@ -198,9 +198,12 @@ def memory_block_build(
 
 
 def _query_of(items: list[dict[str, Any]]) -> str:
-    """What to recall for: the user's words in the current input (else all its text)."""
-    user = [item_text(item) for item in items if item_role(item) == "user"]
-    return "\n".join(user or [item_text(item) for item in items])
+    """What to recall for: the user's words in the current input (else all its text);
+    blank items add nothing."""
+    texts = [(item_role(item), item_text(item)) for item in items]
+    texts = [(role, text) for role, text in texts if text.strip()]
+    user = [text for role, text in texts if role == "user"]
+    return "\n".join(user or [text for _, text in texts])
 
 
 # --- before_turn -----------------------------------------------------------------------------------

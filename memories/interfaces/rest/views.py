@@ -127,8 +127,10 @@ def _errors(*codes: int) -> dict[int, OpenApiResponse]:
     described = {
         400: "Invalid argument (or confirmation required): `invalid_argument`, `confirmation_required`.",
         401: "Missing or invalid bearer token: `unauthenticated`.",
-        403: "A `scope` naming someone else: `forbidden`.",
-        404: "No memory with that id (a foreign id answers the same): `not_found`.",
+        403: "The key may not do this (a read-only key writing), or `X-Memory-Subject` / a `scope` names "
+        "someone a user key may not act for: `forbidden`.",
+        404: "No memory with that id (a foreign id answers the same), or a service key's `X-Memory-Subject` "
+        "names no user of its tenant: `not_found`.",
         409: "Conflicting concurrent change: `conflict`.",
         413: "An argument or the body is too large: `payload_too_large`.",
         429: "Rate limited: `rate_limited`, with `retry_after_s` and a Retry-After header.",
@@ -138,7 +140,8 @@ def _errors(*codes: int) -> dict[int, OpenApiResponse]:
     return {code: OpenApiResponse(response=schemas.ErrorResponse, description=described[code]) for code in codes}
 
 
-COMMON_ERRORS = (400, 401, 409, 413, 429, 503)
+# Every route can refuse the key's role (403) and a service key's subject (404).
+COMMON_ERRORS = (400, 401, 403, 404, 409, 413, 429, 503)
 MEMORY_ID_PARAMETER = OpenApiParameter(
     "memory_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The memory's id (a UUID)."
 )
