@@ -10,7 +10,7 @@
 - Markdown (export only): for people to read.
 - mem0: `get_all` output or its export JSON, `{"results": [{"id", "memory", "metadata",
   "created_at", "updated_at", "agent_id", "run_id", "expiration_date", ...}]}` (a bare list
-  is accepted too); mem0's own keys in `metadata` that we reserve come in as `mem0_<key>`.
+  is accepted too); keys in `metadata` that memsite reserves come in as `mem0_<key>`.
 - OpenMemory: the zip its `/api/v1/backup/export` writes (`memories.json` with `memories`
   and `apps`, `categories`, `memory_categories`; `memories.jsonl.gz` is a derived copy and
   not needed). Categories become tags; archived memories come in, deleted ones do not.
@@ -32,7 +32,7 @@ from typing import Any
 from core.errors import ErrorCode, ServiceError
 from core.inputs import MAX_JSON_DEPTH, InputError, json_depth_check, json_loads_safe, json_value_check, text_problem
 from memories import schemas
-from memories.engine import ENRICHMENT_CLAIM_KEY, MEM0_RESERVED_METADATA_KEYS, TIER_KEY, engine_timestamp
+from memories.engine import ENRICHMENT_CLAIM_KEY, TIER_KEY, engine_timestamp
 
 FORMAT_NAME = "memsite.memories"
 FORMAT_VERSION = 1
@@ -312,18 +312,20 @@ MEM0_KEY_PREFIX = "mem0_"
 
 
 def _mem0_keys_renamed(metadata: dict[str, Any], *, where: str) -> dict[str, Any]:
-    """A mem0 memory's metadata with the keys mem0 itself put there renamed `mem0_<key>`
-    (its procedural memories carry `memory_type: procedural_memory`): memsite reserves
-    them, and refusing them refused every real export that holds one. The owner's own
-    keys stay as they are (a reserved one of memsite's is still refused, by position)."""
-    if not MEM0_RESERVED_METADATA_KEYS.intersection(metadata):
+    """A mem0 memory's metadata with every key memsite reserves renamed `mem0_<key>`:
+    mem0 puts some there itself (its procedural memories' `memory_type`), and the rest
+    (`source`, `pinned`, `client_app`, ...) are the owner's own labels in mem0, where
+    nothing reserves them. Which is which cannot be told, and refusing either refused
+    the whole file. A key whose new name the metadata already holds is still refused (by
+    position: the key may be the owner's text), as is a key no name could carry."""
+    if not schemas.RESERVED_KEYS.intersection(metadata):
         return metadata
     renamed: dict[str, Any] = {}
     for n, (key, value) in enumerate(metadata.items(), start=1):
-        name = MEM0_KEY_PREFIX + key if key in MEM0_RESERVED_METADATA_KEYS else key
+        name = MEM0_KEY_PREFIX + key if key in schemas.RESERVED_KEYS else key
         if name != key and name in metadata:
             raise _invalid(
-                f"{where}: metadata: metadata key #{n} ({key!r}) is mem0's, and its new name {name!r} is taken"
+                f"{where}: metadata: metadata key #{n} ({key!r}) is reserved, and its new name {name!r} is taken"
             )
         renamed[name] = value
     return renamed

@@ -1,6 +1,7 @@
 """Review 28 (portability): what the toolkit's enrichment writes imports again; an
 import never makes toolkit candidates for the enrichment sweep; real mem0 exports come
-in whole, with their expiry, agent and run."""
+in whole, with their expiry, agent and run, and every metadata key memsite reserves
+renamed `mem0_<key>`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from core.errors import ErrorCode, ServiceError
 from core.scope import CallContext
+from memories import schemas
 from memories.auth import Principal
 from memories.operations import operation_execute
 from memories.services import memory_export, memory_import_file
@@ -187,6 +189,29 @@ def test_a_mem0_export_with_procedural_memories_expiry_agent_and_run_imports_the
     assert "Was in Porto last year" not in memories
 
 
+def test_every_metadata_key_memsite_reserves_comes_in_renamed_from_a_mem0_file(bob, bob_scope):
+    """mem0 reserves none of them: a `source` or `pinned` there is the owner's own label,
+    and refusing it refused the whole file. Each comes in as `mem0_<key>` and changes
+    nothing memsite keeps under that name."""
+    reserved = sorted(schemas.RESERVED_KEYS)
+    chunks = [reserved[start : start + 10] for start in range(0, len(reserved), 10)]  # within the 20-key budget
+    data = _mem0(
+        *({"memory": f"Labelled memory number {n}", "metadata": {"category": "x"} | {key: f"v-{key}" for key in chunk}}
+          for n, chunk in enumerate(chunks)),
+        {"memory": "Pinned in mem0", "metadata": {"pinned": True, "source": "slack", "mem0_note": "kept"}},
+    )  # fmt: skip
+    assert _import(bob_scope, data, "mem0").imported == len(chunks) + 1
+    memories = _by_text(bob)
+    for n, chunk in enumerate(chunks):
+        memory = memories[f"Labelled memory number {n}"]
+        assert memory["metadata"] == {"category": "x"} | {f"mem0_{key}": f"v-{key}" for key in chunk}
+        assert (memory["source"], memory["pinned"], memory["memory_type"]) == ("mem0", False, "user")
+        assert (memory["agent_id"], memory["session_id"], memory["expires_at"]) == (None, None, None)
+    pinned = memories["Pinned in mem0"]
+    assert pinned["metadata"] == {"mem0_pinned": True, "mem0_source": "slack", "mem0_note": "kept"}
+    assert (pinned["source"], pinned["pinned"]) == ("mem0", False)
+
+
 INVALID, TOO_LARGE = ErrorCode.INVALID_ARGUMENT, ErrorCode.PAYLOAD_TOO_LARGE
 
 
@@ -199,7 +224,9 @@ INVALID, TOO_LARGE = ErrorCode.INVALID_ARGUMENT, ErrorCode.PAYLOAD_TOO_LARGE
         ({"expiration_date": "next week"}, "results[1] expiration_date", INVALID),
         ({"expiration_date": 20261231}, "results[1] expiration_date", INVALID),
         ({"metadata": {"memory_type": "a", "mem0_memory_type": "b"}}, "results[1]: metadata: metadata key #1", INVALID),
-        ({"metadata": {"source": "mine"}}, "results[1]: metadata: metadata key #1 ('source') is reserved", INVALID),
+        ({"metadata": {"n": 1, "source": "a", "mem0_source": "b"}},
+         "results[1]: metadata: metadata key #2 ('source') is reserved, and its new name 'mem0_source'", INVALID),
+        ({"metadata": {"my key": "a"}}, "results[1]: metadata: metadata key #1 must be", INVALID),
     ],
 )  # fmt: skip
 def test_a_mem0_file_with_a_bad_scope_expiry_or_key_is_refused_whole(bob, bob_scope, record, named, code):

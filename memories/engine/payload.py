@@ -63,9 +63,6 @@ ENGINE_PAYLOAD_KEYS = frozenset(
 ENGINE_RESERVED_METADATA_KEYS = ENGINE_PAYLOAD_KEYS | OWN_PAYLOAD_KEYS | {
     "agent_id", "run_id", "id", "memory", "attributed_to", "expiration_date", "memory_type",
 }  # fmt: skip
-# Those of them mem0 itself writes or interprets (the rest are memsite's own): a mem0
-# export may carry them as a memory's metadata (its procedural memories' `memory_type`).
-MEM0_RESERVED_METADATA_KEYS = ENGINE_RESERVED_METADATA_KEYS - OWN_PAYLOAD_KEYS - {KEY_REQUEST_ID}
 
 
 DEFAULT_MEMORY_TYPE = "user"
