@@ -10,7 +10,8 @@
 - Markdown (export only): for people to read.
 - mem0: `get_all` output or its export JSON, `{"results": [{"id", "memory", "metadata",
   "created_at", "updated_at", "agent_id", "run_id", "expiration_date", ...}]}` (a bare list
-  is accepted too); keys in `metadata` that memsite reserves come in as `mem0_<key>`.
+  is accepted too); keys in `metadata` that memsite reserves come in as `mem0_<key>`, and
+  so do the top-level `actor_id`, `role` and `attributed_to`.
 - OpenMemory: the zip its `/api/v1/backup/export` writes (`memories.json` with `memories`
   and `apps`, `categories`, `memory_categories`; `memories.jsonl.gz` is a derived copy and
   not needed). Categories become tags; archived memories come in, deleted ones do not.
@@ -278,6 +279,10 @@ def _json_line(line: str, *, where: str) -> Any:
 
 
 def _parse_mem0(data: bytes) -> list[ImportItem]:
+    """Each record of mem0's `get_all`. Not carried: `id` (memsite makes new ids, as for
+    every file), `user_id` (the importing user owns them) and `hash`, mem0's md5 of the
+    text, which the engine computes again for the stored text (a copy in the metadata
+    would take a place of the owner's 20 keys and be wrong after the first edit)."""
     document = _json_document(data, what="mem0 export")
     records = document.get("results") if isinstance(document, dict) else document
     if not isinstance(records, list):
@@ -290,9 +295,8 @@ def _parse_mem0(data: bytes) -> list[ImportItem]:
         metadata = record.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise _invalid(f"{where}: metadata must be an object")
-        text, pinned, metadata, _ = _checked(
-            record.get("memory"), False, _mem0_keys_renamed(metadata, where=where), where=where
-        )
+        metadata = _mem0_speaker_carried(record, _mem0_keys_renamed(metadata, where=where), where=where)
+        text, pinned, metadata, _ = _checked(record.get("memory"), False, metadata, where=where)
         items.append(
             ImportItem(
                 text=text,
@@ -329,6 +333,36 @@ def _mem0_keys_renamed(metadata: dict[str, Any], *, where: str) -> dict[str, Any
             )
         renamed[name] = value
     return renamed
+
+
+# Who said a mem0 memory, which mem0's `get_all` gives beside `agent_id` and `run_id`:
+# `role` and `actor_id` (the message's role and `name`) of a memory added verbatim
+# (`infer=False`), `attributed_to` ("user" or "assistant", the LLM's answer) of an
+# extracted one. memsite has no such fields (its own rows' engine `role` is always "user"
+# and not shown), so they come in as metadata, named as the renamed keys are.
+MEM0_SPEAKER_FIELDS = ("actor_id", "role", "attributed_to")
+
+
+def _mem0_speaker_carried(record: dict[str, Any], metadata: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """The metadata with the record's speaker fields added as `mem0_<field>`, after the
+    file's own keys (errors name metadata keys by position). One that `metadata` holds
+    too (renamed already) with the same value is one key; with another, it is refused."""
+    carried = dict(metadata)
+    for key in MEM0_SPEAKER_FIELDS:
+        value = record.get(key)
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):  # mem0 writes text: a message's role and name, the LLM's label
+            raise _invalid(f"{where} {key} must be text")
+        if len(value) > schemas.METADATA_VALUE_MAX_CHARS:
+            raise ServiceError(
+                ErrorCode.PAYLOAD_TOO_LARGE, f"{where} {key} exceeds {schemas.METADATA_VALUE_MAX_CHARS} characters"
+            )
+        name = MEM0_KEY_PREFIX + key
+        if name in carried and carried[name] != value:
+            raise _invalid(f"{where} {key} comes in as metadata key {name!r}, which its metadata holds already")
+        carried[name] = value
+    return carried
 
 
 class _Mem0Scopes(schemas.StrictInput):

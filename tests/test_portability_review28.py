@@ -1,7 +1,7 @@
 """Review 28 (portability): what the toolkit's enrichment writes imports again; an
 import never makes toolkit candidates for the enrichment sweep; real mem0 exports come
-in whole, with their expiry, agent and run, and every metadata key memsite reserves
-renamed `mem0_<key>`."""
+in whole, with their expiry, agent and run, who said each memory, and every metadata key
+memsite reserves renamed `mem0_<key>`."""
 
 from __future__ import annotations
 
@@ -212,6 +212,32 @@ def test_every_metadata_key_memsite_reserves_comes_in_renamed_from_a_mem0_file(b
     assert (pinned["source"], pinned["pinned"]) == ("mem0", False)
 
 
+def test_who_said_a_mem0_memory_comes_in_as_metadata(bob, bob_scope):
+    """mem0's `get_all` gives a verbatim message's `role` and `actor_id` (its `name`) and an
+    extracted fact's `attributed_to` beside the memory, not in its metadata: they came in
+    nowhere. mem0's `hash` (md5 of the text) is not kept: the engine makes it again."""
+    data = _mem0(
+        {"memory": "Take the night train", "role": "assistant", "actor_id": "travel-bot",
+         "updated_at": "2025-05-20T18:00:00-07:00", "metadata": {"category": "travel"}},
+        {"memory": "I get seasick on ferries", "role": "user", "actor_id": None},
+        {"memory": "Prefers trains to planes", "attributed_to": "user", "agent_id": "travel-bot",
+         "metadata": {"source": "chat"}},
+        # Given in `metadata` too (renamed as every reserved key) with the same value: one key.
+        {"memory": "Booked a sleeper cabin", "role": "assistant", "metadata": {"role": "assistant"}},
+        {"memory": "Has no speaker", "role": "", "actor_id": "", "attributed_to": None},
+    )  # fmt: skip
+    assert _import(bob_scope, data, "mem0").imported == 5
+    metadata = {text: memory["metadata"] for text, memory in _by_text(bob).items()}
+    assert metadata == {
+        "Take the night train": {"category": "travel", "mem0_actor_id": "travel-bot", "mem0_role": "assistant"},
+        "I get seasick on ferries": {"mem0_role": "user"},
+        "Prefers trains to planes": {"mem0_source": "chat", "mem0_attributed_to": "user"},
+        "Booked a sleeper cabin": {"mem0_role": "assistant"},
+        "Has no speaker": {},
+    }
+    assert _by_text(bob)["Prefers trains to planes"]["agent_id"] == "travel-bot"
+
+
 INVALID, TOO_LARGE = ErrorCode.INVALID_ARGUMENT, ErrorCode.PAYLOAD_TOO_LARGE
 
 
@@ -227,6 +253,12 @@ INVALID, TOO_LARGE = ErrorCode.INVALID_ARGUMENT, ErrorCode.PAYLOAD_TOO_LARGE
         ({"metadata": {"n": 1, "source": "a", "mem0_source": "b"}},
          "results[1]: metadata: metadata key #2 ('source') is reserved, and its new name 'mem0_source'", INVALID),
         ({"metadata": {"my key": "a"}}, "results[1]: metadata: metadata key #1 must be", INVALID),
+        ({"role": ["user"]}, "results[1] role must be text", INVALID),
+        ({"actor_id": "a" * 1001}, "results[1] actor_id exceeds 1000 characters", TOO_LARGE),
+        ({"attributed_to": "user", "metadata": {"mem0_attributed_to": "assistant"}},
+         "results[1] attributed_to comes in as metadata key 'mem0_attributed_to'", INVALID),
+        # What comes in as metadata counts in the owner's 20 keys, as `remember` counts them.
+        ({"role": "user", "metadata": {f"k{n}": n for n in range(20)}}, "results[1]: metadata", TOO_LARGE),
     ],
 )  # fmt: skip
 def test_a_mem0_file_with_a_bad_scope_expiry_or_key_is_refused_whole(bob, bob_scope, record, named, code):
