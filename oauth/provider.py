@@ -44,7 +44,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, request_response
 
 from core.asgi_body import asgi_body_buffered
-from core.hosts import host_allowed
+from core.hosts import HOST_REFUSED_MESSAGE, HOST_REFUSED_STATUS, host_allowed
 from core.inputs import InputError, json_loads_safe, text_problem
 from oauth import services
 from oauth.cimd import MetadataDocumentError
@@ -274,12 +274,13 @@ class MemsiteAuthenticator(ClientAuthenticator):
 def _host_checked(app: Any) -> Any:
     """These endpoints are mounted beside Django, so its ALLOWED_HOSTS check never ran: a
     foreign Host named the issuer (consent page, default resource) without
-    PUBLIC_BASE_URL. Refused first, as Django refuses it (400), before anything is read or
-    stored."""
+    PUBLIC_BASE_URL. Refused first, before anything is read or stored, with the status the
+    MCP endpoints and every other JSON surface give it (421, core/hosts.py) in the OAuth
+    error shape (RFC 6749 §5.2)."""
 
     async def checked(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if not host_allowed(Headers(scope=scope).get("host", "")):
-            refusal = _oauth_error(400, "invalid_request", "This host name is not served here (ALLOWED_HOSTS).")
+            refusal = _oauth_error(HOST_REFUSED_STATUS, "invalid_request", HOST_REFUSED_MESSAGE)
             await refusal(scope, receive, send)
             return
         await app(scope, receive, send)

@@ -1,7 +1,9 @@
 """The OAuth endpoints honour ALLOWED_HOSTS. The SDK's /oauth/authorize, /token, /register
 and /revoke are mounted beside Django, so Django's host check never ran: with
 PUBLIC_BASE_URL unset a foreign Host became the issuer, the consent redirect's host and
-the stored resource. A foreign Host is now a 400 OAuth error, and nothing is stored."""
+the stored resource. A foreign Host is now refused with the OAuth error shape and the
+status the MCP endpoints give it (421 Misdirected Request, RFC 9110 §15.5.20), and
+nothing is stored."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ EVIL = {"Host": "evil.example"}
 
 
 def _assert_refused_host(response) -> None:
-    assert response.status_code == 400, response.text
+    assert response.status_code == 421, response.text
     assert response.json()["error"] == "invalid_request", response.text
     assert "ALLOWED_HOSTS" in response.json()["error_description"]
     assert "location" not in response.headers

@@ -44,7 +44,7 @@ from core.calls import call_context_from_request
 from core.choices import Channel
 from core.db_errors import PROGRAM_LIMIT_MESSAGE, is_program_limit_exceeded
 from core.errors import ErrorCode, ServiceError
-from core.hosts import allowed_hosts, host_allowed
+from core.hosts import HOST_REFUSED_MESSAGE, HOST_REFUSED_STATUS, allowed_hosts, host_allowed
 from core.inputs import LONE_SURROGATE_PROBLEM
 from core.scope import CallContext
 from memories.auth import Principal, authenticate_bearer
@@ -417,9 +417,7 @@ class McpHttpGate:
         headers = Headers(scope=scope)
         host = headers.get("host", "")
         if not host_allowed(host):
-            await _refusal(421, ErrorCode.FORBIDDEN, "This host name is not served here (ALLOWED_HOSTS).")(
-                scope, receive, send
-            )
+            await _refusal(HOST_REFUSED_STATUS, ErrorCode.FORBIDDEN, HOST_REFUSED_MESSAGE)(scope, receive, send)
             return
         origin = headers.get("origin")
         if origin is not None and not origin_allowed(origin):
