@@ -1,4 +1,5 @@
-"""Input checks for the Django pages that do not go through the operation dispatcher."""
+"""Input checks for the Django pages that do not go through the operation dispatcher, and
+the JSON answer to a Host that ALLOWED_HOSTS does not name."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from functools import cache
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template import engines
 
 from core.errors import ErrorCode
+from core.hosts import HOST_REFUSED_MESSAGE, HOST_REFUSED_STATUS
 from core.inputs import text_problem
 
 ADMIN_PREFIX = "/admin/"
@@ -148,3 +151,56 @@ class RequestInputMiddleware:
         kind, check_parameters = surface
         refusal = _refusal(request, check_parameters=check_parameters)
         return None if refusal is None else _answer(request, kind, refusal)
+
+
+# The JSON surfaces Django serves, by error shape. RFC 8414 / RFC 9728 metadata: OAuth's
+# (RFC 6749 §5.2), as the SDK-mounted OAuth endpoints answer. The memory REST API, the chat
+# proxy (/v1/...), an /engines/ path no toolset serves and the health check: our coded
+# {"error": {"code", "message"}}, as memsite.unavailable answers them.
+OAUTH_JSON_PREFIXES = ("/.well-known/",)
+CODED_JSON_PREFIXES = ("/v1/", "/engines/", "/healthz")
+
+
+def _foreign_host_refusal(request: HttpRequest) -> HttpResponse | None:
+    """A JSON surface's answer to a Host Django refuses (DisallowedHost), or None."""
+    oauth_shaped = request.path.startswith(OAUTH_JSON_PREFIXES)
+    if not oauth_shaped and not request.path.startswith(CODED_JSON_PREFIXES):
+        return None  # pages and the admin: Django's own 400 page, for a browser
+    try:
+        request.get_host()
+    except DisallowedHost:
+        pass
+    else:
+        return None
+    body: dict[str, Any]
+    if oauth_shaped:
+        body = {"error": "invalid_request", "error_description": HOST_REFUSED_MESSAGE}
+    else:
+        body = {"error": {"code": ErrorCode.FORBIDDEN.value, "message": HOST_REFUSED_MESSAGE}}
+    return JsonResponse(body, status=HOST_REFUSED_STATUS, headers={"Cache-Control": "no-store"})
+
+
+class ForeignHostMiddleware:
+    """A Host outside ALLOWED_HOSTS raised DisallowedHost at the first `get_host()`
+    (CommonMiddleware) and Django answered its HTML 400 page, also to the agents and OAuth
+    clients on the JSON surfaces, which parse JSON. Those get the answer the MCP and OAuth
+    apps beside Django give (core/hosts.py): 421, in their own JSON shape, never echoing
+    the host. Before every middleware that asks for the host."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if iscoroutinefunction(self):
+            return self._acall(request)
+        refused = _foreign_host_refusal(request)
+        return refused if refused is not None else self.get_response(request)
+
+    async def _acall(self, request: HttpRequest) -> Any:
+        refused = _foreign_host_refusal(request)  # no I/O: no thread hop
+        return refused if refused is not None else await self.get_response(request)

@@ -71,6 +71,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: binds the request id every log line, audit row and X-Request-Id carries.
     "memsite.observability.RequestIdMiddleware",
+    # Before anything asks for the host: a JSON surface answers a foreign one in JSON (421).
+    "memsite.middleware.ForeignHostMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -298,7 +298,7 @@ def test_a_subdomain_wildcard_in_allowed_hosts_serves_mcp_like_rest(settings, al
     origins = [None, "https://memory.example.com", "https://app.example.com:8443", "https://evil.test", "null"]
     assert _list_tools_from(alice, "http://memory.example.com", origins) == [200, 200, 200, 403, 403, 200]
     settings.ALLOWED_HOSTS = ["memory.example.com"]
-    assert _list_tools_from(alice, "http://other.example.com", [None]) == [421, 400]  # REST: Django's 400
+    assert _list_tools_from(alice, "http://other.example.com", [None]) == [421, 421]  # REST answers as MCP
 
 
 def test_a_star_allows_any_host_but_origins_still_come_from_csrf_trusted_origins(settings, alice):

@@ -113,10 +113,78 @@ def test_a_wildcard_in_allowed_hosts_is_honoured(settings):
         "/.well-known/oauth-protected-resource/engines/memory/mcp",
     ],
 )
-def test_the_metadata_documents_are_refused_on_a_foreign_host_by_django(client, path):
-    """Served by Django, so its own host check answers (a 400), never a document naming
-    the foreign host as issuer or resource."""
+def test_the_metadata_documents_answer_a_foreign_host_as_the_oauth_endpoints_do(client, path):
+    """Served by Django, whose host check answered its HTML 400 page to OAuth clients that
+    parse JSON. Now the OAuth endpoints' answer, never a document naming the foreign host
+    as issuer or resource, never the host echoed."""
     refused = client.get(path, HTTP_HOST="evil.example")
-    assert refused.status_code == 400 and b"evil.example" not in refused.content
+    _assert_refused_host(refused)
+    assert refused["Cache-Control"] == "no-store"
+    assert b"evil.example" not in refused.content
     allowed = client.get(path)
     assert allowed.status_code == 200 and "http://testserver" in allowed.content.decode()
+
+
+FOREIGN = "evil.example<script>"
+
+
+def test_every_json_surface_answers_a_foreign_host_421_in_its_own_shape(settings):
+    """Through the whole ASGI application, as served: the MCP and OAuth apps beside Django,
+    and Django's JSON surfaces (metadata, REST, the chat proxy, the health check), one
+    status for the same mistake; the host is never echoed. Web pages keep Django's page."""
+    import asyncio
+
+    import httpx2
+
+    from memsite.asgi import build_application
+
+    settings.ALLOWED_HOSTS = ["memory.example.com"]
+    requests = {
+        "mcp": ("POST", "/engines/memory/mcp"),
+        "authorize": ("GET", "/oauth/authorize"),
+        "token": ("POST", "/oauth/token"),
+        "register": ("POST", "/oauth/register"),
+        "revoke": ("POST", "/oauth/revoke"),
+        "as metadata": ("GET", "/.well-known/oauth-authorization-server"),
+        "pr metadata": ("GET", "/.well-known/oauth-protected-resource"),
+        "toolset metadata": ("GET", "/.well-known/oauth-protected-resource/engines/memory-toolkit/mcp"),
+        "rest": ("GET", "/v1/memories"),
+        "rest post": ("POST", "/v1/memories"),
+        "rest export": ("GET", "/v1/memories/export"),
+        "seed 001": ("POST", "/v1/memory/search"),
+        "schema": ("GET", "/v1/schema/"),
+        "chat proxy": ("POST", "/v1/chat/completions"),
+        "proxy tokens": ("GET", "/v1/admin/tokens"),
+        "no such toolset": ("POST", "/engines/nope/mcp"),
+        "healthz": ("GET", "/healthz"),
+        "web page": ("GET", "/accounts/login/"),
+        "consent page": ("GET", "/oauth/apps/"),
+    }
+
+    async def main():
+        transport = httpx2.ASGITransport(app=build_application())
+        async with httpx2.AsyncClient(transport=transport, base_url="http://memory.example.com", timeout=60) as http:
+            answers = {}
+            for label, (method, path) in requests.items():
+                answers[label] = await http.request(method, path, headers={"Host": FOREIGN})
+            answers["allowed"] = await http.get("/.well-known/oauth-authorization-server")
+            return answers
+
+    answers = asyncio.run(main())
+    for label, answer in answers.items():
+        assert b"evil.example" not in answer.content, label
+    assert answers.pop("allowed").status_code == 200
+    for label in ("web page", "consent page"):
+        page = answers.pop(label)
+        assert page.status_code == 400 and page.headers["content-type"].startswith("text/html"), label
+    for label, answer in answers.items():
+        assert answer.status_code == 421, (label, answer.status_code, answer.text[:200])
+        assert answer.headers["content-type"] == "application/json", label
+        assert "ALLOWED_HOSTS" in answer.text, label
+    assert answers["mcp"].json()["error"]["data"]["code"] == "forbidden"
+    for label in ("authorize", "token", "register", "revoke", "as metadata", "pr metadata", "toolset metadata"):
+        assert answers[label].json()["error"] == "invalid_request", label
+    for label in ("rest", "rest post", "rest export", "seed 001", "schema", "chat proxy", "proxy tokens"):
+        assert answers[label].json()["error"]["code"] == "forbidden", label
+    for label in ("no such toolset", "healthz"):
+        assert answers[label].json()["error"]["code"] == "forbidden", label

@@ -133,6 +133,7 @@ def _errors(*codes: int) -> dict[int, OpenApiResponse]:
         "names no user of its tenant: `not_found`.",
         409: "Conflicting concurrent change: `conflict`.",
         413: "An argument or the body is too large: `payload_too_large`.",
+        421: "The Host header names a host this server does not serve (`ALLOWED_HOSTS`): `forbidden`.",
         429: "Rate limited: `rate_limited`, with `retry_after_s` and a Retry-After header.",
         503: "The engine (or the LLM, for ingest) is unavailable: `backend_unavailable`, `llm_unavailable`; "
         "retry later.",
@@ -140,8 +141,8 @@ def _errors(*codes: int) -> dict[int, OpenApiResponse]:
     return {code: OpenApiResponse(response=schemas.ErrorResponse, description=described[code]) for code in codes}
 
 
-# Every route can refuse the key's role (403) and a service key's subject (404).
-COMMON_ERRORS = (400, 401, 403, 404, 409, 413, 429, 503)
+# Every route can refuse the key's role (403), a service key's subject (404) and a foreign Host (421).
+COMMON_ERRORS = (400, 401, 403, 404, 409, 413, 421, 429, 503)
 MEMORY_ID_PARAMETER = OpenApiParameter(
     "memory_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The memory's id (a UUID)."
 )
