@@ -11,9 +11,10 @@ from __future__ import annotations
 import base64
 import binascii
 import contextvars
+import json
 import re
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from asgiref.sync import sync_to_async
@@ -48,7 +49,7 @@ from core.hosts import HOST_REFUSED_MESSAGE, HOST_REFUSED_STATUS, host_allowed
 from core.inputs import InputError, json_loads_safe, text_problem
 from oauth import services
 from oauth.cimd import MetadataDocumentError
-from oauth.models import OAuthClient
+from oauth.models import OAuthAuthorizationRequest, OAuthClient
 
 CONSENT_PATH = "/oauth/consent/"
 AUTHORIZE_PATH = "/oauth/authorize"
@@ -59,6 +60,10 @@ REVOKE_PATH = "/oauth/revoke"
 _RESOURCE_PATH = re.compile(r"^/engines/[A-Za-z0-9_-]{1,64}/mcp$")
 DEFAULT_RESOURCE_PATH = "/engines/memory/mcp"
 _issuer: contextvars.ContextVar[str] = contextvars.ContextVar("oauth_issuer", default="")
+# RFC 6749 §4.1.2.1: an authorization error carries the request's `state`, exactly as
+# received. Bounded as a stored state is: /authorize refuses a longer one, and its error
+# leaves it out rather than cut it (a cut state would come back as another one).
+STATE_MAX_CHARS: int = getattr(OAuthAuthorizationRequest._meta.get_field("state"), "max_length", 0)
 
 
 def issuer_for(scheme: str, host: str) -> str:
@@ -312,8 +317,9 @@ def _metadata_url_prechecked(app: Any) -> Any:
             try:
                 await _in_thread(services.oauth_client_from_metadata_url)(url=client_id)
             except MetadataDocumentError as error:
-                body = {"error": "invalid_client", "error_description": str(error)}
-                await JSONResponse(body, status_code=400, headers={"Cache-Control": "no-store"})(scope, receive, send)
+                # With the state of the query it took the client_id from.
+                state = _state_echoable(request.query_params)
+                await _oauth_error(400, "invalid_client", str(error), state=state)(scope, receive, send)
                 return
         await app(scope, receive, send)
 
@@ -327,19 +333,62 @@ def _redirects_only_to_consent(
     client and redirect check out (RFC 6749 §4.1.2.1). A self-registered client (DCR, or a
     metadata document anyone can publish) vouches for nothing, so that made /authorize an
     open redirector (RFC 9700 §4.11.2). Before the user has answered the consent page a
-    redirect means nothing to the client: the error is answered here, directly. The one
-    redirect left is to the consent page, whose answer (a code or access_denied) still goes
-    to the client."""
+    redirect means nothing to the client: the error is answered here, directly, with the
+    request's `state` (bounded, `_state_echoable`). The errors the SDK answers directly
+    itself (an unknown client or redirect_uri) are answered again here, so that their
+    state is bounded too. The one redirect left is to the consent page, whose answer (a
+    code or access_denied) still goes to the client."""
 
     async def handle(request: Request) -> Response:
         response = await handler(request)
         location = response.headers.get("location")
-        if location is None or _is_consent_page(location):
+        if location is not None and _is_consent_page(location):
             return response
-        error, description = _redirected_error(location)
-        return _oauth_error(400, error, description)
+        if location is not None:
+            error, description = _redirected_error(location)
+        elif response.status_code == 400:
+            error, description = _answered_error(response)
+        else:
+            return response
+        return _oauth_error(400, error, description, state=_state_echoable(await _handler_params(request)))
 
     return handle
+
+
+def _answered_error(response: Response) -> tuple[str, str]:
+    """The error of the SDK's own direct JSON answer."""
+    try:
+        answer = json.loads(bytes(response.body))
+    except ValueError:
+        answer = None
+    answer = answer if isinstance(answer, dict) else {}
+    error, description = answer.get("error"), answer.get("error_description")
+    return (
+        error if isinstance(error, str) and error else "invalid_request",
+        description if isinstance(description, str) and description else "invalid authorization request",
+    )
+
+
+async def _handler_params(request: Request) -> Mapping[str, Any] | None:
+    """The parameters the SDK handler read: the query of a GET, the form of a POST (parsed
+    by the handler already; Starlette keeps it on the request)."""
+    if request.method != "POST":
+        return request.query_params
+    try:
+        return await request.form()
+    except Exception:  # noqa: BLE001 - a body the handler could not parse: no state to give back
+        return None
+
+
+def _state_echoable(params: Mapping[str, Any] | None) -> str | None:
+    """The `state` an /authorize error carries back, or None: none was sent, or it is empty
+    (RFC 6749 A.5: state is 1*VSCHAR; the consent page's answer leaves an empty one out
+    too), longer than a stored state may be, or holding text no state can hold (NUL, C0
+    controls, lone surrogates: refused for that). Given back in the answer only, never logged."""
+    value = params.get("state") if params is not None else None
+    if not isinstance(value, str) or not value or len(value) > STATE_MAX_CHARS or text_problem(value):
+        return None
+    return value
 
 
 def _is_consent_page(location: str) -> bool:
@@ -359,28 +408,36 @@ def _redirected_error(location: str) -> tuple[str, str]:
 _CLIENT_PARAMETERS = ("client_id", "client_secret")
 
 
-def _parameter_refusal(path: str, items: Iterable[tuple[str, Any]]) -> JSONResponse | None:
+class _Refused(NamedTuple):
+    status: int
+    error: str
+    description: str
+
+
+def _parameter_refusal(path: str, items: Iterable[tuple[str, Any]]) -> _Refused | None:
     """The OAuth error for the first parameter holding text no client id, token, state or
     URI can hold (NUL, C0 controls, lone surrogates), or None. Never echoes the text. The
     client's own parameters first: a client that cannot be identified hears that first."""
     for name, value in sorted(items, key=lambda item: item[0] not in _CLIENT_PARAMETERS):
         problem = text_problem(name)
         if problem:
-            return _oauth_error(400, "invalid_request", f"a parameter name {problem}")
+            return _Refused(400, "invalid_request", f"a parameter name {problem}")
         problem = text_problem(value) if isinstance(value, str) else None
         if not problem:
             continue
         description = f"{name[:40]} {problem}"
         if name not in _CLIENT_PARAMETERS:
-            return _oauth_error(400, "invalid_request", description)
+            return _Refused(400, "invalid_request", description)
         # As the SDK answers a client it cannot authenticate: 401 at /token and /revoke,
         # 400 at /authorize (where no redirect may go to an unknown client).
-        return _oauth_error(400 if path == AUTHORIZE_PATH else 401, "invalid_client", description)
+        return _Refused(400 if path == AUTHORIZE_PATH else 401, "invalid_client", description)
     return None
 
 
-def _oauth_error(status: int, error: str, description: str) -> JSONResponse:
+def _oauth_error(status: int, error: str, description: str, *, state: str | None = None) -> JSONResponse:
     body = {"error": error, "error_description": description}
+    if state is not None:  # /authorize's errors (RFC 6749 §4.1.2.1)
+        body["state"] = state
     return JSONResponse(body, status_code=status, headers={"Cache-Control": "no-store", "Pragma": "no-cache"})
 
 
@@ -395,14 +452,7 @@ def _input_checked(app: Any, path: str) -> Any:
         buffered = await asgi_body_buffered(receive)
         assert buffered is not None  # no byte limit given
         body, replay = buffered
-        refusal = _parameter_refusal(path, Request(scope).query_params.multi_items())
-        if refusal is None and path == REGISTER_PATH:
-            try:
-                json_loads_safe(body)
-            except InputError as error:
-                refusal = _oauth_error(400, "invalid_client_metadata", error.message)
-        elif refusal is None and scope.get("method") == "POST":
-            refusal = await _form_refusal(path, scope, body)
+        refusal = await _input_refusal(path, scope, body)
         if refusal is not None:
             await refusal(scope, replay, send)
             return
@@ -411,9 +461,37 @@ def _input_checked(app: Any, path: str) -> Any:
     return checked
 
 
-async def _form_refusal(path: str, scope: dict[str, Any], body: bytes) -> JSONResponse | None:
-    """Parsed with Starlette's form parser, the one the SDK handlers use, so this check sees
-    exactly what they will; a body that is no form is left to them (empty here)."""
+async def _input_refusal(path: str, scope: dict[str, Any], body: bytes) -> JSONResponse | None:
+    query = Request(scope).query_params.multi_items()
+    refused = _parameter_refusal(path, query)
+    if path == REGISTER_PATH:
+        if refused is None:
+            try:
+                json_loads_safe(body)
+            except InputError as error:
+                refused = _Refused(400, "invalid_client_metadata", error.message)
+        return None if refused is None else _oauth_error(*refused)
+    params = query  # what the SDK handler reads: the query of a GET, the form of a POST
+    if scope.get("method") == "POST":
+        try:
+            params = await _form_items(scope, body)
+        except MultiPartException as error:
+            # A field over the form parser's part limit (1 MiB): the handlers' own parse (the
+            # client authenticator's first) would raise it uncaught, a 500. Starlette's message
+            # names the limit, never the field's text.
+            params = []
+            refused = refused or _Refused(400, "invalid_request", str(error))
+        refused = refused or _parameter_refusal(path, params)
+    if refused is None:
+        return None
+    state = _state_echoable(dict(params)) if path == AUTHORIZE_PATH else None
+    return _oauth_error(*refused, state=state)
+
+
+async def _form_items(scope: dict[str, Any], body: bytes) -> list[tuple[str, Any]]:
+    """The form, parsed with Starlette's form parser, the one the SDK handlers use, so this
+    check sees exactly what they will; a body that is no form is left to them (no items
+    here). Raises MultiPartException for a field over the parser's limits."""
     delivered = False
 
     async def once() -> dict[str, Any]:
@@ -426,15 +504,12 @@ async def _form_refusal(path: str, scope: dict[str, Any], body: bytes) -> JSONRe
     request = Request(scope, once)
     try:
         form = await request.form()
-    except MultiPartException as error:
-        # A field over the form parser's part limit (1 MiB): the handlers' own parse (the
-        # client authenticator's first) would raise it uncaught, a 500. Starlette's message
-        # names the limit, never the field's text.
-        return _oauth_error(400, "invalid_request", str(error))
+    except MultiPartException:
+        raise
     except Exception:  # noqa: BLE001 - a malformed form is the handler's to answer, in its shape
-        return None
+        return []
     try:
-        return _parameter_refusal(path, form.multi_items())
+        return form.multi_items()
     finally:
         await form.close()
 

@@ -1,11 +1,14 @@
 """/oauth/authorize is no open redirector (RFC 9700 §4.11.2): anyone may register a client
 with any https redirect, so an error found before the user has answered the consent page
-is answered directly (400, OAuth JSON), never redirected to the client. The consent page's
-redirect, and the consent page's answer (code or access_denied) to the client, stay."""
+is answered directly (400, OAuth JSON, with the request's `state`: RFC 6749 §4.1.2.1),
+never redirected to the client. The consent page's redirect, and the consent page's answer
+(code or access_denied, with the state) to the client, stay."""
 
 from __future__ import annotations
 
 import json
+import logging
+import secrets
 from urllib.parse import urlencode, urlsplit
 
 import pytest
@@ -16,6 +19,8 @@ from tests.oauth_helpers import oauth_in_process, pkce, query_of
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
 EVIL = "https://evil.example/x"
+# The bound of a state the flow stores and gives back after consent.
+STATE_MAX_CHARS = OAuthAuthorizationRequest._meta.get_field("state").max_length
 
 
 def _register(redirect_uri: str = EVIL) -> str:
@@ -93,3 +98,82 @@ def test_the_legitimate_flow_still_redirects_to_consent_and_then_to_the_client(c
     refused = client.post(urlsplit(denied.headers["location"]).path, {"deny": ""})
     assert refused.status_code == 302
     assert query_of(refused["Location"]) == {"error": "access_denied", "state": "st", "iss": "http://testserver"}
+
+
+def test_a_direct_error_carries_the_requests_state(caplog):
+    """The SDK put the state on the error it redirected; answered directly instead, the
+    error lost it, and a client could not tell which of its authorization requests
+    failed. Every direct error gives it back: the SDK's redirected ones, the SDK's own
+    direct answers, the input check's and the metadata-document check's, for a GET's
+    query and a POSTed form. Never logged."""
+    caplog.set_level(logging.DEBUG)
+    client_id = _register()
+    _, challenge = pkce()
+    state = "st-" + secrets.token_urlsafe(24)
+    good = {"client_id": client_id, "response_type": "code", "code_challenge": challenge, "state": state}
+    missing_pkce = {key: value for key, value in good.items() if key != "code_challenge"}
+    responses = oauth_in_process(
+        _authorize(**missing_pkce),
+        _authorize(**good, scope="admin"),
+        _authorize(**good, resource="https://evil.example/mcp"),
+        _authorize(**{**good, "client_id": "no-such-client"}),
+        _authorize(**good, redirect_uri="https://elsewhere.example/cb"),
+        _authorize(**good, scope="read\x00"),
+        _authorize(**{**good, "client_id": "http://127.0.0.1:9/client.json"}),
+        ("POST", "/oauth/authorize", {"data": {**good, "scope": "admin"}}),
+        ("POST", "/oauth/authorize", {"data": {**good, "scope": "read\x00"}}),
+    )
+    errors = [
+        "invalid_request", "invalid_scope", "invalid_target", "invalid_request", "invalid_request",
+        "invalid_request", "invalid_client", "invalid_scope", "invalid_request",
+    ]  # fmt: skip
+    for response, error in zip(responses, errors, strict=True):
+        _assert_answered_directly(response, error)
+        assert response.json()["state"] == state, response.text
+    assert state not in caplog.text
+    assert not OAuthAuthorizationRequest.objects.exists()
+
+
+def test_a_state_is_given_back_whole_up_to_its_bound_and_otherwise_left_out():
+    """Bounded as a stored state is (1024): a longer one is refused and not echoed, even
+    where the SDK answered directly and echoed whatever it got; an empty one is no state
+    (RFC 6749 A.5, as the consent page's answer treats it); a state holding a NUL is the
+    refused parameter, not echoed."""
+    client_id = _register()
+    _, challenge = pkce()
+    base = {"client_id": client_id, "response_type": "code", "code_challenge": challenge}
+    longest = "s" * STATE_MAX_CHARS
+    at_bound, over, over_unknown_client, empty, nul = oauth_in_process(
+        _authorize(**base, state=longest, scope="admin"),
+        _authorize(**base, state=longest + "s"),
+        _authorize(**{**base, "client_id": "no-such-client"}, state=longest + "s"),
+        _authorize(**base, state="", scope="admin"),
+        _authorize(**base, state="a\x00b"),
+    )
+    _assert_answered_directly(at_bound, "invalid_scope")
+    assert at_bound.json()["state"] == longest
+    _assert_answered_directly(over, "invalid_request")
+    assert f"longer than {STATE_MAX_CHARS}" in over.json()["error_description"]
+    _assert_answered_directly(over_unknown_client, "invalid_request")
+    _assert_answered_directly(empty, "invalid_scope")
+    _assert_answered_directly(nul, "invalid_request")
+    for response in (over, over_unknown_client, empty, nul):
+        assert "state" not in response.json(), response.text[:200]
+
+
+def test_the_consent_pages_answers_carry_the_state_after_a_refused_post(client, alice):
+    """The consent page's POST: granting nothing is the user's error, shown on the page
+    (no answer to the client yet, the request still pending); the answer that follows,
+    a code or access_denied, carries the state."""
+    client_id = _register()
+    _, challenge = pkce()
+    params = {"client_id": client_id, "response_type": "code", "code_challenge": challenge, "state": "st-2"}
+    first, second = oauth_in_process(_authorize(**params), _authorize(**params))
+    client.force_login(alice)
+    for answer, form in ((first, {"allow": ""}), (second, {"deny": ""})):
+        consent = urlsplit(answer.headers["location"]).path
+        nothing = client.post(consent, {"allow": ""})
+        assert nothing.status_code == 302 and nothing["Location"] == consent
+        final = client.post(consent, {**form, "scope": ["read"]} if "allow" in form else form)
+        assert final.status_code == 302 and final["Location"].startswith(EVIL + "?")
+        assert query_of(final["Location"])["state"] == "st-2"
