@@ -147,11 +147,15 @@ def audit_export(*, batch_size: int | None = None, storage=None, progress: Progr
 
 def audit_retention_purge(*, older_than_days: int) -> int:
     """Delete audit rows that are exported and older than the retention period: the
-    only path the append-only triggers let through."""
+    only path the append-only triggers let through. The triggers check both conditions
+    themselves (migration audit 0021), with the database's own floor (at least a day,
+    `memsite_audit_policy`): rows younger than it are kept whatever the period says."""
     watermark = AuditExportBatch.objects.aggregate(last=Max("last_id"))["last"] or 0
-    cutoff = timezone.now() - timedelta(days=older_than_days)
     with transaction.atomic():
         with transaction.get_connection().cursor() as cursor:
             cursor.execute("SET LOCAL memsite.audit_retention = 'on'")
+            cursor.execute("SELECT now() - memsite_audit_retention_floor()")
+            floor = cursor.fetchone()[0]
+        cutoff = min(timezone.now() - timedelta(days=older_than_days), floor)
         deleted, _ = AuditEvent.objects.filter(id__lte=watermark, occurred_at__lt=cutoff).delete()
     return deleted

@@ -392,10 +392,18 @@ def subject_content_erase(*, subject_user_id: int, engine_user_id: str, memory_i
             # Never loaded into Python. By owner (the `history_owner` index), then the
             # unowned rows among the trusted ids (the memory_id index). An unowned row
             # that another user's successful calls name too is left alone: never guess.
-            cursor.execute(f'DELETE FROM "{history_table}" WHERE engine_user_id = %s', [engine_user_id])  # noqa: S608
+            # Only versions of memories that no longer exist (the trigger refuses others):
+            # one mem0 stored for the user meanwhile keeps its history until the ingest's
+            # completion deletes it and blanks that (see `ingest_intents_supersede`).
+            cursor.execute(
+                f'DELETE FROM "{history_table}" WHERE engine_user_id = %s'  # noqa: S608
+                " AND NOT memsite_memory_live(memory_id)",
+                [engine_user_id],
+            )
             history = cursor.rowcount
             cursor.execute(
-                f"DELETE FROM \"{history_table}\" WHERE engine_user_id = '' AND memory_id IN ("  # noqa: S608
+                f"DELETE FROM \"{history_table}\" WHERE engine_user_id = '' AND NOT memsite_memory_live(memory_id)"  # noqa: S608
+                " AND memory_id IN ("
                 " SELECT unnest(%s::text[]) UNION ALL SELECT ids.id"
                 f' FROM "{audit_table}" e, jsonb_array_elements_text(e.memory_ids) AS ids(id)'
                 " WHERE e.subject_user_id = %s AND e.outcome = %s AND NOT EXISTS ("
@@ -425,7 +433,7 @@ def history_content_erase(*, engine_user_id: str, memory_ids: list[str]) -> int:
             cursor.execute(
                 f'UPDATE "{history_table}" SET old_memory = NULL, new_memory = NULL'  # noqa: S608
                 " WHERE memory_id = ANY(%s) AND engine_user_id IN (%s, '')"
-                " AND (old_memory IS NOT NULL OR new_memory IS NOT NULL)",
+                " AND (old_memory IS NOT NULL OR new_memory IS NOT NULL) AND NOT memsite_memory_live(memory_id)",
                 [list(memory_ids), engine_user_id],
             )
             blanked = cursor.rowcount

@@ -4,10 +4,12 @@ a forensic admin that support can browse but not change, and append-only storage
 import json
 import re
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group
 from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
 
 from audit.crypto import content_open
 from audit.models import AuditEvent, AuditExportBatch, MemoryHistory
@@ -264,7 +266,11 @@ def test_search_by_user_id_or_username_is_exact_and_index_served(admin_client, a
 def test_rows_are_append_only(transactional_db, alice):
     from audit.export import audit_retention_purge
 
-    row = AuditEvent.objects.create(request_id="r1", channel="mcp", operation="remember", outcome="ok")
+    two_days_ago = timezone.now() - timedelta(days=2)
+    row = AuditEvent.objects.create(
+        request_id="r1", channel="mcp", operation="remember", outcome="ok", occurred_at=two_days_ago
+    )
+    fresh = AuditEvent.objects.create(request_id="r2", channel="mcp", operation="remember", outcome="ok")
     MemoryHistory.objects.create(memory_id="m1", event="ADD", new_memory="x")
     for statement in (
         "UPDATE audit_auditevent SET outcome = 'error'",
@@ -280,13 +286,16 @@ def test_rows_are_append_only(transactional_db, alice):
         cursor.execute("TRUNCATE audit_auditevent")
     assert AuditEvent.objects.filter(pk=row.pk, outcome="ok").exists()
 
-    # Retention removes only rows that are exported and old enough.
+    # Retention removes only rows that are exported and old enough: older than the period
+    # and than the database's floor (a day), which holds even for a period of 0.
     assert audit_retention_purge(older_than_days=0) == 0  # not exported yet
     AuditExportBatch.objects.create(
-        first_id=row.pk, last_id=row.pk, row_count=1, sha256="x", object_key="k", manifest_key="m"
+        first_id=row.pk, last_id=fresh.pk, row_count=2, sha256="x", object_key="k", manifest_key="m"
     )
+    assert audit_retention_purge(older_than_days=3) == 0  # not older than the period
     assert audit_retention_purge(older_than_days=0) == 1
     assert not AuditEvent.objects.filter(pk=row.pk).exists()
+    assert AuditEvent.objects.filter(pk=fresh.pk).exists()  # younger than the floor
 
 
 def test_turns_are_grouped(mcp_as, alice_key):

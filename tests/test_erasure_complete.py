@@ -151,6 +151,11 @@ def test_a_wipe_never_deletes_the_history_of_ids_a_failed_call_named(alice, bob,
 
 # --- defect 4: deleted for good, then audit retention, then a wipe -----------------------------
 def _retention_removes_all_audit_rows() -> None:
+    # As if the rows were older than the database's retention floor (a day).
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE audit_auditevent DISABLE TRIGGER audit_auditevent_append_only")
+        cursor.execute("UPDATE audit_auditevent SET occurred_at = occurred_at - interval '2 days'")
+        cursor.execute("ALTER TABLE audit_auditevent ENABLE TRIGGER audit_auditevent_append_only")
     last = AuditEvent.objects.aggregate(last=Max("id"))["last"]
     AuditExportBatch.objects.create(
         first_id=1, last_id=last, row_count=last, sha256="x", object_key="k", manifest_key="m"
