@@ -80,9 +80,10 @@ def _publish_delivery(window: float) -> None:
 
 # --- delivery ---------------------------------------------------------------------------
 # Reasons an operator must act on (configuration, not a gateway hiccup); the admin shows
-# them above the outbox. Every 3xx reason starts with "HTTP 3".
+# them above the outbox. Every 3xx reason starts with "HTTP 3"; a refused key's with its
+# status (_KEY_REFUSED).
 BAD_GATEWAY_URL = "the payment gateway URL is not usable (PAYMENT_GATEWAY_URL)"
-NEEDS_OPERATOR = (NO_GATEWAY, BAD_GATEWAY_URL, "HTTP 3")
+NEEDS_OPERATOR = (NO_GATEWAY, BAD_GATEWAY_URL, "HTTP 3", "HTTP 401", "HTTP 403", "HTTP 407")
 _QUOTED_BODY_CHARS = 200
 # Enough of an error answer for _quoted, which looks at 10 x the characters it keeps (up to
 # 4 bytes each in UTF-8); the rest is not read.
@@ -181,6 +182,13 @@ def _quoted(text: str, *, limit: int) -> str:
 # is not among them: a gateway may answer it for one event (an account it does not know),
 # and that event must be found (sent one at a time) and failed, not retried for ever.
 _NOT_ABOUT_THE_EVENTS = frozenset((401, 403, 407, 408, 421, 425, 429))
+# Of those, the ones only an operator can end: nothing goes until the key (or the proxy's
+# credentials) is fixed, so the reason says so, and the admin shows it above the outbox.
+_KEY_REFUSED = {
+    401: "the payment gateway refused our key (USAGE_INGEST_API_KEY is wrong, rotated or revoked)",
+    403: "the payment gateway refused our key (USAGE_INGEST_API_KEY lacks the right to send usage events)",
+    407: "a proxy on the way to the payment gateway refused the request (it wants proxy credentials)",
+}
 
 
 def _redirect_reason(response: httpx.Response) -> str:
@@ -235,7 +243,11 @@ def _post(events: list[UsageEvent]) -> _Outcome:
     if 300 <= response.status_code < 400:
         return _Outcome("retry", _redirect_reason(response))
     text = body.decode(response.encoding or "utf-8", errors="replace")
-    reason = f"HTTP {response.status_code}: {_quoted(text, limit=_QUOTED_BODY_CHARS)}".rstrip()
+    said = _quoted(text, limit=_QUOTED_BODY_CHARS)
+    refusal = _KEY_REFUSED.get(response.status_code)
+    if refusal:
+        said = f"{refusal}; the events wait and go once it is fixed." + (f" It said: {said}" if said else "")
+    reason = f"HTTP {response.status_code}: {said}".rstrip()
     refused = 400 <= response.status_code < 500 and response.status_code not in _NOT_ABOUT_THE_EVENTS
     return _Outcome("refused" if refused else "retry", reason)
 

@@ -178,6 +178,40 @@ def test_a_redirecting_gateway_keeps_events_pending_and_says_so(gateway, admin_c
     assert sorted(gateway.received_ids()) == sorted(str(e.request_id) for e in events)
 
 
+@pytest.mark.parametrize("status", [401, 403, 407])
+def test_a_refused_key_is_named_above_the_outbox(gateway, admin_client, settings, status):
+    """A 401/403/407 put the events back to wait, but the admin named only a missing or
+    unusable gateway and redirects above the list: staff saw nothing until they opened a
+    row, and nothing went until the key was fixed."""
+    settings.USAGE_RETRY_BASE_S = settings.USAGE_RETRY_MAX_S = 600  # not due again in this run
+    _events(3)
+    gateway.answer_status = status
+    report = usage_events_deliver()
+
+    assert (report.retrying, report.delivered, report.failed) == (3, 0, 0)
+    reason = UsageEvent.objects.values_list("last_error", flat=True).first()
+    assert reason.startswith(f"HTTP {status}: ") and "answered as configured" in reason  # the gateway's own text
+    assert "refused" in reason and GATEWAY_KEY not in reason
+    if status != 407:
+        assert "refused our key" in reason and "USAGE_INGEST_API_KEY" in reason
+    page = admin_client.get("/admin/billing/usageevent/")
+    shown = [str(m) for m in page.context["messages"]]
+    assert shown == [f"Usage events are not being delivered: {reason}"]
+
+    gateway.answer_status = None  # the operator's fix: the next run delivers them all
+    UsageEvent.objects.update(next_attempt_at=timezone.now())
+    assert usage_events_deliver().delivered == 3
+
+
+def test_a_busy_gateway_is_not_named_above_the_outbox(gateway, admin_client, settings):
+    """A 429 or 408 is the gateway's timing, not the operator's: the events wait, quietly."""
+    settings.USAGE_RETRY_BASE_S = settings.USAGE_RETRY_MAX_S = 600
+    _events(1)
+    gateway.answer_status = 429
+    assert usage_events_deliver().retrying == 1
+    assert [str(m) for m in admin_client.get("/admin/billing/usageevent/").context["messages"]] == []
+
+
 class _RawGateway:
     """Answers every POST with the given status and raw body bytes (JSON would escape them)."""
 
