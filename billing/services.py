@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
 import time
 import unicodedata
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -81,9 +83,11 @@ def _publish_delivery(window: float) -> None:
 # --- delivery ---------------------------------------------------------------------------
 # Reasons an operator must act on (configuration, not a gateway hiccup); the admin shows
 # them above the outbox. Every 3xx reason starts with "HTTP 3"; a refused key's with its
-# status (_KEY_REFUSED).
+# status (_KEY_REFUSED). A pending event's 2xx reason is always an answer that was not the
+# gateway's (_not_the_gateway); a 2xx rejection fails its event, and the admin looks only
+# at pending ones.
 BAD_GATEWAY_URL = "the payment gateway URL is not usable (PAYMENT_GATEWAY_URL)"
-NEEDS_OPERATOR = (NO_GATEWAY, BAD_GATEWAY_URL, "HTTP 3", "HTTP 401", "HTTP 403", "HTTP 407")
+NEEDS_OPERATOR = (NO_GATEWAY, BAD_GATEWAY_URL, "HTTP 2", "HTTP 3", "HTTP 401", "HTTP 403", "HTTP 407")
 _QUOTED_BODY_CHARS = 200
 # Enough of an error answer for _quoted, which looks at 10 x the characters it keeps (up to
 # 4 bytes each in UTF-8); the rest is not read.
@@ -156,8 +160,11 @@ def _claim_batch(*, limit: int) -> _Claim | None:
 
 @dataclass(frozen=True)
 class _Outcome:
-    kind: str  # "ok", "retry", "refused"
+    kind: str  # "ok", "retry", "refused", "partial"
     reason: str = ""
+    # "partial": the events the gateway's 2xx answer rejected (request_id -> reason); the
+    # rest of the batch is delivered.
+    rejected: Mapping[str, str] = field(default_factory=dict)
 
 
 _UNPRINTABLE = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
@@ -210,6 +217,118 @@ def _redirect_reason(response: httpx.Response) -> str:
     )
 
 
+# --- what a 2xx says --------------------------------------------------------------------
+# The gateway's answer contract is not specified (one event per call, an outbox on 5xx), so
+# a 2xx is its receipt for the whole batch unless the answer says otherwise, in one of two
+# ways only:
+# - its Content-Type is an HTML page: a captive portal, a proxy's sign-in or error page,
+#   or a URL pointing at a website, answering 200 for a gateway it never reached. Nothing
+#   was delivered: the events wait (retried with the capped backoff) and staff see why.
+# - it is JSON, an object whose "rejected" or "failed" field lists events: each item a
+#   request_id, or an object {"request_id": ..., "error": ...} ("reason" or "message" are
+#   read when "error" is absent). Those events fail with the gateway's reason (staff
+#   re-queue them from the admin); the rest are delivered. A field that rejects something
+#   without naming an event of the batch (a count, an id we did not send, an item we
+#   cannot read) fails the one event of a single-event batch, and a batch is sent again
+#   one event at a time (as after a 4xx) so that each answer names its own event.
+# Any other 2xx (no body, empty lists, text, JSON without those fields, JSON that does not
+# parse) is delivered as before: an unreadable answer must not bill a batch twice.
+_HTML = frozenset(("text/html", "application/xhtml+xml"))
+_REJECTION_FIELDS = {"rejected": "rejected this event", "failed": "reported this event as failed"}
+# A rejection list for a whole batch (100 events of id and reason) is well under this.
+_JSON_ANSWER_BYTES = 1024 * 1024
+
+
+def _media_type(response: httpx.Response) -> str:
+    return response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def _not_the_gateway(response: httpx.Response, media_type: str) -> _Outcome:
+    return _Outcome(
+        "retry",
+        f"HTTP {response.status_code}: the answer is an HTML page ({media_type}), not the payment gateway's: a "
+        "proxy or captive portal is in the way, or PAYMENT_GATEWAY_URL points at a website; the events were not "
+        "delivered and are retried",
+    )
+
+
+def _canonical_id(value: object) -> str | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return None
+
+
+def _rejected_item(item: object) -> tuple[str | None, str]:
+    """(the request_id named, the gateway's reason) of one rejection list item."""
+    if not isinstance(item, dict):
+        return _canonical_id(item), ""
+    error = next((item[k] for k in ("error", "reason", "message") if item.get(k) not in (None, "")), "")
+    text = error if isinstance(error, str) else json.dumps(error, ensure_ascii=False)
+    return _canonical_id(item.get("request_id")), text
+
+
+def _answer_outcome(status: int, answer: object, events: list[UsageEvent]) -> _Outcome:
+    """What a 2xx JSON answer says about each event of the batch (see above)."""
+    if not isinstance(answer, dict):
+        return _Outcome("ok")
+    ours = {str(e.request_id) for e in events}
+    rejected: dict[str, str] = {}
+    unnamed: list[str] = []
+    for name, says in _REJECTION_FIELDS.items():
+        value = answer.get(name)
+        if not value:  # absent, null, 0, false, "" or an empty list: nothing rejected
+            continue
+        for item in value if isinstance(value, list) else [None]:
+            request_id, error = _rejected_item(item)
+            if request_id not in ours:
+                unnamed.append(name)
+                continue
+            said = _quoted(error, limit=_QUOTED_BODY_CHARS)
+            rejected.setdefault(request_id, f"HTTP {status}: the payment gateway {says}: {said or '(no reason given)'}")
+    if unnamed:
+        fields = " and ".join(f'"{name}"' for name in dict.fromkeys(unnamed))
+        return _Outcome(
+            "refused",
+            f"HTTP {status}: the payment gateway's answer rejects events in {fields} without naming one that was "
+            "sent (a count, an id we did not send, or an item that is not an id)",
+        )
+    return _Outcome("partial", rejected=rejected) if rejected else _Outcome("ok")
+
+
+def _accepted(response: httpx.Response, events: list[UsageEvent]) -> _Outcome:
+    """The outcome of a 2xx: read inside the POST's deadline, and only when it is JSON."""
+    media_type = _media_type(response)
+    if media_type in _HTML:
+        return _not_the_gateway(response, media_type)
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        return _Outcome("ok")
+    try:
+        body = response_head(response, max_bytes=_JSON_ANSWER_BYTES + 1)
+    except httpx.HTTPError as exc:  # the deadline passed, or the connection dropped
+        body, unread = b"", type(exc).__name__
+    else:
+        unread = "too large" if len(body) > _JSON_ANSWER_BYTES else ""
+    if unread:
+        # The status is the receipt: sending the batch again for an answer we could not
+        # read is what the deadline is there to prevent.
+        logger.warning(
+            "usage delivery: HTTP %d accepted %d event(s); its answer was not read whole (%s), so any rejection "
+            "in it is not seen",
+            response.status_code,
+            len(events),
+            unread,
+        )
+        return _Outcome("ok")
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return _Outcome("ok")
+    return _answer_outcome(response.status_code, answer, events)
+
+
 def _post(events: list[UsageEvent]) -> _Outcome:
     headers = {"Content-Type": "application/json"}
     if settings.USAGE_INGEST_API_KEY:
@@ -227,10 +346,10 @@ def _post(events: list[UsageEvent]) -> _Outcome:
                 follow_redirects=False,  # the default, stated: see _redirect_reason
             ) as response,
         ):
-            # A 2xx is the gateway's receipt whatever its body says: the body is not
-            # read, so a slow one can neither fail a delivered batch nor send it again.
+            # A 2xx is the gateway's receipt unless its answer says otherwise (_accepted);
+            # a body that is slow or too large is not waited for and delivers the batch.
             if response.is_success:
-                return _Outcome("ok")
+                return _accepted(response, events)
             body = response_head(response, max_bytes=_QUOTED_BODY_BYTES)
     except httpx.TimeoutException:
         return _Outcome("retry", "timeout")
@@ -276,6 +395,21 @@ def _settle(claim: _Claim, events: list[UsageEvent], outcome: _Outcome, report: 
     if outcome.kind == "ok":
         settled = rows.update(status=UsageEvent.Status.DELIVERED, delivered_at=now, last_error="", **released)
         report.delivered += settled
+    elif outcome.kind == "partial":
+        refused = {e.pk: outcome.rejected[str(e.request_id)] for e in events if str(e.request_id) in outcome.rejected}
+        delivered = rows.exclude(pk__in=refused).update(
+            status=UsageEvent.Status.DELIVERED, delivered_at=now, last_error="", **released
+        )
+        report.delivered += delivered
+        settled = delivered
+        for pk, why in refused.items():
+            failed = rows.filter(pk=pk).update(
+                status=UsageEvent.Status.FAILED, last_error=why[:_LAST_ERROR_CHARS], **released
+            )
+            settled += failed
+            report.failed += failed
+            if failed:
+                report.errors.append(why[:_LAST_ERROR_CHARS])
     elif outcome.kind == "refused":
         settled = rows.update(status=UsageEvent.Status.FAILED, last_error=reason, **released)
         report.failed += settled
@@ -285,7 +419,7 @@ def _settle(claim: _Claim, events: list[UsageEvent], outcome: _Outcome, report: 
             due = now + _backoff(event.attempts + 1)  # the claim counted this attempt
             settled += rows.filter(pk=event.pk).update(next_attempt_at=due, last_error=reason, **released)
         report.retrying += settled
-    if settled and outcome.kind != "ok":
+    if settled and outcome.kind not in ("ok", "partial"):
         report.errors.append(reason)
     _superseded(len(events) - settled, report)
 

@@ -5,6 +5,7 @@ server on 127.0.0.1 (the session's fake gateway, or a raw one for bytes JSON can
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import unicodedata
@@ -215,7 +216,7 @@ def test_a_busy_gateway_is_not_named_above_the_outbox(gateway, admin_client, set
 class _RawGateway:
     """Answers every POST with the given status and raw body bytes (JSON would escape them)."""
 
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes, content_type: str | None = "text/plain; charset=utf-8") -> None:
         raw = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -224,13 +225,15 @@ class _RawGateway:
 
             def do_POST(self):  # noqa: N802 - http.server API
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                raw.posts += 1
                 self.send_response(raw.status)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                if raw.content_type:
+                    self.send_header("Content-Type", raw.content_type)
                 self.send_header("Content-Length", str(len(raw.body)))
                 self.end_headers()
                 self.wfile.write(raw.body)
 
-        self.status, self.body = status, body
+        self.status, self.body, self.content_type, self.posts = status, body, content_type, 0
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -274,3 +277,124 @@ def test_the_gateway_error_body_is_quoted_without_control_characters_or_secrets(
     assert GATEWAY_KEY not in caplog.text and "\x1b" not in caplog.text
     page = admin_client.get("/admin/billing/usageevent/")
     assert page.status_code == 200 and b"\x1b" not in page.content
+
+
+# --- what a 2xx says ---------------------------------------------------------------------------
+@pytest.fixture
+def no_retry_within_a_run(settings):
+    settings.USAGE_RETRY_BASE_S = settings.USAGE_RETRY_MAX_S = 600
+
+
+def _answered(status: int, body: bytes, content_type: str | None, settings) -> tuple[DeliveryReport, int]:
+    """One delivery run against a gateway giving this one answer: (report, POSTs made)."""
+    raw = _RawGateway(status, body, content_type)
+    settings.PAYMENT_GATEWAY_URL = raw.url
+    settings.USAGE_INGEST_API_KEY = GATEWAY_KEY
+    try:
+        return usage_events_deliver(), raw.posts
+    finally:
+        raw.stop()
+
+
+@pytest.mark.usefixtures("no_retry_within_a_run")
+@pytest.mark.parametrize("content_type", ["text/html; charset=utf-8", "application/xhtml+xml", "TEXT/HTML"])
+def test_a_2xx_html_page_is_not_a_delivery(settings, admin_client, fake_gateway, content_type):
+    """A captive portal or proxy answering 200 "Sign in to the network" marked every event
+    delivered: never sent again, and missing from the outbox gauges and the admin."""
+    events = _events(3)
+    report, posts = _answered(200, b"<html><body>Sign in to the network</body></html>", content_type, settings)
+
+    assert (report.retrying, report.delivered, report.failed, posts) == (3, 0, 0, 1)
+    rows = list(UsageEvent.objects.all())
+    assert {(e.status, e.claimed_until) for e in rows} == {("pending", None)}
+    reason = rows[0].last_error
+    assert reason.startswith("HTTP 200: the answer is an HTML page (") and "not the payment gateway" in reason
+    shown = [str(m) for m in admin_client.get("/admin/billing/usageevent/").context["messages"]]
+    assert shown == [f"Usage events are not being delivered: {reason}"]
+
+    settings.PAYMENT_GATEWAY_URL = f"{fake_gateway.url}/usage"  # the network is fixed
+    UsageEvent.objects.update(next_attempt_at=timezone.now())
+    assert usage_events_deliver().delivered == 3
+    assert sorted(fake_gateway.received_ids()) == sorted(str(e.request_id) for e in events)
+
+
+@pytest.mark.usefixtures("no_retry_within_a_run")
+@pytest.mark.parametrize("field", ["rejected", "failed"])
+@pytest.mark.parametrize("shape", ["ids", "objects"])
+def test_a_2xx_naming_rejected_events_fails_those_and_delivers_the_rest(settings, fake_gateway, field, shape):
+    """A JSON 200 listing rejected event ids marked the whole batch delivered."""
+    kept, *refused = _events(3)
+    ids = [str(e.request_id) for e in refused]
+    if shape == "ids":
+        listed: list = [ids[0], ids[1].upper()]  # a UUID in any case names the event
+    else:
+        listed = [
+            {"request_id": ids[0], "error": f"unknown user\u001b[2J key={GATEWAY_KEY}"},
+            {"request_id": ids[1], "reason": {"code": "no_account"}},
+        ]
+    body = json.dumps({"accepted": 1, field: listed}).encode()
+    report, posts = _answered(200, body, "application/json; charset=utf-8", settings)
+
+    assert (report.delivered, report.failed, report.retrying, posts) == (1, 2, 0, 1)
+    kept.refresh_from_db()
+    assert (kept.status, kept.last_error) == ("delivered", "")
+    failed = {str(e.request_id): e for e in UsageEvent.objects.filter(status="failed")}
+    assert set(failed) == set(ids) and all(e.claimed_until is None for e in failed.values())
+    says = "rejected this event" if field == "rejected" else "reported this event as failed"
+    for event in failed.values():
+        assert event.last_error.startswith(f"HTTP 200: the payment gateway {says}: ")
+    if shape == "objects":
+        assert "unknown user" in failed[ids[0]].last_error and GATEWAY_KEY not in failed[ids[0]].last_error
+        assert "\x1b" not in failed[ids[0]].last_error
+        assert "no_account" in failed[ids[1]].last_error
+    else:
+        assert failed[ids[0]].last_error.endswith("(no reason given)")
+
+    # Staff re-queue them from the admin; a gateway that takes them now delivers them.
+    settings.PAYMENT_GATEWAY_URL = f"{fake_gateway.url}/usage"
+    assert usage_events_retry(event_ids=[e.pk for e in failed.values()]) == 2
+    assert usage_events_deliver().delivered == 2
+    assert sorted(fake_gateway.received_ids()) == sorted(ids)
+
+
+@pytest.mark.usefixtures("no_retry_within_a_run")
+@pytest.mark.parametrize("unnamed", [1, True, ["00000000-0000-4000-8000-000000000000"], ["not an id"]])
+def test_a_2xx_rejecting_events_it_does_not_name_finds_them_one_at_a_time(gateway, monkeypatch, unnamed):
+    """A count of rejected events (or an id we did not send) names none: the batch is sent
+    one event at a time, as after a 4xx, and only the event rejected on its own fails."""
+    events = _events(3)
+    poisoned = str(events[1].request_id)
+
+    def answer(method, path, headers, payload):  # noqa: ARG001
+        sent = [e["request_id"] for e in payload["events"]]
+        if poisoned in sent:
+            return 200, {"accepted": len(sent) - 1, "rejected": unnamed}
+        return 200, {"accepted": len(sent), "rejected": []}
+
+    monkeypatch.setattr(gateway, "handle", answer)
+    report = usage_events_deliver()
+
+    assert (report.delivered, report.failed, report.retrying) == (2, 1, 0)
+    assert len(gateway.requests) == 4  # the batch, then each event on its own
+    event = UsageEvent.objects.get(request_id=poisoned)
+    assert event.status == "failed"
+    assert event.last_error.startswith('HTTP 200: the payment gateway\'s answer rejects events in "rejected"')
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "content_type"),
+    [
+        (200, b'{"accepted": 3}', "application/json"),
+        (200, b'{"accepted": 3, "rejected": [], "failed": 0}', "application/json"),
+        (202, b'{"status": "queued"}', "application/vnd.gateway+json"),
+        (200, b"not json", "application/json"),
+        (200, b'["a list"]', "application/json"),
+        (200, b"OK", "text/plain"),
+        (204, b"", None),
+    ],
+)
+def test_any_other_2xx_delivers_the_batch(settings, status, body, content_type):
+    _events(3)
+    report, posts = _answered(status, body, content_type, settings)
+    assert (report.delivered, report.failed, report.retrying, posts) == (3, 0, 0, 1)
+    assert set(UsageEvent.objects.values_list("status", "last_error")) == {("delivered", "")}
