@@ -66,16 +66,20 @@ class ImportItem:
     exported_id: str | None = None
 
     @property
-    def kind(self) -> tuple[str, str, str]:
+    def kind(self) -> tuple[str, str, str, str, str]:
         """What lets two memories with equal texts live side by side in one user's data:
         the toolkit keeps a short-term copy (`tier: stm`, expiring) beside the long-term
-        memory of the same message, and a memory type or an expiry makes a different
-        memory of the same words. Equal texts of the same kind are one memory twice."""
+        memory of the same message, a memory type or an expiry makes a different memory
+        of the same words, and a store narrowed to an agent or session keeps its own copy
+        of a text the user has outside them (`services._remember_narrowed`). Equal texts
+        of the same kind are one memory twice."""
         tier = self.metadata.get(TIER_KEY)
         return (
             tier if isinstance(tier, str) else "",
             self.fields.get("expires_at") or "",
             self.fields.get("memory_type") or "user",
+            self.fields.get("agent_id") or "",
+            self.fields.get("session_id") or "",
         )
 
     @property

@@ -514,11 +514,17 @@ def memory_remember(
     """Store one curated fact verbatim (no LLM) with its fields. The same text twice is
     stored once (the first memory's fields are kept).
 
+    A store narrowed to an `agent_id`/`session_id` (seed 001's scope, or the fields) keeps
+    to them: the same text is one memory there, and a text the user has only outside
+    them is stored again, inside them (`_remember_narrowed`), so the caller can see and
+    forget what it is answered. An un-narrowed store answers any memory of the text.
+
     The memory row, its history row, its dedupe hash, the usage event and the audit row
     commit in one transaction (the embedding is computed before it): after a crash
     either all exist or none, and a retry finds the hash."""
     attrs = _attrs(fields)
     source = (fields or {}).get("source") or "remember"
+    narrowing = _attrs_narrowing(attrs)
     rate_limit_consume(scope, operation=Operation.REMEMBER)
     text = memory.strip()
     digest = content_sha256(memory)
@@ -532,7 +538,27 @@ def memory_remember(
         with _engine_errors(), transaction.atomic():
             user_write_locks(scope, _text_lock_key(scope, digest))
             existing = _hash_owner_memory(scope, digest=digest)
-            if existing is None and embedded is not None:
+            if existing is not None and not _within(existing, narrowing):
+                narrowed = _remember_narrowed(
+                    scope,
+                    text=text,
+                    digest=digest,
+                    narrowing=narrowing,
+                    embedded=embedded,
+                    metadata=_system_metadata(scope, source=source, pinned=pinned, metadata=metadata),
+                    attrs=attrs,
+                    call=call,
+                )
+                if narrowed is None:  # a new memory, and this attempt knew the text: embed it
+                    known = False
+                    continue
+                if isinstance(narrowed, str):
+                    _remembered(
+                        scope, memory_id=narrowed, text=text, pinned=pinned, metadata=metadata, attrs=attrs, call=call
+                    )
+                    return RememberResult(id=narrowed, duplicate=False)
+                existing = narrowed
+            elif existing is None and embedded is not None:
                 with _attributed(call):
                     memory_id = _text_insert_claimed(
                         scope,
@@ -542,11 +568,13 @@ def memory_remember(
                         attrs=attrs,
                     )
                 if memory_id is not None:
-                    snapshot = audit_snapshot(memory=text, pinned=pinned, metadata=metadata or {})
-                    after = {**snapshot, **_audit_attrs(attrs)}
-                    call_succeeded(scope, call=call, operation=Operation.REMEMBER, memory_ids=[memory_id], after=after)
+                    _remembered(
+                        scope, memory_id=memory_id, text=text, pinned=pinned, metadata=metadata, attrs=attrs, call=call
+                    )
                     return RememberResult(id=memory_id, duplicate=False)
                 existing = _hash_owner_memory(scope, digest=digest)  # an import stored the text meanwhile
+                if existing is not None and not _within(existing, narrowing):
+                    continue  # outside the narrowing: the next attempt stores the text beside it
             if existing is not None:
                 # Remembering a text an expiring turn fact holds keeps it (unless this
                 # remember itself asks for an expiry): same transaction, same audit row.
@@ -572,6 +600,64 @@ def memory_remember(
                 return RememberResult(id=existing.id, duplicate=True)
         known = False  # the hash went away between the check and the lock: embed and store
     raise backend_unavailable()
+
+
+def _attrs_narrowing(attrs: MemoryAttrs) -> dict[str, str]:
+    """The agent and session a new memory is stored in, as `_within` takes them."""
+    return {key: value for key in ("agent_id", "session_id") if (value := getattr(attrs, key))}
+
+
+def _remembered(
+    scope: MemoryScope,
+    *,
+    memory_id: str,
+    text: str,
+    pinned: bool,
+    metadata: dict[str, Any] | None,
+    attrs: MemoryAttrs,
+    call: CallContext,
+) -> None:
+    """The audit row and usage event of a `remember` that stored a new memory."""
+    snapshot = audit_snapshot(memory=text, pinned=pinned, metadata=metadata or {})
+    after = {**snapshot, **_audit_attrs(attrs)}
+    call_succeeded(scope, call=call, operation=Operation.REMEMBER, memory_ids=[memory_id], after=after)
+
+
+def _remember_narrowed(
+    scope: MemoryScope,
+    *,
+    text: str,
+    digest: str,
+    narrowing: Mapping[str, str],
+    embedded: EmbeddedText | None,
+    metadata: dict[str, Any],
+    attrs: MemoryAttrs,
+    call: CallContext,
+) -> EngineMemory | str | None:
+    """A narrowed `remember` of a text whose hash a memory outside the narrowing holds
+    (another agent's or session's, or one stored without any): answering that one would
+    hand the caller an id its own narrowing cannot list, update or forget. A live copy
+    of the text inside the narrowing is the memory (returned, row-locked: a duplicate);
+    else, given the embedding, a new memory is stored there beside the holder without a
+    hash (as a restored older copy lives), and its id returned; else None (embed, retry).
+    The hash stays with its holder: un-narrowed stores keep answering it. In the caller's
+    transaction, under the text lock (every writer of the text takes it but an import,
+    which never stores a text the user has)."""
+    copies = engine_text_copies_locked(scope, text=text).values()
+    inside = [
+        item
+        for item in copies
+        if _live(item, scope)
+        and item.metadata.get(TIER_KEY) != "stm"  # a toolkit short-term copy is never the memory
+        and _within(item, narrowing)
+        and content_sha256(item.text) == digest
+    ]
+    if inside:
+        return min(inside, key=lambda item: (not _holds_hash_first(item), item.created_at or "", item.id))
+    if embedded is None:
+        return None
+    with _attributed(call):
+        return engine_insert_text(scope, embedded=embedded, metadata=metadata, attrs=attrs)
 
 
 def memory_ingest(
@@ -2042,7 +2128,7 @@ def _import_groups(items: list[ImportItem]) -> dict[str, list[ImportItem]]:
     """The file's memories by text hash (the dedupe rule of `remember`): per text, one
     item of each kind (the first wins; the others are the same memory twice), the one
     to hold the hash first."""
-    groups: dict[str, dict[tuple[str, str, str], ImportItem]] = {}
+    groups: dict[str, dict[tuple[str, str, str, str, str], ImportItem]] = {}
     for item in items:
         groups.setdefault(content_sha256(item.text), {}).setdefault(item.kind, item)
     return {

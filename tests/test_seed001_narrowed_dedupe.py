@@ -1,0 +1,118 @@
+"""A store narrowed to an agent or session keeps to it (seed 001: "a store puts the memory
+there"). The dedupe rule was one hash per user and text: storing in agent-b a text agent-a
+had answered 200 `duplicate: true` with agent-a's memory, billed, which agent-b could then
+neither list nor forget. Now the same text is one memory inside one narrowing (none
+included), and a text the user has only outside it is stored again, inside it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from billing.models import UsageEvent
+from memories.models import ContentHash
+from memories.services import api_key_issue, memory_export, memory_import_file, memory_list, memory_remember
+from tests.conftest import internal_call
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+ALICE = {"tenant_id": "default", "user_id": "alice"}
+AGENT_A = {**ALICE, "agent_id": "agent-a"}
+AGENT_B = {**ALICE, "agent_id": "agent-b"}
+
+
+@pytest.fixture
+def client(api_client, alice):
+    return api_client(api_key_issue(user=alice, name="narrowed-dedupe")[1])
+
+
+def store(client, text: str, scope: dict):
+    return client.post("/v1/memory", {"content": text, "scope": scope}, format="json")
+
+
+def listed(client, query: str = "") -> list[str]:
+    return [m["id"] for m in client.get(f"/v1/memory{query}").json()["memories"]]
+
+
+def test_a_store_in_another_agent_lands_there_visible_and_forgettable(client):
+    a = store(client, "Alice walks daily", AGENT_A)
+    b = store(client, "Alice walks daily", AGENT_B)
+    assert a.status_code == 201 and b.status_code == 201, b.content
+    memory = b.json()["memory"]
+    assert b.json()["duplicate"] is False and memory["id"] != a.json()["memory"]["id"]
+    assert memory["scope"]["agent_id"] == "agent-b" and memory["content"] == "Alice walks daily"
+    assert listed(client, "?agent_id=agent-b") == [memory["id"]]
+    assert listed(client, "?agent_id=agent-a") == [a.json()["memory"]["id"]]
+    forgot = client.post(f"/v1/memory/{memory['id']}/forget", {"scope": {"agent_id": "agent-b"}}, format="json")
+    assert forgot.status_code == 200, forgot.content
+    assert listed(client) == [a.json()["memory"]["id"]]  # agent-a's memory untouched
+
+
+def test_the_same_text_in_the_same_narrowing_is_one_memory(client):
+    first = store(client, "Alice walks daily", AGENT_B)
+    again = store(client, "  alice WALKS   daily ", AGENT_B)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["duplicate"] is True and again.json()["memory"]["id"] == first.json()["memory"]["id"]
+    # A copy stored beside another agent's memory (it holds no hash) is found as well.
+    store(client, "Alice swims on Sundays", AGENT_A)
+    copy = store(client, "Alice swims on Sundays", AGENT_B)
+    twice = store(client, "alice swims on sundays", AGENT_B)
+    assert copy.status_code == 201 and twice.status_code == 200
+    assert twice.json()["duplicate"] is True and twice.json()["memory"]["id"] == copy.json()["memory"]["id"]
+    # An agent's memory in a session is inside the agent's narrowing (as a list or forget sees it).
+    in_session = store(client, "Alice runs at dawn", {**AGENT_A, "session_id": "s-1"})
+    agent_wide = store(client, "Alice runs at dawn", AGENT_A)
+    assert agent_wide.status_code == 200 and agent_wide.json()["memory"]["id"] == in_session.json()["memory"]["id"]
+    assert len(listed(client)) == 4
+
+
+def test_a_narrowed_store_of_an_un_narrowed_text_gets_its_own_memory(client):
+    plain = store(client, "Alice likes tea", ALICE)
+    narrowed = store(client, "Alice likes tea", {**ALICE, "session_id": "s-9"})
+    assert narrowed.status_code == 201 and narrowed.json()["memory"]["scope"]["session_id"] == "s-9"
+    assert narrowed.json()["memory"]["id"] != plain.json()["memory"]["id"]
+    assert UsageEvent.objects.filter(operation="remember").count() == 2
+
+
+def test_un_narrowed_remember_stays_idempotent_per_user(client, alice_scope):
+    """Seed 000's contract: an un-narrowed store answers the user's memory of the text,
+    whatever agent or session it belongs to."""
+    a = store(client, "Alice walks daily", AGENT_A)
+    b = store(client, "Alice walks daily", AGENT_B)
+    for _ in range(2):
+        plain = memory_remember(alice_scope, memory="alice walks daily", call=internal_call())
+        assert plain.duplicate is True and plain.id == a.json()["memory"]["id"]
+    own = memory_remember(alice_scope, memory="Alice reads", call=internal_call())
+    assert memory_remember(alice_scope, memory="Alice reads", call=internal_call()).id == own.id
+    # The hash holder forgotten, its hash goes to the copy: un-narrowed stores answer it.
+    forgot = client.post(f"/v1/memory/{a.json()['memory']['id']}/forget", {"scope": AGENT_A}, format="json")
+    assert forgot.status_code == 200
+    after = memory_remember(alice_scope, memory="Alice walks daily", call=internal_call())
+    assert after.duplicate is True and after.id == b.json()["memory"]["id"]
+    assert ContentHash.objects.filter(memory_id=b.json()["memory"]["id"]).exists()
+
+
+def test_mcp_remember_with_agent_id_keeps_to_it(alice_scope):
+    """The tools' `agent_id` field narrows a store as seed 001's scope does."""
+    a = memory_remember(alice_scope, memory="Alice codes in Rust", fields={"agent_id": "a"}, call=internal_call())
+    b = memory_remember(alice_scope, memory="Alice codes in Rust", fields={"agent_id": "b"}, call=internal_call())
+    b2 = memory_remember(alice_scope, memory="Alice codes in Rust", fields={"agent_id": "b"}, call=internal_call())
+    assert (a.duplicate, b.duplicate, b2.duplicate) == (False, False, True)
+    assert b.id != a.id and b2.id == b.id
+    views = {v.id: v for v in memory_list(alice_scope, call=internal_call()).memories}
+    assert (views[a.id].agent_id, views[b.id].agent_id) == ("a", "b")
+
+
+def test_an_agents_copy_survives_export_and_import(client, alice_scope, bob_scope):
+    store(client, "Alice walks daily", AGENT_A)
+    store(client, "Alice walks daily", AGENT_B)
+    exported = memory_export(alice_scope, file_format="jsonl", call=internal_call()).content
+    assert len(exported.splitlines()) == 3
+    result = memory_import_file(bob_scope, data=exported.encode(), source="memsite", call=internal_call())
+    assert (result.imported, result.duplicates) == (2, 0)
+    agents = sorted(v.agent_id or "" for v in memory_list(bob_scope, call=internal_call()).memories)
+    assert agents == ["agent-a", "agent-b"]
+    again = memory_import_file(bob_scope, data=exported.encode(), source="memsite", call=internal_call())
+    assert (again.imported, again.duplicates) == (0, 2)
+    assert json.loads(exported.splitlines()[0])["count"] == 2
