@@ -1,7 +1,9 @@
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Q
 
 from audit.admin import ContentListAudited, EstimatedCountPaginator, ReadOnlyAdmin, history_table
 from audit.services import audit_staff_action
@@ -208,12 +210,60 @@ class ApiKeyAdmin(ReadOnlyAdmin):
         return request.user.has_perm("memories.change_apikey")
 
 
+class RateWindowOperationFilter(admin.SimpleListFilter):
+    """The rate-limited operations, from the settings: Django's filter of the column ran
+    SELECT DISTINCT over every window on each page. A window's operation is the limit it
+    counts, so the match is exact (the `rate_window_operation_recent` index); a service
+    credential's own windows read `operation@credential` and are found by its account."""
+
+    title = "operation"
+    parameter_name = "operation"
+
+    def lookups(self, request, model_admin):
+        return [(op, op) for op in Operation.values if op in settings.RATE_LIMITS]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(operation=self.value()) if self.value() else queryset
+
+
 @admin.register(RateWindow)
 class RateWindowAdmin(ReadOnlyAdmin):
+    """Every rate-limited call writes or bumps a window (pruned after two days): the list
+    reads pages from indexes, with a bounded count, like the audit trail's."""
+
     list_display = ("user", "operation", "window_start", "window_seconds", "count")
-    list_filter = ("operation",)
-    search_fields = ("user__username",)
+    list_filter = (RateWindowOperationFilter,)
+    search_fields = ("user__username",)  # shows the search box; see get_search_results
+    search_help_text = (
+        "A username (exact), the start of one followed by * (e.g. ali*), or a user id. "
+        "A service credential's own windows are its account's, as operation@credential."
+    )
     ordering = ("-window_start",)
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    list_per_page = 100
+
+    def get_search_results(self, request, queryset, search_term):
+        """The users the term names, found through auth_user's indexes (the username's
+        unique index, its pattern index for a prefix, the primary key), then their
+        windows through the (user, ...) index. A substring match compared upper() of
+        every username and joined the windows of all of them."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        users = get_user_model().objects.all()
+        if term.endswith("*"):
+            prefix = term.removesuffix("*")
+            if not prefix:
+                return queryset, False
+            users = users.filter(username__startswith=prefix)  # LIKE 'prefix%', escaped
+        else:
+            named = Q(username=term)
+            user_id = digits_int(term)
+            if user_id is not None:
+                named |= Q(pk=user_id)
+            users = users.filter(named)
+        return queryset.filter(user_id__in=users.values("pk")), False
 
 
 @admin.register(ExternalIdentity)

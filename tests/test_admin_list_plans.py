@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from core.scope import MemoryScope
 from memories.engine.vector_schema import owner_fulltext_index_name
+from memories.models import RateWindow
 from memories.services import memory_delete, memory_remember
 from memories.tenancy import tenant_create, tenant_user_create
 from tests.conftest import internal_call
@@ -151,3 +154,94 @@ def test_memory_history_and_chat_turn_pages_read_through_indexes(admin_client, m
     versions = _page(admin_client, "/admin/audit/memoryhistory/").result_list
     assert [v.recorded_at for v in versions] == sorted((v.recorded_at for v in versions), reverse=True)
     assert {v.memory_id for v in versions} >= {memories["alice"], memories["bob"], memories["carol"]}
+
+
+RATE_WINDOWS = "/admin/memories/ratewindow/"
+
+
+@pytest.fixture
+def rate_windows(alice, bob, django_user_model):
+    """Windows of alice, alicia (a username alice's is a prefix of), bob, and a service
+    credential's own window under bob's account: {name: window pk}."""
+    alicia = django_user_model.objects.create_user("alicia", "alicia@example.com", "alicia-password-1")
+    start = datetime(2026, 11, 28, 9, 30, tzinfo=UTC)
+
+    def window(user, operation: str, minutes: int = 0) -> int:
+        at = start + timedelta(minutes=minutes)
+        return RateWindow.objects.create(user=user, operation=operation, window_start=at, window_seconds=60).pk
+
+    return {
+        "alice_remember": window(alice, "remember"),
+        "alice_search": window(alice, "search_memory", minutes=1),
+        "alicia_remember": window(alicia, "remember", minutes=2),
+        "bob_search": window(bob, "search_memory", minutes=3),
+        "bob_credential": window(bob, "remember@key:k-service", minutes=4),
+        "alicia_pk": alicia.pk,
+    }
+
+
+def _windows(admin_client, params: dict[str, str]) -> set[int]:
+    return {row.pk for row in _page(admin_client, RATE_WINDOWS, params).result_list}
+
+
+def test_rate_window_page_filters_by_operation_without_reading_every_window(admin_client, rate_windows):
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(RATE_WINDOWS)
+    assert page.status_code == 200
+    # The filter's choices are the rate-limited operations, not a DISTINCT over the table.
+    assert not [q["sql"] for q in queries.captured_queries if "DISTINCT" in q["sql"].upper()]
+    (operation_filter,) = page.context["cl"].filter_specs
+    choices = {value for value, _ in operation_filter.lookup_choices}
+    assert {"remember", "search_memory", "chat_completion"} <= choices
+    assert choices <= set(settings.RATE_LIMITS) and "remember@key:k-service" not in choices
+
+    ids = rate_windows
+    assert _windows(admin_client, {"operation": "remember"}) == {ids["alice_remember"], ids["alicia_remember"]}
+    assert _windows(admin_client, {"operation": "search_memory"}) == {ids["alice_search"], ids["bob_search"]}
+    # Newest first, every window.
+    listed = [row.pk for row in _page(admin_client, RATE_WINDOWS).result_list]
+    newest_first = ("bob_credential", "bob_search", "alicia_remember", "alice_search", "alice_remember")
+    assert listed == [ids[k] for k in newest_first]
+
+
+def test_rate_window_page_searches_users_exactly_or_by_prefix(admin_client, alice, bob, rate_windows):
+    ids = rate_windows
+    alices = {ids["alice_remember"], ids["alice_search"]}
+    assert _windows(admin_client, {"q": "alice"}) == alices  # exact: not alicia's
+    assert _windows(admin_client, {"q": " ali* "}) == alices | {ids["alicia_remember"]}
+    assert _windows(admin_client, {"q": "alicia*"}) == {ids["alicia_remember"]}
+    assert _windows(admin_client, {"q": str(bob.pk)}) == {ids["bob_search"], ids["bob_credential"]}
+    assert _windows(admin_client, {"q": str(ids["alicia_pk"])}) == {ids["alicia_remember"]}
+    assert len(_windows(admin_client, {"q": "*"})) == 5  # no prefix: every window
+    # Not a substring, not case-folded, and LIKE's wildcards are plain characters.
+    for nothing in ("lic", "ALICE", "Ali*", "%*", "_lice*", "a%*", "9" * 30, "\u00b2"):
+        assert _windows(admin_client, {"q": nothing}) == set(), nothing
+
+
+def test_rate_window_page_reads_through_indexes(admin_client, alice, rate_windows):
+    plan = _plan(_page(admin_client, RATE_WINDOWS))
+    assert "Index Scan using rate_window_recent on memories_ratewindow" in plan, plan  # defined newest first
+    assert "Sort" not in plan and "Seq Scan" not in plan, plan
+    # By operation: the two windows found may be sorted; the index also gives them in
+    # order, which is the plan once sorting them costs more.
+    filtered = _page(admin_client, RATE_WINDOWS, {"operation": "remember"})
+    plan = _plan(filtered, priced_out=("seqscan", "sort", "bitmapscan"))
+    assert "Index Scan using rate_window_operation_recent on memories_ratewindow" in plan, plan
+    assert "Sort" not in plan and "Seq Scan" not in plan, plan
+    assert "Seq Scan" not in _plan(filtered) and "rate_window_operation_recent" in _plan(filtered)
+    # The hourly prune finds the old windows through the same index as the page.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        prune = RateWindow.objects.filter(window_start__lt=datetime(2026, 11, 28, tzinfo=UTC)).explain()
+    assert "rate_window_recent" in prune and "Seq Scan" not in prune, prune
+
+    # A search finds the users through auth_user's indexes, then only their windows
+    # (which may be sorted: one user's, not the table).
+    for term, user_cond in (
+        ("alice", "Index Cond: ((username)::text = 'alice'::text)"),  # either username index
+        ("ali*", "Index Cond: (((username)::text ~>=~ 'ali'::text) AND ((username)::text ~<~ 'alj'::text))"),
+        (str(alice.pk), f"Index Cond: (id = {alice.pk})"),
+    ):
+        plan = _plan(_page(admin_client, RATE_WINDOWS, {"q": term}))
+        assert user_cond in plan and "Seq Scan" not in plan and "upper(" not in plan, plan
+        assert re.search(r"Index Cond: \(user_id = (auth_user|u0)\.id\)", plan), plan
