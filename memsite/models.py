@@ -43,6 +43,10 @@ class ErasureLedger(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["erased_at"], name="erasure_ledger_pending", condition=models.Q(state="pending")),
+            # Support's search by user id or request id (the admin), and the account
+            # deletion's lookup of a user's pending rows: rows are never deleted.
+            models.Index(fields=["user_pk"], name="erasure_ledger_user"),
+            models.Index(fields=["request_id"], name="erasure_ledger_request"),
         ]
 
     def __str__(self) -> str:

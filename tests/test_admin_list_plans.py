@@ -15,12 +15,14 @@ import pytest
 from django.conf import settings
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from core.scope import MemoryScope
 from memories.engine.vector_schema import owner_fulltext_index_name
 from memories.models import RateWindow
 from memories.services import memory_delete, memory_remember
 from memories.tenancy import tenant_create, tenant_user_create
+from memsite.models import ErasureLedger
 from tests.conftest import internal_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
@@ -245,3 +247,36 @@ def test_rate_window_page_reads_through_indexes(admin_client, alice, rate_window
         plan = _plan(_page(admin_client, RATE_WINDOWS, {"q": term}))
         assert user_cond in plan and "Seq Scan" not in plan and "upper(" not in plan, plan
         assert re.search(r"Index Cond: \(user_id = (auth_user|u0)\.id\)", plan), plan
+
+
+def test_erasure_ledger_search_is_exact_and_index_served(admin_client, alice, bob):
+    """`=user_pk` was iexact: upper() of every row's user id as text, a sequential scan
+    of a ledger that keeps a row per erasure for good."""
+    now = timezone.now()
+
+    def erasure(user, request_id: str) -> uuid.UUID:
+        row = ErasureLedger.objects.create(
+            id=uuid.uuid4(), user_pk=user.pk, engine_user_id=f"default:{user.pk}", request_id=request_id, erased_at=now
+        )
+        return row.id
+
+    request_id = str(uuid.uuid4())
+    alices = erasure(alice, request_id)
+    bobs = erasure(bob, str(uuid.uuid4()))
+    url = "/admin/memsite/erasureledger/"
+
+    def found(term: str) -> set[uuid.UUID]:
+        return {row.id for row in _page(admin_client, url, {"q": term}).result_list}
+
+    assert found(str(alice.pk)) == {alices} and found(f" {bob.pk} ") == {bobs}
+    assert found(request_id) == found(request_id.upper()) == found(uuid.UUID(request_id).hex) == {alices}
+    assert found("") == {alices, bobs}
+    for nothing in (request_id[:8], "abc", "-1", "9" * 30, "\u00b2"):
+        assert found(nothing) == set(), nothing
+    for term, index, cond in (
+        (str(alice.pk), "erasure_ledger_user", f"(user_pk = {alice.pk})"),
+        (request_id, "erasure_ledger_request", f"((request_id)::text = '{request_id}'::text)"),
+    ):
+        plan = _plan(_page(admin_client, url, {"q": term}))
+        assert index in plan and f"Index Cond: {cond}" in plan, plan
+        assert "Seq Scan" not in plan and "upper(" not in plan, plan
