@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from typing import ClassVar
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ORDER_VAR, ChangeList
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Q
@@ -91,6 +93,53 @@ OPERATIONS = list(Operation.values)
 CHANNELS = list(Channel.values)
 
 
+class IndexOrderedChangeList(ChangeList):
+    """A changelist ordered only by what `sortable_by` names. Django hides the other
+    columns' sort links but still sorts by whatever `?o=` a bookmarked or edited address
+    asks for: such parts are dropped (the default order stands). And Django breaks ties
+    by `-pk` whatever the direction, so "oldest first" was (time ASC, id DESC), an order
+    no index holds; the tie-break follows the first column's direction instead, so that
+    the index that serves newest first serves oldest first too, read backwards."""
+
+    def get_ordering(self, request, queryset):
+        requested = self.params.get(ORDER_VAR)
+        if requested and self.sortable_by is not None:
+            kept = [part for part in requested.split(".") if self._sortable(part, self.sortable_by)]
+            if kept:
+                self.params[ORDER_VAR] = ".".join(kept)
+            else:
+                del self.params[ORDER_VAR]
+        ordering = super().get_ordering(request, queryset)
+        first = ordering[0] if ordering else None
+        if len(ordering) > 1 and ordering[-1] == "-pk" and isinstance(first, str) and not first.startswith("-"):
+            ordering[-1] = "pk"
+        return ordering
+
+    def _sortable(self, part: str, sortable_by) -> bool:
+        _, _, column = part.rpartition("-")
+        try:
+            return self.list_display[int(column)] in sortable_by
+        except (IndexError, ValueError):
+            return False
+
+
+class LargeTableAdmin(admin.ModelAdmin):
+    """The changelist of a table that grows with use (a row per call, per 401, per rate
+    window...): neither a page nor a click on it reads the whole table. A bounded count
+    (EstimatedCountPaginator, no full count beside a filtered one), no facet counts (a
+    COUNT per filter choice over the whole table), and sorting only by the columns in
+    `sortable_by`, each an order an index serves (none by default): a click on any other
+    column header sorted every row."""
+
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    sortable_by: ClassVar[tuple[str, ...] | None] = ()
+
+    def get_changelist(self, request, **kwargs):
+        return IndexOrderedChangeList
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
@@ -135,7 +184,7 @@ def _snapshot_display(value):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(ReadOnlyAdmin):
+class AuditEventAdmin(LargeTableAdmin, ReadOnlyAdmin):
     list_display = (
         "id", "occurred_at", "channel", "operation", "outcome", "error_code", "actor", "actor_client_app",
         "subject_timeline", "memories_short", "turn_id", "duration_ms",
@@ -150,8 +199,7 @@ class AuditEventAdmin(ReadOnlyAdmin):
     search_fields = ("actor_username",)
     search_help_text = "A request id, memory id, turn id, user id (digits), username or credential (key:<key id>)."
     ordering = ("-id",)
-    paginator = EstimatedCountPaginator
-    show_full_result_count = False
+    sortable_by = ("id",)  # the primary key, both ways (ids follow the time of the call)
     list_per_page = 100
     # The sealed snapshots and detail content are shown opened (or "erased"), never as ciphertext.
     readonly_fields = [
@@ -232,14 +280,13 @@ class AuditEventAdmin(ReadOnlyAdmin):
 
 
 @admin.register(MemoryHistory)
-class MemoryHistoryAdmin(ContentListAudited, ReadOnlyAdmin):
+class MemoryHistoryAdmin(ContentListAudited, LargeTableAdmin, ReadOnlyAdmin):
     list_display = ("recorded_at", "memory_id", "event", "old_short", "new_short", "changed_by", "request_id")
     list_filter = ("event",)
     search_fields = ("memory_id", "request_id")  # shows the search box; see get_search_results
     search_help_text = "A memory id or request id."
     ordering = ("-recorded_at",)
-    paginator = EstimatedCountPaginator
-    show_full_result_count = False
+    sortable_by = ("recorded_at",)  # history_recent, both ways
     readonly_fields = [f.name for f in MemoryHistory._meta.fields]
 
     def get_search_results(self, request, queryset, search_term):
@@ -275,13 +322,16 @@ class MemoryHistoryAdmin(ContentListAudited, ReadOnlyAdmin):
 
 
 @admin.register(AuthFailureWindow)
-class AuthFailureWindowAdmin(ReadOnlyAdmin):
-    """401s per client address per minute (the first of each window is also an audit row)."""
+class AuthFailureWindowAdmin(LargeTableAdmin, ReadOnlyAdmin):
+    """401s per client address per minute (the first of each window is also an audit row):
+    a row per address and minute, so a spray from many addresses grows it fast."""
 
     list_display = ("window_start", "ip", "count", "first_channel", "last_seen_at")
     search_fields = ("ip__exact",)  # through the (ip, window_start) index; "=" would be iexact
     search_help_text = "An exact client address."
     ordering = ("-window_start", "-count")
+    sortable_by = ("window_start",)  # its index (a minute's windows are then ordered by count)
+    list_per_page = 100
     list_filter = (("window_start", admin.DateFieldListFilter),)
     readonly_fields = [f.name for f in AuthFailureWindow._meta.fields]
 

@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Q
 
-from audit.admin import ContentListAudited, EstimatedCountPaginator, ReadOnlyAdmin, history_table
+from audit.admin import ContentListAudited, LargeTableAdmin, ReadOnlyAdmin, history_table
 from audit.services import audit_staff_action
 from core.choices import Operation
 from core.errors import ServiceError
@@ -51,7 +51,7 @@ def _partitions_of_user(user_pk: int) -> list[MemoryScope]:
 
 
 @admin.register(EngineMemoryRow)
-class MemoryAdmin(ContentListAudited, ReadOnlyAdmin):
+class MemoryAdmin(ContentListAudited, LargeTableAdmin, ReadOnlyAdmin):
     """The engine's table, read-only. Opening a memory (its content), or a page of them,
     is audited."""
 
@@ -75,9 +75,7 @@ class MemoryAdmin(ContentListAudited, ReadOnlyAdmin):
         "history",
     )  # fmt: skip
     readonly_fields = fields
-    paginator = EstimatedCountPaginator
-    show_full_result_count = False
-    list_per_page = 100
+    list_per_page = 100  # newest first only (LargeTableAdmin: no column sorts)
 
     def get_queryset(self, request):
         return engine_rows_newest_first(super().get_queryset(request))
@@ -227,7 +225,7 @@ class RateWindowOperationFilter(admin.SimpleListFilter):
 
 
 @admin.register(RateWindow)
-class RateWindowAdmin(ReadOnlyAdmin):
+class RateWindowAdmin(LargeTableAdmin, ReadOnlyAdmin):
     """Every rate-limited call writes or bumps a window (pruned after two days): the list
     reads pages from indexes, with a bounded count, like the audit trail's."""
 
@@ -239,8 +237,7 @@ class RateWindowAdmin(ReadOnlyAdmin):
         "A service credential's own windows are its account's, as operation@credential."
     )
     ordering = ("-window_start",)
-    paginator = EstimatedCountPaginator
-    show_full_result_count = False
+    sortable_by = ("window_start",)  # rate_window_recent, both ways
     list_per_page = 100
 
     def get_search_results(self, request, queryset, search_term):

@@ -4,7 +4,7 @@ and a re-queue for those given up. The turns' messages (memory content) are not 
 from django.contrib import admin, messages
 from django.db import transaction
 
-from audit.admin import EstimatedCountPaginator
+from audit.admin import LargeTableAdmin
 from audit.services import audit_staff_action
 from core.choices import Operation
 from proxy.models import ProxyTurn
@@ -12,7 +12,7 @@ from proxy.services import proxy_turns_requeue
 
 
 @admin.register(ProxyTurn)
-class ProxyTurnAdmin(admin.ModelAdmin):
+class ProxyTurnAdmin(LargeTableAdmin, admin.ModelAdmin):
     list_display = (
         "created_at",
         "user_id",
@@ -25,9 +25,8 @@ class ProxyTurnAdmin(admin.ModelAdmin):
     )
     list_filter = ("state",)
     ordering = ("-created_at",)
+    sortable_by = ("created_at",)  # proxy_turn_recent, both ways
     actions = ("requeue_extraction",)
-    show_full_result_count = False
-    paginator = EstimatedCountPaginator
     list_per_page = 100
     # Everything but the messages: reading them would be reading the user's content.
     fields = readonly_fields = tuple(f.name for f in ProxyTurn._meta.fields if f.name not in ("id", "messages"))
