@@ -293,6 +293,8 @@ LARGE_TABLE_SORTS = {
     "/admin/memories/enginememoryrow/": (set(), "both"),
     "/admin/proxy/proxyturn/": ({"created_at"}, "both"),
     "/admin/audit/authfailurewindow/": ({"window_start"}, "ties"),
+    "/admin/toolkit/decision/": (set(), "both"),
+    "/admin/toolkit/cacheentry/": (set(), "both"),
 }
 WHOLE_SORT = re.compile(r"^\s*(->\s+)?Sort  \(", re.MULTILINE)  # a Sort node, not an Incremental Sort
 
@@ -318,3 +320,31 @@ def test_large_tables_sort_only_by_columns_an_index_serves(admin_client, memorie
                 assert "Seq Scan" not in plan and not WHOLE_SORT.search(plan), (url, field, direction, plan)
                 if served == "both":
                     assert "Sort" not in plan, (url, field, direction, plan)
+
+
+def test_decisions_and_cached_answers_are_found_by_exact_user_through_indexes(admin_client, alice, bob):
+    from memories.toolkit.models import CacheEntry, Decision
+
+    now = timezone.now()
+    rows = {}
+    for user in (alice, bob):
+        rows[("decision", user.pk)] = Decision.objects.create(
+            user=user, key="k", value="v", created_at=now, updated_at=now
+        ).pk
+        rows[("cacheentry", user.pk)] = CacheEntry.objects.create(
+            user=user, query="q", response="r", embedding=[0.1, 0.2, 0.3], expires_at=now + timedelta(days=1)
+        ).pk
+    for model in ("decision", "cacheentry"):
+        url = f"/admin/toolkit/{model}/"
+
+        def found(term: str, url=url) -> set:
+            return {row.pk for row in _page(admin_client, url, {"q": term}).result_list}
+
+        assert found("alice") == found(str(alice.pk)) == {rows[(model, alice.pk)]}, model
+        assert found(f" {bob.pk} ") == {rows[(model, bob.pk)]}, model
+        for nothing in ("lic", "ALICE", "ali", "9" * 30):  # exact only
+            assert found(nothing) == set(), (model, nothing)
+        for term in ("alice", str(alice.pk)):
+            plan = _plan(_page(admin_client, url, {"q": term}))
+            assert "Seq Scan" not in plan and "upper(" not in plan, plan
+            assert re.search(r"Index Cond: \(user_id = (auth_user|u0)\.id\)", plan), plan

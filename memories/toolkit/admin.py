@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils.decorators import method_decorator
 from django.views.decorators.debug import sensitive_post_parameters
 
-from audit.admin import ReadOnlyAdmin
+from audit.admin import LargeTableAdmin, ReadOnlyAdmin
 from audit.services import audit_failure, audit_record, audit_staff_action
 from core.calls import call_context_from_request
 from core.choices import Channel, Operation
@@ -34,34 +34,43 @@ from memories.toolkit.services import toolkit_user_data_wipe
 logger = logging.getLogger(__name__)
 
 
+class UserRowsAdmin(LargeTableAdmin, ReadOnlyAdmin):
+    """Rows every user adds to with use (decisions, cached answers): listed newest id
+    first with a bounded count and no column sort (LargeTableAdmin), searched by exact
+    username or user id."""
+
+    list_select_related = ("user",)
+    search_fields = ("user__username",)  # shows the search box; see get_search_results
+    search_help_text = "A username (exact) or user id."
+
+    def get_search_results(self, request, queryset, search_term):
+        """The user the term names, found through auth_user's indexes, then their rows
+        through the table's (user, ...) index. A substring of the username (Django's
+        default) compared upper() of every user's name; and an OR of the username and
+        the row's user id cannot be split over the join, so it read every row too."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        named = Q(username=term)
+        user_id = digits_int(term)
+        if user_id is not None:
+            named |= Q(pk=user_id)
+        return queryset.filter(user_id__in=get_user_model().objects.filter(named).values("pk")), False
+
+
 @admin.register(Decision)
-class DecisionAdmin(ReadOnlyAdmin):
+class DecisionAdmin(UserRowsAdmin):
     """Staff see that a decision exists, whose it is and when, not what it says: its key
     (e.g. "hiv_medication_schedule") is content like its value, sealed in the audit trail,
     so it is neither shown nor searched, as a cached answer's query is not."""
 
     list_display = ("id", "user", "created_at", "updated_at", "expires_at")
-    list_select_related = ("user",)
     fields = ("user", "created_at", "updated_at", "expires_at")
-    search_fields = ("user__username",)  # shows the search box; see get_search_results
-    search_help_text = "A username or user id."
-
-    def get_search_results(self, request, queryset, search_term):
-        """Exact lookups on indexed columns (the user's id leads the (user, key) index)."""
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        by_user = Q(user__username=term)
-        user_id = digits_int(term)
-        if user_id is not None:
-            by_user |= Q(user_id=user_id)
-        return queryset.filter(by_user), False
 
 
 @admin.register(CacheEntry)
-class CacheEntryAdmin(ReadOnlyAdmin):
+class CacheEntryAdmin(UserRowsAdmin):
     list_display = ("id", "user", "created_at", "expires_at")
-    search_fields = ("user__username",)
     exclude = ("query", "response", "embedding")
 
 
