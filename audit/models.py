@@ -18,7 +18,8 @@ class MemoryHistory(models.Model):
         RESTORE = "RESTORE"  # out of the trash (issue 11); a DELETE row marks moving in
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    memory_id = models.CharField(max_length=64, db_index=True)
+    # Looked up through (memory_id, recorded_at) below: no index of its own (audit 0021).
+    memory_id = models.CharField(max_length=64)
     old_memory = models.TextField(null=True, blank=True)
     new_memory = models.TextField(null=True, blank=True)
     event = models.CharField(max_length=16, choices=Event.choices)

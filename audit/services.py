@@ -390,11 +390,12 @@ def subject_content_erase(*, subject_user_id: int, engine_user_id: str, memory_i
         cursor.execute("SET LOCAL memsite.audit_retention = 'on'")
         try:
             # Never loaded into Python. By owner (the `history_owner` index), then the
-            # unowned rows among the trusted ids (the memory_id index). An unowned row
-            # that another user's successful calls name too is left alone: never guess.
-            # Only versions of memories that no longer exist (the trigger refuses others):
-            # one mem0 stored for the user meanwhile keeps its history until the ingest's
-            # completion deletes it and blanks that (see `ingest_intents_supersede`).
+            # unowned rows among the trusted ids (the (memory_id, recorded_at) index). An
+            # unowned row that another user's successful calls name too is left alone:
+            # never guess. Only versions of memories that no longer exist (the trigger
+            # refuses others): one mem0 stored for the user meanwhile keeps its history
+            # until the ingest's completion deletes it and blanks that (see
+            # `ingest_intents_supersede`).
             cursor.execute(
                 f'DELETE FROM "{history_table}" WHERE engine_user_id = %s'  # noqa: S608
                 " AND NOT memsite_memory_live(memory_id)",
