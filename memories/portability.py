@@ -14,7 +14,8 @@
   so do the top-level `actor_id`, `role` and `attributed_to`.
 - OpenMemory: the zip its `/api/v1/backup/export` writes (`memories.json` with `memories`
   and `apps`, `categories`, `memory_categories`; `memories.jsonl.gz` is a derived copy and
-  not needed). Categories become tags; archived memories come in, deleted ones do not.
+  not needed). Categories become tags; archived memories come in, deleted ones do not; keys
+  in `metadata` that memsite reserves come in as `openmemory_<key>`.
 
 `import_items_parse` validates the WHOLE file before anything is written and raises one
 ServiceError naming the first bad record (never its content)."""
@@ -317,20 +318,23 @@ def _parse_mem0(data: bytes) -> list[ImportItem]:
 
 
 MEM0_KEY_PREFIX = "mem0_"
+OPENMEMORY_KEY_PREFIX = "openmemory_"
 
 
-def _mem0_keys_renamed(metadata: dict[str, Any], *, where: str) -> dict[str, Any]:
+def _mem0_keys_renamed(metadata: dict[str, Any], *, where: str, prefix: str = MEM0_KEY_PREFIX) -> dict[str, Any]:
     """A mem0 memory's metadata with every key memsite reserves renamed `mem0_<key>`:
     mem0 puts some there itself (its procedural memories' `memory_type`), and the rest
     (`source`, `pinned`, `client_app`, ...) are the owner's own labels in mem0, where
     nothing reserves them. Which is which cannot be told, and refusing either refused
     the whole file. A key whose new name the metadata already holds is still refused (by
-    position: the key may be the owner's text), as is a key no name could carry."""
+    position: the key may be the owner's text), as is a key no name could carry.
+    OpenMemory, built on mem0, reserves none of them either: its keys get `prefix`
+    `openmemory_`."""
     if not schemas.RESERVED_KEYS.intersection(metadata):
         return metadata
     renamed: dict[str, Any] = {}
     for n, (key, value) in enumerate(metadata.items(), start=1):
-        name = MEM0_KEY_PREFIX + key if key in schemas.RESERVED_KEYS else key
+        name = prefix + key if key in schemas.RESERVED_KEYS else key
         if name != key and name in metadata:
             raise _invalid(
                 f"{where}: metadata: metadata key #{n} ({key!r}) is reserved, and its new name {name!r} is taken"
@@ -481,6 +485,7 @@ def _parse_openmemory(data: bytes, *, max_bytes: int) -> list[ImportItem]:
         if not isinstance(metadata, dict):
             raise _invalid(f"{where}: metadata must be an object")
         tags = categories.get(_key(record.get("id"), where=f"{where} id")) or None
+        metadata = _mem0_keys_renamed(metadata, where=where, prefix=OPENMEMORY_KEY_PREFIX)
         text, pinned, metadata, fields = _checked(
             record.get("content"), False, metadata, where=where, fields={"tags": tags}
         )

@@ -570,3 +570,19 @@ def _threads_recorded(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(operations, "memory_export_stream", recorded)
     return threads
+
+
+def test_an_openmemory_memorys_reserved_metadata_keys_come_in_renamed(bob_scope):
+    """OpenMemory, built on mem0, reserves none of memsite's keys: a `source` or `pinned`
+    in its metadata is the owner's (or its MCP server's) label, and it refused the whole
+    file. They come in as `openmemory_<key>` and change nothing memsite keeps."""
+    with zipfile.ZipFile(io.BytesIO(openmemory_zip())) as archive:
+        document = json.loads(archive.read("memories.json"))
+    document["memories"][0]["metadata"] = {"source": "slack", "pinned": True, "mcp_client": "claude"}
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("memories.json", json.dumps(document))
+    assert _import(bob_scope, buffer.getvalue(), "openmemory").imported == 2
+    marathons = {m["memory"]: m for m in _memories(bob_scope)}["Carol runs marathons"]
+    assert marathons["metadata"] == {"openmemory_source": "slack", "openmemory_pinned": True, "mcp_client": "claude"}
+    assert (marathons["source"], marathons["pinned"]) == ("openmemory", False)
