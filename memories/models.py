@@ -88,7 +88,10 @@ class RateWindow(models.Model):
     """Calls of one operation by one user in one fixed window, counted atomically
     (INSERT ... ON CONFLICT DO UPDATE), so limits hold across processes and hosts."""
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="rate_windows")
+    # No index of its own: rate_window_unique starts with the user (one index less per window).
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="rate_windows", db_index=False
+    )
     # An operation, or `operation@credential` for a service credential's own limit (issue 12).
     operation = models.CharField(max_length=96)
     window_start = models.DateTimeField()

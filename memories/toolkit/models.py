@@ -20,7 +20,8 @@ class CacheEntry(models.Model):
     (rows from before it was recorded), never a hit."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    # No index of its own: cache_user_expires and cache_user_recent start with the user.
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False)
     query = models.TextField()
     response = models.TextField()
     embedding = VectorField()
@@ -42,7 +43,8 @@ class CacheEntry(models.Model):
 class Decision(models.Model):
     """A keyed decision (preference, choice, sticky setting), one per (user, key)."""
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    # No index of its own: decision_unique_user_key starts with the user.
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False)
     key = models.CharField(max_length=128)
     value = models.TextField()
     created_at = models.DateTimeField()
