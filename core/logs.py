@@ -79,6 +79,19 @@ class Mem0MessageWithheld(logging.Filter):
         return True
 
 
+class ForeignHostOneLine(logging.Filter):
+    """Django logs a request for a host not in ALLOWED_HOSTS as an ERROR with a traceback
+    and the header's text ("Invalid HTTP_HOST header: '<what the client sent>'"). Scanners
+    send such requests all day: one WARNING line saying what happened, no traceback and
+    nothing the client wrote (the access line has the 400)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.msg, record.args = "a request named a host this server does not serve (ALLOWED_HOSTS): 400", ()
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
 class TextFormatter(logging.Formatter):
     """`[time] [level] [rid=...] [logger] message`, as in seed 004."""
 
@@ -125,6 +138,7 @@ def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
             "request_id": {"()": "core.logs.RequestIdFilter"},
             "access": {"()": "core.logs.AccessLogFilter"},
             "mem0_withheld": {"()": "core.logs.Mem0MessageWithheld"},
+            "foreign_host_one_line": {"()": "core.logs.ForeignHostOneLine"},
             # No memory content: tracebacks without exception messages (core/log_safety.py).
             "content_safe": {"()": "core.log_safety.ContentSafeFilter"},
         },
@@ -160,6 +174,7 @@ def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
             "mem0.vector_stores.pgvector": {"filters": ["mem0_withheld"]},
             # Without spaCy mem0 falls back to plain text for BM25 and says so on every call.
             "mem0.utils.spacy_models": {"level": "ERROR"},
+            "django.security.DisallowedHost": {"filters": ["foreign_host_one_line"]},
             "httpx": {"level": "WARNING"},
             "httpcore": {"level": "WARNING"},
             "httpx2": {"level": "WARNING"},
