@@ -10,7 +10,7 @@ import logging
 import secrets
 import unicodedata
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -643,21 +643,35 @@ def _remember_narrowed(
     The hash stays with its holder: un-narrowed stores keep answering it. In the caller's
     transaction, under the text lock (every writer of the text takes it but an import,
     which never stores a text the user has)."""
-    copies = engine_text_copies_locked(scope, text=text).values()
-    inside = [
-        item
-        for item in copies
-        if _live(item, scope)
-        and item.metadata.get(TIER_KEY) != "stm"  # a toolkit short-term copy is never the memory
-        and _within(item, narrowing)
-        and content_sha256(item.text) == digest
-    ]
-    if inside:
-        return min(inside, key=lambda item: (not _holds_hash_first(item), item.created_at or "", item.id))
+    copy = _text_copy_within(scope, text=text, digest=digest, narrowing=narrowing)
+    if copy is not None:
+        return copy
     if embedded is None:
         return None
     with _attributed(call):
         return engine_insert_text(scope, embedded=embedded, metadata=metadata, attrs=attrs)
+
+
+def _text_copy_within(
+    scope: MemoryScope, *, text: str, digest: str, narrowing: Mapping[str, str], excluding: Collection[str] = ()
+) -> EngineMemory | None:
+    """The live memory of the text `digest` inside the narrowing (row-locked) that a
+    narrowed store answers when the text's hash holder is outside it, or None: a long-term
+    one without expiry first, then the oldest. `excluding`: rows not yet answered (an
+    ingest's facts are among the copies). In the caller's transaction, under the text lock."""
+    copies = engine_text_copies_locked(scope, text=text).values()
+    inside = [
+        item
+        for item in copies
+        if item.id not in excluding
+        and _live(item, scope)
+        and item.metadata.get(TIER_KEY) != "stm"  # a toolkit short-term copy is never the memory
+        and _within(item, narrowing)
+        and content_sha256(item.text) == digest
+    ]
+    if not inside:
+        return None
+    return min(inside, key=lambda item: (not _holds_hash_first(item), item.created_at or "", item.id))
 
 
 def memory_ingest(
@@ -751,6 +765,9 @@ def _ingest_complete(
     """One transaction: the dedupe rule over what mem0 added (a fact whose text another
     memory already has is removed again, and answered with that memory's id and event
     NONE), hashes for the new ones, the audit row, the usage event, the intent closed.
+    An ingest narrowed to an `agent_id`/`session_id` keeps to them as a narrowed
+    `remember` does: when the text's holder is outside them, a copy inside them is the
+    memory (NONE), else the fact stays as a new memory there without a hash (ADD).
     A fact longer than MEMORY_MAX_CHARS (the LLM wrote it; no client could) is removed
     again and counted in the audit row's `too_long`, one holding a character no text may
     hold (`text_problem`: a control character) in `unstorable`: every memory must fit
@@ -775,17 +792,29 @@ def _ingest_complete(
         removed = {m.id for m in (*too_long, *unstorable)}
         added = [m for m in added if m.id not in removed]
         advisory_xact_lock(*(_text_lock_key(scope, content_sha256(m.text)) for m in added))
-        for item in added:
+        for index, item in enumerate(added):
             digest = content_sha256(item.text)
-            existing_id = _hash_owner(scope, digest=digest)
-            if existing_id is None:
-                existing_id = _content_hash_claim(scope, digest=digest, memory_id=item.id)
-            if existing_id is not None and existing_id != item.id:
-                with _attributed(call):
-                    engine_delete_row(item.id)
-                results.append({"id": existing_id, "memory": item.text, "event": "NONE"})
+            holder = _hash_owner_memory(scope, digest=digest)
+            if holder is None and _content_hash_claim(scope, digest=digest, memory_id=item.id) is not None:
+                holder = _hash_owner_memory(scope, digest=digest)  # an import stored the text meanwhile
+            if holder is None or holder.id == item.id:
+                results.append({"id": item.id, "memory": item.text, "event": "ADD"})
                 continue
-            results.append({"id": item.id, "memory": item.text, "event": "ADD"})
+            narrowing = _attrs_narrowing(item.attrs)  # the call's agent_id/session_id, on mem0's row
+            if not _within(holder, narrowing):
+                # As a narrowed `remember` (`_remember_narrowed`): the holder is outside the
+                # call's narrowing, which could neither list nor forget it. A copy inside is
+                # the memory; else the fact stays there, beside the holder, without a hash.
+                # Not this fact, nor a later one of the call: the first of the text is the memory.
+                pending = {later.id for later in added[index:]}
+                copy = _text_copy_within(scope, text=item.text, digest=digest, narrowing=narrowing, excluding=pending)
+                if copy is None:
+                    results.append({"id": item.id, "memory": item.text, "event": "ADD"})
+                    continue
+                holder = copy
+            with _attributed(call):
+                engine_delete_row(item.id)
+            results.append({"id": holder.id, "memory": item.text, "event": "NONE"})
         after = [{**r, "memory": audit_text(r["memory"])} for r in results]
         ids = [r["id"] for r in results]
         detail = {

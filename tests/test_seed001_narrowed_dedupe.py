@@ -2,7 +2,8 @@
 there"). The dedupe rule was one hash per user and text: storing in agent-b a text agent-a
 had answered 200 `duplicate: true` with agent-a's memory, billed, which agent-b could then
 neither list nor forget. Now the same text is one memory inside one narrowing (none
-included), and a text the user has only outside it is stored again, inside it."""
+included), and a text the user has only outside it is stored again, inside it; an
+ingest's facts likewise."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ import pytest
 
 from billing.models import UsageEvent
 from memories.models import ContentHash
-from memories.services import api_key_issue, memory_export, memory_import_file, memory_list, memory_remember
+from memories.services import (
+    api_key_issue,
+    memory_export,
+    memory_import_file,
+    memory_ingest,
+    memory_list,
+    memory_remember,
+)
 from tests.conftest import internal_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
@@ -116,3 +124,51 @@ def test_an_agents_copy_survives_export_and_import(client, alice_scope, bob_scop
     again = memory_import_file(bob_scope, data=exported.encode(), source="memsite", call=internal_call())
     assert (again.imported, again.duplicates) == (0, 2)
     assert json.loads(exported.splitlines()[0])["count"] == 2
+
+
+# --- ingest: mem0's facts keep to the narrowing as a remember does ------------------------
+TURN = [{"role": "user", "content": "I walk every day."}]
+
+
+def ingest(client, scope: dict):
+    response = client.post("/v1/memory", {"messages": TURN, "scope": scope}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["memories"]
+
+
+def test_a_narrowed_ingest_of_another_agents_text_lands_in_its_agent(client, llm):
+    a = store(client, "Alice walks daily", AGENT_A).json()["memory"]["id"]
+    # Case and spacing apart (mem0's own exact-text check would skip the fact; ours does not).
+    llm.queue_facts("alice walks  daily")
+    [added] = ingest(client, AGENT_B)
+    assert added["event"] == "ADD" and added["id"] != a, added
+    assert listed(client, "?agent_id=agent-b") == [added["id"]]
+    assert listed(client, "?agent_id=agent-a") == [a]
+    # The same narrowed ingest again answers the agent's copy; an un-narrowed one the holder.
+    llm.queue_facts("ALICE walks daily")
+    assert ingest(client, AGENT_B) == [{"id": added["id"], "memory": "ALICE walks daily", "event": "NONE"}]
+    llm.queue_facts("Alice Walks Daily")
+    assert ingest(client, ALICE) == [{"id": a, "memory": "Alice Walks Daily", "event": "NONE"}]
+    assert sorted(listed(client)) == sorted([a, added["id"]])
+    assert str(ContentHash.objects.get().memory_id) == a  # the copy holds no hash
+    forgot = client.post(f"/v1/memory/{added['id']}/forget", {"scope": {"agent_id": "agent-b"}}, format="json")
+    assert forgot.status_code == 200, forgot.content
+    assert listed(client) == [a]
+
+
+def test_a_narrowed_ingest_answers_a_copy_it_can_see(alice_scope, llm):
+    """The tools' `session_id` field (MCP/REST ingest) narrows as seed 001's scope does; two
+    facts of one text in one call are one memory, and a copy a remember stored is found."""
+    plain = memory_remember(alice_scope, memory="Alice likes tea", call=internal_call())
+    llm.queue_facts("alice likes tea", "Alice likes  TEA")
+    first, second = memory_ingest(alice_scope, messages=TURN, fields={"session_id": "s-1"}, call=internal_call())
+    assert first["event"] == "ADD" and first["id"] != plain.id
+    assert second == {"id": first["id"], "memory": "Alice likes  TEA", "event": "NONE"}
+    views = {v.id: v for v in memory_list(alice_scope, call=internal_call()).memories}
+    assert set(views) == {plain.id, first["id"]} and views[first["id"]].session_id == "s-1"
+    memory_remember(alice_scope, memory="Alice reads", call=internal_call())  # the holder, in no agent
+    copy = memory_remember(alice_scope, memory="Alice reads", fields={"agent_id": "b"}, call=internal_call())
+    llm.queue_facts("alice reads")
+    assert memory_ingest(alice_scope, messages=TURN, fields={"agent_id": "b"}, call=internal_call()) == [
+        {"id": copy.id, "memory": "alice reads", "event": "NONE"}
+    ]
