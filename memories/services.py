@@ -1206,18 +1206,27 @@ def _trash_or_delete(
     return deleted
 
 
-def memory_delete_dry_run(
-    scope: MemoryScope, *, memory_id: str, within: Mapping[str, str] | None = None, call: CallContext
-) -> list[str]:
-    """What memory_delete would move to the trash (the memory, then the other row of its
-    toolkit store_memory message), changing nothing: a billed, audited read that answers
-    `not_found` exactly as the delete would (another user's id, outside `within`)."""
+def _delete_target(
+    scope: MemoryScope, *, memory_id: str, within: Mapping[str, str] | None
+) -> tuple[EngineMemory, list[EngineMemory]]:
+    """A delete's (or its dry run's) rate-limited first read: the memory, not_found when it
+    is not the scope's or lies outside `within`, and the other row of its message."""
     rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
     item = memory_get_owned(scope, memory_id=memory_id)
     if not _within(item, within):
         raise not_found()
     with _engine_errors():
         twins = _message_twins(scope, item)
+    return item, twins
+
+
+def memory_delete_dry_run(
+    scope: MemoryScope, *, memory_id: str, within: Mapping[str, str] | None = None, call: CallContext
+) -> list[str]:
+    """What memory_delete would move to the trash (the memory, then the other row of its
+    toolkit store_memory message), changing nothing: a billed, audited read that answers
+    `not_found` exactly as the delete would (another user's id, outside `within`)."""
+    _item, twins = _delete_target(scope, memory_id=memory_id, within=within)
     ids = [memory_id, *(twin.id for twin in twins)]
     with transaction.atomic():
         call_succeeded(
@@ -1247,12 +1256,7 @@ def memory_delete(
     commit in one transaction. Returns the ids, the one asked for first. `within` (seed
     001's agent_id/session_id) narrows: a memory outside it is `not_found`, judged on the
     locked row."""
-    rate_limit_consume(scope, operation=Operation.DELETE_MEMORY)
-    item = memory_get_owned(scope, memory_id=memory_id)
-    if not _within(item, within):
-        raise not_found()
-    with _engine_errors():
-        twins = _message_twins(scope, item)
+    item, twins = _delete_target(scope, memory_id=memory_id, within=within)
     # The text locks for the hashes a trashed row may hand over (read before the locks,
     # checked again after them).
     digests = {content_sha256(row.text) for row in (item, *twins)}
