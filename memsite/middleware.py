@@ -113,15 +113,11 @@ def _answer(request: HttpRequest, surface: Surface, refusal: Refusal) -> HttpRes
     return HttpResponse(_page_template().render(context, request), status=refusal.status)
 
 
-class RequestInputMiddleware:
-    """Invalid text (NUL, C0 controls, lone surrogates) in the path or the GET/POST
-    parameters of the admin, the web UI's own pages, the consent and connected-apps pages
-    and the OAuth metadata went straight to the ORM: a DataError (500) from Postgres,
-    e.g. a key name or id, a consent request key, the admin's search box. Answer in each
-    surface's error shape before any view runs: 404 for a path (nothing can be there),
-    400 for a parameter. Never quotes the offending text."""
+class _RefusingMiddleware:
+    """A middleware that may answer a request itself before the view (`_refused`), in a
+    sync or an async chain. Async-capable, so an async view (the chat proxy's stream) runs
+    without a thread hop."""
 
-    # Async-capable, so an async view (the chat proxy's stream) runs without a thread hop.
     sync_capable = True
     async_capable = True
 
@@ -137,14 +133,29 @@ class RequestInputMiddleware:
         return refused if refused is not None else self.get_response(request)
 
     async def _acall(self, request: HttpRequest) -> Any:
+        refused = self._refused(request)  # a subclass whose check does I/O hops threads itself
+        return refused if refused is not None else await self.get_response(request)
+
+    def _refused(self, request: HttpRequest) -> HttpResponse | None:
+        raise NotImplementedError
+
+
+class RequestInputMiddleware(_RefusingMiddleware):
+    """Invalid text (NUL, C0 controls, lone surrogates) in the path or the GET/POST
+    parameters of the admin, the web UI's own pages, the consent and connected-apps pages
+    and the OAuth metadata went straight to the ORM: a DataError (500) from Postgres,
+    e.g. a key name or id, a consent request key, the admin's search box. Answer in each
+    surface's error shape before any view runs: 404 for a path (nothing can be there),
+    400 for a parameter. Never quotes the offending text."""
+
+    async def _acall(self, request: HttpRequest) -> Any:
         if _surface(request.path) is None:  # /v1/ and /engines/: no hop on their hot path
             return await self.get_response(request)
         # Reading the body and rendering the page (request.user: the session) are sync.
         refused = await sync_to_async(self._refused)(request)
         return refused if refused is not None else await self.get_response(request)
 
-    @staticmethod
-    def _refused(request: HttpRequest) -> HttpResponse | None:
+    def _refused(self, request: HttpRequest) -> HttpResponse | None:
         surface = _surface(request.path)
         if surface is None:
             return None
@@ -180,27 +191,13 @@ def _foreign_host_refusal(request: HttpRequest) -> HttpResponse | None:
     return JsonResponse(body, status=HOST_REFUSED_STATUS, headers={"Cache-Control": "no-store"})
 
 
-class ForeignHostMiddleware:
+class ForeignHostMiddleware(_RefusingMiddleware):
     """A Host outside ALLOWED_HOSTS raised DisallowedHost at the first `get_host()`
     (CommonMiddleware) and Django answered its HTML 400 page, also to the agents and OAuth
     clients on the JSON surfaces, which parse JSON. Those get the answer the MCP and OAuth
     apps beside Django give (core/hosts.py): 421, in their own JSON shape, never echoing
-    the host. Before every middleware that asks for the host."""
+    the host. Before every middleware that asks for the host. Its check does no I/O: no
+    thread hop on the async chain."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
-
-    def __call__(self, request: HttpRequest) -> Any:
-        if iscoroutinefunction(self):
-            return self._acall(request)
-        refused = _foreign_host_refusal(request)
-        return refused if refused is not None else self.get_response(request)
-
-    async def _acall(self, request: HttpRequest) -> Any:
-        refused = _foreign_host_refusal(request)  # no I/O: no thread hop
-        return refused if refused is not None else await self.get_response(request)
+    def _refused(self, request: HttpRequest) -> HttpResponse | None:
+        return _foreign_host_refusal(request)
