@@ -172,3 +172,24 @@ def test_a_narrowed_ingest_answers_a_copy_it_can_see(alice_scope, llm):
     assert memory_ingest(alice_scope, messages=TURN, fields={"agent_id": "b"}, call=internal_call()) == [
         {"id": copy.id, "memory": "alice reads", "event": "NONE"}
     ]
+
+
+def test_another_users_copy_in_the_same_agent_is_as_missing_as_none(client, api_client, bob):
+    """Tenancy: bob's memory of the same text, in the same agent and outside it, is never
+    alice's duplicate nor her copy; each store lands in its own user's memories."""
+    bob_client = api_client(api_key_issue(user=bob, name="narrowed-dedupe-bob")[1])
+    bob_scope = {"tenant_id": "default", "user_id": "bob"}
+    bobs = [store(bob_client, "Alice walks daily", {**bob_scope, "agent_id": a}) for a in ("agent-a", "agent-b")]
+    assert [r.status_code for r in bobs] == [201, 201], bobs[1].content
+    bob_ids = {r.json()["memory"]["id"] for r in bobs}
+
+    a = store(client, "Alice walks daily", AGENT_A)
+    b = store(client, "alice walks daily", AGENT_B)
+    assert (a.status_code, b.status_code) == (201, 201), b.content
+    assert a.json()["duplicate"] is False and b.json()["duplicate"] is False
+    mine = {a.json()["memory"]["id"], b.json()["memory"]["id"]}
+    assert not mine & bob_ids and set(listed(client)) == mine
+    assert set(listed(bob_client)) == bob_ids  # bob's untouched
+    for bob_id in bob_ids:  # and his ids answer alice as missing ones do
+        gone = client.post(f"/v1/memory/{bob_id}/forget", {"scope": {"agent_id": "agent-b"}}, format="json")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
