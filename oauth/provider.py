@@ -305,25 +305,25 @@ def _issuer_bound(app: Any) -> Any:
     return bound
 
 
-def _metadata_url_prechecked(app: Any) -> Any:
+def _metadata_url_prechecked(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
     """A client_id that is a metadata-document URL and cannot be used is refused here with
     the reason (the SDK handler would only say 'not found'). No redirect: the client is
-    not trusted yet (RFC 6749 §4.1.2.1)."""
+    not trusted yet (RFC 6749 §4.1.2.1). The client_id and state are those the SDK handler
+    reads (`_handler_params`: a POST's form, not its query), after the input check."""
 
-    async def checked(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        request = Request(scope)
-        client_id = request.query_params.get("client_id") or ""
-        if services.is_metadata_url(client_id):
+    async def handle(request: Request) -> Response:
+        params = await _handler_params(request)
+        client_id = params.get("client_id") if params is not None else None
+        if isinstance(client_id, str) and services.is_metadata_url(client_id):
             try:
                 await _in_thread(services.oauth_client_from_metadata_url)(url=client_id)
             except MetadataDocumentError as error:
-                # With the state of the query it took the client_id from.
-                state = _state_echoable(request.query_params)
-                await _oauth_error(400, "invalid_client", str(error), state=state)(scope, receive, send)
-                return
-        await app(scope, receive, send)
+                return _oauth_error(400, "invalid_client", str(error), state=_state_echoable(params))
+        return await handler(request)
 
-    return checked
+    return handle
 
 
 def _redirects_only_to_consent(
@@ -369,12 +369,20 @@ def _answered_error(response: Response) -> tuple[str, str]:
     )
 
 
+def _reads_form(method: str) -> bool:
+    """Whether the SDK's AuthorizationHandler reads the form (else the query): it reads the
+    query of a GET and the form of any other method, a POST (or a HEAD, which Starlette
+    routes with GET). The other handlers take POST only and read its form."""
+    return method != "GET"
+
+
 async def _handler_params(request: Request) -> Mapping[str, Any] | None:
-    """The parameters the SDK handler read: the query of a GET, the form of a POST (parsed
-    by the handler already; Starlette keeps it on the request)."""
-    if request.method != "POST":
+    """The parameters the SDK handler reads (`_reads_form`). Starlette keeps a parsed form
+    on the request, so the handler and its wrappers all see the one parse."""
+    if not _reads_form(request.method):
         return request.query_params
     try:
+        await request.body()  # kept on the request: a form that fails to parse can be parsed again
         return await request.form()
     except Exception:  # noqa: BLE001 - a body the handler could not parse: no state to give back
         return None
@@ -471,8 +479,8 @@ async def _input_refusal(path: str, scope: dict[str, Any], body: bytes) -> JSONR
             except InputError as error:
                 refused = _Refused(400, "invalid_client_metadata", error.message)
         return None if refused is None else _oauth_error(*refused)
-    params = query  # what the SDK handler reads: the query of a GET, the form of a POST
-    if scope.get("method") == "POST":
+    params = query  # what the SDK handler reads (_reads_form)
+    if _reads_form(str(scope.get("method", ""))):
         try:
             params = await _form_items(scope, body)
         except MultiPartException as error:
@@ -522,7 +530,11 @@ def oauth_asgi_routes() -> dict[str, Any]:
         enabled=True, valid_scopes=list(services.SCOPES_SUPPORTED), default_scopes=list(services.SCOPES_SUPPORTED)
     )
     handlers: list[tuple[str, Any, list[str]]] = [
-        (AUTHORIZE_PATH, _redirects_only_to_consent(AuthorizationHandler(provider).handle), ["GET", "POST"]),
+        (
+            AUTHORIZE_PATH,
+            _metadata_url_prechecked(_redirects_only_to_consent(AuthorizationHandler(provider).handle)),
+            ["GET", "POST"],
+        ),
         (TOKEN_PATH, TokenHandler(provider, authenticator).handle, ["POST"]),
         (REGISTER_PATH, RegistrationHandler(provider, options=options).handle, ["POST"]),
         (REVOKE_PATH, RevocationHandler(provider, authenticator).handle, ["POST"]),
@@ -533,8 +545,5 @@ def oauth_asgi_routes() -> dict[str, Any]:
         checked = _input_checked(request_response(handler), path)
         endpoint = RequestBodyLimitMiddleware(checked, DEFAULT_MAX_REQUEST_BODY_SIZE)
         route = Route(path, endpoint=endpoint, methods=methods)
-        app: Any = route.handle
-        if path == AUTHORIZE_PATH:
-            app = _metadata_url_prechecked(app)
-        apps[path] = _host_checked(_issuer_bound(app))
+        apps[path] = _host_checked(_issuer_bound(route.handle))
     return apps

@@ -177,3 +177,30 @@ def test_the_consent_pages_answers_carry_the_state_after_a_refused_post(client, 
         final = client.post(consent, {**form, "scope": ["read"]} if "allow" in form else form)
         assert final.status_code == 302 and final["Location"].startswith(EVIL + "?")
         assert query_of(final["Location"])["state"] == "st-2"
+
+
+def test_a_posted_authorization_is_prechecked_on_its_form(caplog):
+    """The metadata-document precheck read client_id and state from the query, where the
+    SDK handler reads a POST's form: a bad document URL in the form got the SDK's bare
+    'not found' instead of the reason, and one in the query of a POST whose form named a
+    good client refused that client, with the query's state. Both now follow the form."""
+    caplog.set_level(logging.DEBUG)
+    client_id = _register()
+    _, challenge = pkce()
+    form = {"client_id": client_id, "response_type": "code", "code_challenge": challenge, "state": "form-state"}
+    bad_document = "http://127.0.0.1:9/client.json"
+    query = urlencode({"client_id": bad_document, "state": "query-state"})
+    bad_in_form, bad_in_query = oauth_in_process(
+        ("POST", "/oauth/authorize", {"data": {**form, "client_id": bad_document}}),
+        ("POST", f"/oauth/authorize?{query}", {"data": form}),
+    )
+    _assert_answered_directly(bad_in_form, "invalid_client")
+    assert bad_in_form.json() == {
+        "error": "invalid_client",
+        "error_description": "client_id metadata document URL must use https",
+        "state": "form-state",
+    }
+    assert bad_in_query.status_code == 302, bad_in_query.text
+    assert bad_in_query.headers["location"].startswith("http://testserver/oauth/consent/")
+    assert list(OAuthAuthorizationRequest.objects.values_list("state", flat=True)) == ["form-state"]
+    assert "form-state" not in caplog.text and "query-state" not in caplog.text
