@@ -64,6 +64,10 @@ _issuer: contextvars.ContextVar[str] = contextvars.ContextVar("oauth_issuer", de
 # received. Bounded as a stored state is: /authorize refuses a longer one, and its error
 # leaves it out rather than cut it (a cut state would come back as another one).
 STATE_MAX_CHARS: int = getattr(OAuthAuthorizationRequest._meta.get_field("state"), "max_length", 0)
+# No client has a longer id (a registered one is the SDK's UUID, a metadata-document URL is
+# refused past 512 characters): a longer one is refused before the SDK handler, which
+# quoted it whole in its "not found" error (a 1 MB form field came back as a 1 MB answer).
+CLIENT_ID_MAX_CHARS: int = getattr(OAuthClient._meta.get_field("client_id"), "max_length", 0)
 
 
 def issuer_for(scheme: str, host: str) -> str:
@@ -125,7 +129,9 @@ def _client_lookup(client_id: str) -> OAuthClient | None:
             return services.oauth_client_from_metadata_url(url=client_id)
         except MetadataDocumentError:
             return None
-    return OAuthClient.objects.filter(client_id=client_id[:512], kind=OAuthClient.Kind.DCR).first()
+    if len(client_id) > CLIENT_ID_MAX_CHARS:  # no client has one: not cut, a cut id could name another client
+        return None
+    return OAuthClient.objects.filter(client_id=client_id, kind=OAuthClient.Kind.DCR).first()
 
 
 def _tokens(issued: services.IssuedTokens) -> OAuthToken:
@@ -442,6 +448,16 @@ def _parameter_refusal(path: str, items: Iterable[tuple[str, Any]]) -> _Refused 
     return None
 
 
+def _client_id_refusal(path: str, params: Iterable[tuple[str, Any]]) -> _Refused | None:
+    """A client_id longer than any client's, refused as a client that cannot be identified
+    (as `_parameter_refusal` refuses one holding bad text), never quoted."""
+    for name, value in params:
+        if name == "client_id" and isinstance(value, str) and len(value) > CLIENT_ID_MAX_CHARS:
+            description = f"client_id is longer than {CLIENT_ID_MAX_CHARS} characters"
+            return _Refused(400 if path == AUTHORIZE_PATH else 401, "invalid_client", description)
+    return None
+
+
 def _oauth_error(status: int, error: str, description: str, *, state: str | None = None) -> JSONResponse:
     body = {"error": error, "error_description": description}
     if state is not None:  # /authorize's errors (RFC 6749 §4.1.2.1)
@@ -490,6 +506,7 @@ async def _input_refusal(path: str, scope: dict[str, Any], body: bytes) -> JSONR
             params = []
             refused = refused or _Refused(400, "invalid_request", str(error))
         refused = refused or _parameter_refusal(path, params)
+    refused = refused or _client_id_refusal(path, params)
     if refused is None:
         return None
     state = _state_echoable(dict(params)) if path == AUTHORIZE_PATH else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from urllib.parse import urlencode
 
 import pytest
@@ -329,3 +330,45 @@ def test_a_form_field_over_the_parsers_limit_is_a_400_not_a_500():
     for response in responses:
         _oauth_error(response, 400, "invalid_request")
         assert "aaaa" not in response.text
+
+
+def test_a_client_id_longer_than_any_clients_is_refused_without_quoting_it(caplog):
+    """The SDK's "Client ID '...' not found" quoted the id whole: a 900 KB form field came
+    back as a 900 KB answer. An id longer than any client's (512) is refused before the
+    SDK, for a GET's query and a POST's form, as a client that cannot be identified (with
+    the request's state at /authorize), never quoted, never logged. A well-formed unknown
+    id keeps the SDK's answer."""
+    caplog.set_level(logging.DEBUG)
+    base = {"response_type": "code", "code_challenge": "c" * 43, "state": "st"}
+    long_query, long_form = f"{MARK}-" + "q" * 20_000, f"{MARK}-" + "f" * 900_000
+    token_form = {"grant_type": "authorization_code", "code": "mso_ac_x", "code_verifier": "v" * 43}
+    in_query, in_form, at_token, at_revoke, unknown = _oauth(
+        ("GET", "/oauth/authorize?" + urlencode({**base, "client_id": long_query}), {}),
+        ("POST", "/oauth/authorize", {"data": {**base, "client_id": long_form}}),
+        ("POST", "/oauth/token", {"data": {**token_form, "client_id": long_form}}),
+        ("POST", "/oauth/revoke", {"data": {"token": "mso_at_x", "client_id": long_query}}),
+        ("GET", "/oauth/authorize?" + urlencode({**base, "client_id": "no-such-client"}), {}),
+    )
+    for response, status in ((in_query, 400), (in_form, 400), (at_token, 401), (at_revoke, 401)):
+        assert len(response.content) < 200, response.text[:200]
+        _oauth_error(response, status, "invalid_client")
+        assert response.json()["error_description"] == "client_id is longer than 512 characters"
+    assert in_query.json()["state"] == in_form.json()["state"] == "st"
+    _oauth_error(unknown, 400, "invalid_request")
+    assert unknown.json()["error_description"] == "Client ID 'no-such-client' not found"
+    assert MARK not in caplog.text
+
+
+def test_a_client_id_is_never_cut_to_name_another_client():
+    """The lookup cut a client_id to 512 characters, so an id one character longer than a
+    512-character client's named that client (through HTTP Basic, which the form check
+    does not see)."""
+    OAuthClient.objects.create(
+        client_id="k" * 512, kind=OAuthClient.Kind.DCR, redirect_uris=[CALLBACK], token_endpoint_auth_method="none"
+    )
+    assert provider._client_lookup("k" * 512) is not None
+    assert provider._client_lookup("k" * 513) is None
+    basic = base64.b64encode(("k" * 513 + ":").encode()).decode()
+    token_form = {"grant_type": "authorization_code", "code": "mso_ac_x", "code_verifier": "v" * 43}
+    (token,) = _oauth(("POST", "/oauth/token", {"data": token_form, "headers": {"Authorization": f"Basic {basic}"}}))
+    _oauth_error(token, 401, "invalid_client")
