@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
 
@@ -204,3 +204,25 @@ def test_a_posted_authorization_is_prechecked_on_its_form(caplog):
     assert bad_in_query.headers["location"].startswith("http://testserver/oauth/consent/")
     assert list(OAuthAuthorizationRequest.objects.values_list("state", flat=True)) == ["form-state"]
     assert "form-state" not in caplog.text and "query-state" not in caplog.text
+
+
+@pytest.mark.parametrize("answer", ["allow", "deny"])
+def test_the_answer_after_consent_carries_a_state_only_when_the_client_sent_one(client, alice, answer):
+    """RFC 6749 §4.1.2: state comes back exactly as received when the request had one; §3.1:
+    a parameter sent without a value is treated as omitted. So no state sent and `state=`
+    both come back without one (never `state=`), and a state comes back unchanged."""
+    client_id = _register()
+    _, challenge = pkce()
+    base = {"client_id": client_id, "response_type": "code", "code_challenge": challenge}
+    sent = [{}, {"state": ""}, {"state": "a b/c?d=e&f"}]
+    started = oauth_in_process(*(_authorize(**base, **state) for state in sent))
+    client.force_login(alice)
+    form = {"allow": "", "scope": ["read"]} if answer == "allow" else {"deny": ""}
+    for state, authorize in zip(sent, started, strict=True):
+        assert authorize.status_code == 302, authorize.text
+        final = client.post(urlsplit(authorize.headers["location"]).path, form)
+        assert final.status_code == 302 and final["Location"].startswith(EVIL + "?")
+        names = [name for name, _ in parse_qsl(urlsplit(final["Location"]).query, keep_blank_values=True)]
+        assert names.count("state") == (1 if state.get("state") else 0), final["Location"]
+        if state.get("state"):
+            assert query_of(final["Location"])["state"] == state["state"]
