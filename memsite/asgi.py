@@ -16,7 +16,7 @@ django_app = get_asgi_application()
 from django.conf import settings  # noqa: E402
 
 from memories.interfaces.mcp.registry import TOOLSETS  # noqa: E402 - needs Django set up
-from memsite.body_limit import BodyLimitMiddleware  # noqa: E402
+from memsite.body_limit import BodyLimitMiddleware, ForeignHostBodyWithheld  # noqa: E402
 from memsite.observability import RequestIdASGIMiddleware, RequestIdBoundASGI  # noqa: E402
 from memsite.process_start import web_process_start  # noqa: E402
 from memsite.threaded_django import ThreadPoolDjangoHandler  # noqa: E402
@@ -84,7 +84,8 @@ def build_application():
         max_bytes=settings.REQUEST_BODY_MAX_BYTES,
         reads_chunked=lambda path: path.rstrip("/") in routes,
     )
-    return BackendUnavailableMiddleware(limited)
+    # A foreign Host's body is never read, nor weighed: its 421 (or Django's 400 page) first.
+    return BackendUnavailableMiddleware(ForeignHostBodyWithheld(limited))
 
 
 application = build_application()

@@ -13,15 +13,23 @@ It also reads a chunked body (no Content-Length) before the app: Django's reques
 exactly Content-Length bytes, so without one it saw an empty body (a chunked POST of a
 memory answered "memory is required"). Such a body is spooled (to disk past 1 MiB, as
 Django spools), and the app gets the length it needs.
+
+In front of it, `ForeignHostBodyWithheld` hands a request whose Host ALLOWED_HOSTS does not
+name to the app with an empty body: every surface refuses such a host before it reads a
+body (421 on the JSON surfaces, Django's 400 page elsewhere), so that answer comes first,
+whatever the body's size, and not a byte of the body is read, not even here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import tempfile
 from collections.abc import Callable
 from typing import IO, Any
+
+from core.hosts import host_allowed
 
 logger = logging.getLogger(__name__)
 
@@ -163,3 +171,49 @@ class BodyLimitMiddleware:
         ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _first_host(scope: dict[str, Any]) -> str | None:
+    for name, value in scope.get("headers") or []:
+        if name.lower() == b"host":
+            return str(value.decode("latin-1"))
+    return None
+
+
+class ForeignHostBodyWithheld:
+    """ASGI wrapper, outside `BodyLimitMiddleware`. A request whose Host is not served here
+    got 413 for an oversized body before any surface checked the host, and a chunked body
+    to a Django path was spooled before Django refused the host. Every surface refuses a
+    foreign Host before it reads a body: the MCP gate and the OAuth endpoints first thing,
+    Django in its middleware (ForeignHostMiddleware, CommonMiddleware), which runs only
+    after its handler has read the whole body. The app now gets such a request with an
+    empty body (Content-Length 0): its refusal (421 on the JSON surfaces, Django's 400
+    page elsewhere) comes first, and nothing of the body is read. Decided on the first
+    Host header, as the MCP and OAuth apps check it (Django joins several into one no host
+    matches: refused too); a request without one is left alone (Django then takes the
+    server's own name)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        host = _first_host(scope) if scope["type"] == "http" else None
+        if host is None or host_allowed(host):
+            await self.app(scope, receive, send)
+            return
+        dropped = (b"content-length", b"transfer-encoding")
+        headers = [(name, value) for name, value in scope.get("headers") or [] if name.lower() not in dropped]
+        withheld = {**scope, "headers": [*headers, (b"content-length", b"0")]}
+        delivered = False
+
+        async def empty_body() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            # Never the client's own messages: they are its body. Django listens for a
+            # disconnect beside the view and cancels the listener once it has answered.
+            never: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            return await never
+
+        await self.app(withheld, empty_body, send)

@@ -14,7 +14,9 @@ from audit.models import AuditEvent, AuthFailureWindow
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
-def post(path: str, chunks: list[bytes], *, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes, int]:
+def post(
+    path: str, chunks: list[bytes], *, headers: list[tuple[bytes, bytes]], host: bytes = b"localhost"
+) -> tuple[int, bytes, int]:
     """POST `chunks` as separate body messages: the status, the body, and how many
     chunks the app read."""
     from memsite.asgi import build_application
@@ -43,7 +45,7 @@ def post(path: str, chunks: list[bytes], *, headers: list[tuple[bytes, bytes]]) 
         scope = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-            "headers": [(b"host", b"localhost"), *headers], "client": ("127.0.0.1", 40000),
+            "headers": [(b"host", host), *headers], "client": ("127.0.0.1", 40000),
             "server": ("localhost", 80),
         }  # fmt: skip
         await asyncio.wait_for(app(scope, receive, send), timeout=60)
@@ -135,3 +137,30 @@ def test_a_chunked_body_to_mcp_is_left_to_its_gate(settings):
         headers=[(b"content-type", b"application/json"), (b"transfer-encoding", b"chunked")],
     )
     assert status == 401 and read == 0
+
+
+def test_a_foreign_host_is_refused_before_its_body_is_read_or_weighed(settings):
+    """A Host not in ALLOWED_HOSTS with a body over the cap got 413 before any surface
+    checked the host, and a chunked one to a Django path was read (spooled) first. The
+    host's refusal comes first now, whatever the body, and not a chunk of it is read: the
+    OAuth endpoints, MCP and Django's JSON surfaces answer 421 in their shape, a page
+    Django's 400 page. An allowed host keeps its 413."""
+    settings.REQUEST_BODY_MAX_BYTES = 64 * 1024
+    declared = [(b"content-length", str(10**10).encode()), (b"content-type", b"application/json")]
+    chunked = [(b"transfer-encoding", b"chunked"), (b"content-type", b"application/json")]
+    chunks = [b"y" * 16 * 1024] * 100
+    before = rows()
+    for path, headers in [
+        ("/oauth/token", declared), ("/oauth/register", chunked), ("/engines/memory/mcp", declared),
+        ("/v1/memories", declared), ("/v1/memories", chunked), ("/.well-known/oauth-authorization-server", chunked),
+    ]:  # fmt: skip
+        status, body, read = post(path, chunks, headers=headers, host=b"evil.example")
+        assert (status, read) == (421, 0), (path, status, read, body[:200])
+        assert b"ALLOWED_HOSTS" in body and b"evil.example" not in body, path
+    for path, headers in [("/data/import/", chunked), ("/accounts/login/", declared)]:
+        status, page, read = post(path, chunks, headers=headers, host=b"evil.example")
+        assert (status, read) == (400, 0), (path, status, read)
+        assert b"Request too large" not in page, path
+    assert rows() == before
+    status, body, read = post("/oauth/token", chunks, headers=declared)
+    assert (status, read) == (413, 0) and json.loads(body)["error"]["code"] == "payload_too_large"
