@@ -11,7 +11,7 @@
 - mem0: `get_all` output or its export JSON, `{"results": [{"id", "memory", "metadata",
   "created_at", "updated_at", "agent_id", "run_id", "expiration_date", ...}]}` (a bare list
   is accepted too); keys in `metadata` that memsite reserves come in as `mem0_<key>`, and
-  so do the top-level `actor_id`, `role` and `attributed_to`.
+  so do the top-level `actor_id`, `role` and `attributed_to` (outside the owner's budget).
 - OpenMemory: the zip its `/api/v1/backup/export` writes (`memories.json` with `memories`
   and `apps`, `categories`, `memory_categories`; `memories.jsonl.gz` is a derived copy and
   not needed). Categories become tags; archived memories come in, deleted ones do not; keys
@@ -301,7 +301,9 @@ def _parse_mem0(data: bytes) -> list[ImportItem]:
         if not isinstance(metadata, dict):
             raise _invalid(f"{where}: metadata must be an object")
         metadata = _mem0_speaker_carried(record, _mem0_keys_renamed(metadata, where=where), where=where)
-        text, pinned, metadata, _ = _checked(record.get("memory"), False, metadata, where=where)
+        text, pinned, metadata, _ = _checked(
+            record.get("memory"), False, metadata, where=where, model=schemas.Mem0MemoryInput
+        )
         items.append(
             ImportItem(
                 text=text,
@@ -347,8 +349,9 @@ def _mem0_keys_renamed(metadata: dict[str, Any], *, where: str, prefix: str = ME
 # `role` and `actor_id` (the message's role and `name`) of a memory added verbatim
 # (`infer=False`), `attributed_to` ("user" or "assistant", the LLM's answer) of an
 # extracted one. memsite has no such fields (its own rows' engine `role` is always "user"
-# and not shown), so they come in as metadata, named as the renamed keys are.
-MEM0_SPEAKER_FIELDS = ("actor_id", "role", "attributed_to")
+# and not shown), so they come in as metadata, named as the renamed keys are, outside the
+# owner's 20 keys and 8 KiB (schemas.MEM0_SPEAKER_KEYS).
+MEM0_SPEAKER_FIELDS = schemas.MEM0_SPEAKER_FIELDS
 
 
 def _mem0_speaker_carried(record: dict[str, Any], metadata: dict[str, Any], *, where: str) -> dict[str, Any]:

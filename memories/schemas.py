@@ -95,10 +95,12 @@ def metadata_json_bytes(metadata: dict[str, Any]) -> int:
     return len(json.dumps(metadata, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass"))
 
 
-def _metadata_checked(value: dict[str, Any], *, exempt: frozenset[str] = frozenset()) -> dict[str, Any]:
+def _metadata_checked(
+    value: dict[str, Any], *, exempt: frozenset[str] = frozenset(), besides: str = ""
+) -> dict[str, Any]:
     """Key names, reserved keys and value sizes of every key; the key count and the size
-    budget of the owner's own keys (those not in `exempt`: the system's, added after)."""
-    besides = " besides the enrichment's keys" if exempt else ""
+    budget of the owner's own keys (those not in `exempt`, which `besides` names for the
+    messages: what the system or another product recorded, not the owner's labels)."""
     own = {key: item for key, item in value.items() if key not in exempt}
     if len(own) > METADATA_MAX_KEYS:
         raise _too_large(f"metadata may have at most {METADATA_MAX_KEYS} keys{besides}")
@@ -337,6 +339,20 @@ ENRICHMENT_METADATA_KEYS = frozenset(
     {ENRICHMENT_KEY, SUMMARY_KEY, ENRICHED_BY_KEY, ENRICHMENT_ATTEMPTS_KEY, ENRICHMENT_ERROR_KEY}
 )
 _TIER_TAGS = frozenset(tier_tag(tier) for tier in TIERS)
+# Who said a mem0 memory (mem0's top-level `actor_id`, `role`, `attributed_to`), which its
+# import brings in as these metadata keys (docs/portability.md). mem0 recorded them, not the
+# owner: counted in the owner's 20 keys, a valid mem0 memory with 19 or 20 keys of its own
+# and a speaker refused the whole file. They sit outside that budget, like the enrichment's.
+MEM0_SPEAKER_FIELDS = ("actor_id", "role", "attributed_to")
+MEM0_SPEAKER_KEYS = frozenset(f"mem0_{field}" for field in MEM0_SPEAKER_FIELDS)
+# A stored memory's metadata keys outside its owner's METADATA_MAX_KEYS and METADATA_MAX_BYTES:
+# what the import of a memsite file accepts on top, and what `update_memory` does not count.
+METADATA_KEYS_BESIDES_OWN = ENRICHMENT_METADATA_KEYS | MEM0_SPEAKER_KEYS
+
+
+def metadata_own(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a stored memory's metadata that count in its owner's budget."""
+    return {key: value for key, value in metadata.items() if key not in METADATA_KEYS_BESIDES_OWN}
 
 
 def system_tag(tag: str) -> bool:
@@ -367,7 +383,27 @@ class StoredMemoryInput(RememberInput):
     @field_validator("metadata")
     @classmethod
     def _metadata_ok(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:  # replaces MetadataMixin's
-        return None if value is None else _metadata_checked(value, exempt=ENRICHMENT_METADATA_KEYS)
+        return (
+            None
+            if value is None
+            else _metadata_checked(
+                value, exempt=METADATA_KEYS_BESIDES_OWN, besides=" besides the enrichment's and mem0's speaker keys"
+            )
+        )
+
+
+class Mem0MemoryInput(RememberInput):
+    """A memory of a mem0 file: `remember`'s limits for the record's own metadata (its
+    renamed reserved keys too), its speaker keys on top."""
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_ok(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:  # replaces MetadataMixin's
+        return (
+            None
+            if value is None
+            else _metadata_checked(value, exempt=MEM0_SPEAKER_KEYS, besides=" besides mem0's speaker keys")
+        )
 
 
 class Message(StrictInput):

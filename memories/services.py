@@ -93,6 +93,7 @@ from memories.schemas import (
     RESERVED_SOURCE,
     SUMMARY_KEY,
     metadata_json_bytes,
+    metadata_own,
     parse_instant,
 )
 from memories.selectors import (
@@ -1148,17 +1149,20 @@ def _derived_answers_forgotten(scope: MemoryScope) -> dict[str, int]:
 
 
 def _metadata_merge_check(current: EngineMemory, *, metadata: dict[str, Any]) -> None:
-    """The merged metadata stays within `remember`'s limits (each update is checked
-    alone at the edge): an export holding more could not be imported. An update that
-    does not make a memory that is already over them (stored before this check) larger
-    goes through. Counts only in the message, never keys or values."""
-    before = memory_view(current).metadata
-    merged = {**before, **metadata}
+    """The owner's own metadata, merged, stays within `remember`'s limits (each update is
+    checked alone at the edge): an export holding more could not be imported. Own as the
+    import of a memsite file counts it (`schemas.metadata_own`): the enrichment's keys and
+    an imported mem0 memory's speaker keys are on top, so such a memory takes as many keys
+    of the owner's as any other. An update that does not make a memory that is already
+    over them (stored before this check) larger goes through. Counts only in the
+    message, never keys or values."""
+    before = metadata_own(memory_view(current).metadata)
+    merged = metadata_own({**before, **metadata})
     keys, size = len(merged), metadata_json_bytes(merged)
     if keys > METADATA_MAX_KEYS and keys > len(before):
         raise ServiceError(
             ErrorCode.PAYLOAD_TOO_LARGE,
-            f"metadata would have {keys} keys after this update (the memory has {len(before)}); "
+            f"metadata would have {keys} keys of your own after this update (the memory has {len(before)}); "
             f"a memory holds at most {METADATA_MAX_KEYS}. Nothing was changed.",
         )
     if size > METADATA_MAX_BYTES and size > metadata_json_bytes(before):

@@ -238,6 +238,57 @@ def test_who_said_a_mem0_memory_comes_in_as_metadata(bob, bob_scope):
     assert _by_text(bob)["Prefers trains to planes"]["agent_id"] == "travel-bot"
 
 
+def _at_byte_budget() -> dict:
+    """Metadata of exactly METADATA_MAX_BYTES as JSON."""
+    metadata = {f"n{n}": "x" * 900 for n in range(9)}
+    metadata["n8"] += "x" * (schemas.METADATA_MAX_BYTES - schemas.metadata_json_bytes(metadata))
+    assert schemas.metadata_json_bytes(metadata) == schemas.METADATA_MAX_BYTES
+    return metadata
+
+
+def test_who_said_a_mem0_memory_rides_on_top_of_its_own_full_metadata_and_stays_editable(
+    alice, bob, alice_scope, bob_scope
+):
+    """The speaker fields came in as keys counted in the owner's 20 keys and 8 KiB: a mem0
+    memory with 19 or 20 keys of its own and a `role` refused the whole (valid) file. They
+    are outside that budget, as the enrichment's keys are, on import, on update (the owner
+    keeps 20 keys of their own) and when the memory's memsite export is imported again."""
+    full = {f"k{n}": n for n in range(19)} | {"source": "slack"}  # 20 keys, one of them renamed
+    speaker = {"role": "assistant", "actor_id": "travel-bot", "attributed_to": "user"}
+    data = _mem0(
+        {"memory": "Twenty keys and a speaker", "metadata": full} | speaker,
+        {"memory": "Nineteen keys and a role", "role": "user", "metadata": {f"k{n}": n for n in range(19)}},
+        {"memory": "A full byte budget and a speaker", "metadata": _at_byte_budget()}
+        | speaker | {"actor_id": "a" * 1000},
+    )  # fmt: skip
+    assert _import(bob_scope, data, "mem0").imported == 3
+    memories = _by_text(bob)
+    twenty = memories["Twenty keys and a speaker"]
+    assert twenty["metadata"] == {f"k{n}": n for n in range(19)} | {
+        "mem0_source": "slack", "mem0_actor_id": "travel-bot", "mem0_role": "assistant", "mem0_attributed_to": "user"
+    }  # fmt: skip
+    assert memories["Nineteen keys and a role"]["metadata"]["mem0_role"] == "user"
+    assert memories["A full byte budget and a speaker"]["metadata"]["mem0_actor_id"] == "a" * 1000
+
+    # Editable as any memory: its own keys change, the 19-key one takes a 20th, not a 21st.
+    assert (
+        run(bob, "update_memory", memory_id=twenty["id"], metadata={"k0": "changed"})["memory"]["metadata"]["k0"]
+        == "changed"
+    )
+    nineteen = memories["Nineteen keys and a role"]["id"]
+    assert run(bob, "update_memory", memory_id=nineteen, metadata={"k19": 19})["memory"]["metadata"]["k19"] == 19
+    with pytest.raises(ServiceError) as over:
+        run(bob, "update_memory", memory_id=nineteen, metadata={"k20": 20})
+    assert over.value.code == ErrorCode.PAYLOAD_TOO_LARGE
+    assert "k20" not in _by_text(bob)["Nineteen keys and a role"]["metadata"]
+
+    # Its memsite export imports again, into another user's data; bob's stays as it was.
+    before = _by_text(bob)
+    assert _import(alice_scope, _export(bob_scope)).imported == 3
+    assert {t: m["metadata"] for t, m in _by_text(alice).items()} == {t: m["metadata"] for t, m in before.items()}
+    assert _by_text(bob) == before
+
+
 INVALID, TOO_LARGE = ErrorCode.INVALID_ARGUMENT, ErrorCode.PAYLOAD_TOO_LARGE
 
 
@@ -257,8 +308,9 @@ INVALID, TOO_LARGE = ErrorCode.INVALID_ARGUMENT, ErrorCode.PAYLOAD_TOO_LARGE
         ({"actor_id": "a" * 1001}, "results[1] actor_id exceeds 1000 characters", TOO_LARGE),
         ({"attributed_to": "user", "metadata": {"mem0_attributed_to": "assistant"}},
          "results[1] attributed_to comes in as metadata key 'mem0_attributed_to'", INVALID),
-        # What comes in as metadata counts in the owner's 20 keys, as `remember` counts them.
-        ({"role": "user", "metadata": {f"k{n}": n for n in range(20)}}, "results[1]: metadata", TOO_LARGE),
+        # The record's own keys (renamed ones too) have `remember`'s 20; its speaker rides on top.
+        ({"role": "user", "metadata": {f"k{n}": n for n in range(21)}}, "results[1]: metadata", TOO_LARGE),
+        ({"metadata": {f"k{n}": n for n in range(20)} | {"source": "x"}}, "results[1]: metadata", TOO_LARGE),
     ],
 )  # fmt: skip
 def test_a_mem0_file_with_a_bad_scope_expiry_or_key_is_refused_whole(bob, bob_scope, record, named, code):
