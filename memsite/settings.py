@@ -625,6 +625,12 @@ RRF_K = env_int("RRF_K", 60, minimum=1)
 # The semantic cache (check_cache / store_cache).
 CACHE_SIMILARITY_THRESHOLD = env_float("CACHE_SIMILARITY_THRESHOLD", 0.95, minimum=0.0)
 CACHE_TTL_SECONDS = env_int("CACHE_TTL_SECONDS", 3600, minimum=1)
+# At most this many cached entries per user, expired ones not purged yet included: a store
+# beyond it evicts the user's entries that expire first. store_cache's rate limit alone
+# bounded a cache (off or raised, it grew without end), and check_cache and cache_invalidate
+# read every entry of the user. Above what the default limit lets an hour's TTL hold
+# (120/minute for 60 minutes, plus the 10 minutes between purges: 8,400).
+CACHE_MAX_ENTRIES_PER_USER = env_int("CACHE_MAX_ENTRIES_PER_USER", 10_000, minimum=1)
 # search_web: off unless a provider key is set. Results are never stored as memories.
 WEB_SEARCH_PROVIDER = env_choice("WEB_SEARCH_PROVIDER", "tavily", ("tavily",))
 TAVILY_API_KEY = env_str("TAVILY_API_KEY", "")

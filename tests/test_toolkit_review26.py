@@ -236,6 +236,35 @@ def test_cache_invalidate_pattern_does_not_match_a_letter_without_its_accent(ali
     assert run(alice, "cache_invalidate", {"pattern": "CAFÉ"})["deleted_count"] == 2
 
 
+def test_a_users_cache_is_capped_so_invalidate_scans_a_bounded_set_and_bobs_entries_stay(alice, bob, settings):
+    """store_cache's rate limit was all that bounded a user's cache (off or raised, it grew
+    without end), and cache_invalidate with a pattern reads every entry of the user. A
+    store beyond CACHE_MAX_ENTRIES_PER_USER evicts the user's entries that expire first
+    (expired ones before live ones), recorded on its audit row; never another user's."""
+    settings.CACHE_MAX_ENTRIES_PER_USER = 3
+    for n in range(3):
+        run(bob, "store_cache", {"query": f"Bob's deadline question {n}", "response": "r"})
+    for n in range(5):
+        run(alice, "store_cache", {"query": f"Deadline question {n}", "response": "r"})
+
+    def queries(user) -> list[str]:
+        return sorted(CacheEntry.objects.filter(user=user).values_list("query", flat=True))
+
+    assert queries(alice) == ["Deadline question 2", "Deadline question 3", "Deadline question 4"]
+    CacheEntry.objects.filter(user=alice, query="Deadline question 4").update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    run(alice, "store_cache", {"query": "Deadline question 5", "response": "r"})
+    assert queries(alice) == ["Deadline question 2", "Deadline question 3", "Deadline question 5"]
+    stores = AuditEvent.objects.filter(operation="store_cache", subject_user_id=alice.pk).order_by("id")
+    assert [row.detail.get("evicted", 0) for row in stores] == [0, 0, 0, 1, 1, 1]
+    assert queries(bob) == [f"Bob's deadline question {n}" for n in range(3)]
+
+    assert run(alice, "cache_invalidate", {"pattern": "DEADLINE"})["deleted_count"] == 3
+    assert queries(alice) == []
+    assert len(queries(bob)) == 3
+
+
 # --- 7: the web UI's delete of an expired decision ----------------------------------------------
 def test_web_delete_of_an_expired_decision_is_no_such_decision(client, alice):
     run(alice, "store_decision", {"key": "theme", "value": "dark", "ttl_days": 1})

@@ -13,7 +13,8 @@ from pgvector.django import VectorField
 class CacheEntry(models.Model):
     """A cached query/response pair. The query's embedding is a pgvector column without a
     fixed dimension (the embedder decides it); lookups are an exact scan of one user's
-    live rows, which are few. `embedder` names the embedder that made the embedding
+    live rows, at most CACHE_MAX_ENTRIES_PER_USER (store_cache evicts beyond it).
+    `embedder` names the embedder that made the embedding
     (`EmbedderSpec.label`, e.g. "local:384"): after a switch (`manage.py reembed`, which
     leaves cache rows alone) only rows of the active one are compared, as vectors of two
     models are not comparable (nor, with other dimensions, computable). Empty: unknown

@@ -633,11 +633,15 @@ def toolkit_cache_check(
 
 def toolkit_cache_store(scope: MemoryScope, *, query: str, response: str, call: CallContext) -> dict[str, Any]:
     """Cache a query/response pair for CACHE_TTL_SECONDS (expired rows are hidden at
-    once and deleted by `toolkit.cache_purge_expired`)."""
+    once and deleted by `toolkit.cache_purge_expired`). The user keeps at most
+    CACHE_MAX_ENTRIES_PER_USER entries: beyond it, those that expire first go (expired
+    ones before live ones), counted on the audit row as `evicted`."""
     rate_limit_consume(scope, operation=Operation.STORE_CACHE)
     embedder, vector = _embed_query(query)
     with transaction.atomic():
-        user_write_locks(scope)
+        # The user's stores one at a time (a short transaction: the embedding is made
+        # before it), so two of them cannot both keep the cap's last place.
+        user_write_locks(scope, f"cache:{scope.user_pk}")
         entry = CacheEntry.objects.create(
             user_id=scope.user_pk,
             query=query,
@@ -646,14 +650,28 @@ def toolkit_cache_store(scope: MemoryScope, *, query: str, response: str, call: 
             embedder=embedder,
             expires_at=timezone.now() + timedelta(seconds=settings.CACHE_TTL_SECONDS),
         )
+        evicted = _cache_evicted(scope)
         call_succeeded(
             scope,
             call=call,
             operation=Operation.STORE_CACHE,
             after={"query": audit_text(query), "response": audit_text(response)},
-            detail={"cache_id": str(entry.id), "ttl_s": settings.CACHE_TTL_SECONDS},
+            detail={
+                "cache_id": str(entry.id),
+                "ttl_s": settings.CACHE_TTL_SECONDS,
+                **({"evicted": evicted} if evicted else {}),
+            },
         )
     return {"cache_id": str(entry.id)}
+
+
+def _cache_evicted(scope: MemoryScope) -> int:
+    """Delete the user's entries beyond CACHE_MAX_ENTRIES_PER_USER, those that expire
+    first (the (user, expires_at) index read backwards, from the last to expire); how
+    many. Only ever the scope's own rows."""
+    own = CacheEntry.objects.filter(user_id=scope.user_pk)
+    beyond = own.order_by("-expires_at", "-id").values("id")[settings.CACHE_MAX_ENTRIES_PER_USER :]
+    return own.filter(id__in=beyond).delete()[0]
 
 
 def _caseless(text: str) -> str:
@@ -666,10 +684,9 @@ def _caseless(text: str) -> str:
 def _cache_ids_matching(scope: MemoryScope, pattern: str) -> list[uuid.UUID]:
     """The user's cached entries whose query contains `pattern`, ignoring case. Compared
     here, not by the database: its C locale folds ASCII letters only (`icontains` missed
-    "ÉCOLE" for "école"). The set is bounded: entries live CACHE_TTL_SECONDS (1 hour) and
-    store_cache is rate limited (120 a minute by default), and expired ones are purged
-    every 10 minutes; the queries (at most QUERY_MAX_CHARS each) are streamed, only the
-    matching ids kept."""
+    "ÉCOLE" for "école"). The set is bounded by CACHE_MAX_ENTRIES_PER_USER (store_cache
+    evicts beyond it; its rate limit alone left it unbounded when off or raised); the
+    queries (at most QUERY_MAX_CHARS each) are streamed, only the matching ids kept."""
     wanted = _caseless(pattern)
     rows = CacheEntry.objects.filter(user_id=scope.user_pk).values_list("id", "query")
     return [entry_id for entry_id, query in rows.iterator(chunk_size=1000) if wanted in _caseless(query)]
