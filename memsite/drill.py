@@ -107,7 +107,9 @@ class FakeS3:
         }
 
     def objects(self, prefix: str) -> list[dict]:
-        return self.client.list_objects_v2(Bucket=self.bucket, Prefix=f"postgres/{prefix}").get("Contents", [])
+        # Every page: one ListObjectsV2 answer holds at most 1,000 keys, the first in key order.
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=f"postgres/{prefix}")
+        return [obj for page in pages for obj in page.get("Contents", [])]
 
     def stop(self) -> None:
         self.server.stop()

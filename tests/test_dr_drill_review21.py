@@ -75,3 +75,23 @@ def test_a_stopped_drill_stops_the_service_it_started(sig):
         drill.wait()
         if launcher and _alive(launcher):
             os.kill(launcher, signal.SIGKILL)
+
+
+def test_the_drill_sees_every_object_of_a_bucket_prefix_past_the_first_thousand(tmp_path):
+    """S3 answers a listing 1,000 keys at a time: the drill read the first answer only, so
+    a bucket with more keys under base/ (or wal/) hid the rest, in key order. A base backup
+    whose backup.json sorts after them was never seen, and the newest WAL was missed.
+    moto's S3 server on loopback, as the drill's `--s3` runs it."""
+    from memsite import drill
+
+    bucket = drill.FakeS3()
+    try:
+        for n in range(1000):
+            bucket.client.put_object(Bucket=bucket.bucket, Key=f"postgres/base/a-{n:04d}/base.tar.gz", Body=b"")
+        run = drill.Drill(tmp_path, 1, bucket)
+        assert not run._base_backup_done()
+        bucket.client.put_object(Bucket=bucket.bucket, Key="postgres/base/b-0000/backup.json", Body=b"{}")
+        assert len(bucket.objects("base/")) == 1001
+        assert run._base_backup_done()
+    finally:
+        bucket.stop()
