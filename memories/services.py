@@ -1056,7 +1056,10 @@ def memory_update(
     `not_found`, judged on the locked row.
 
     New text that another of the user's memories already has answers `conflict` (with
-    its id) and changes nothing. The row, its history, the hash, the usage event and
+    its id) and changes nothing. Narrowed by `within`, only a memory inside it is named:
+    when the text's hash holder is outside, a live copy inside is the conflict, else the
+    memory takes the text beside the holder without a hash (as a narrowed `remember`
+    stores its copy). The row, its history, the hash, the usage event and
     the audit row commit together."""
     rate_limit_consume(scope, operation=Operation.UPDATE_MEMORY)
     changes = dict(metadata or {})
@@ -1092,12 +1095,24 @@ def memory_update(
             _metadata_merge_check(current, metadata=metadata)
         existing_id = None
         text_changed = digest is not None and content_sha256(current.text) != digest
-        if digest is not None:
-            existing_id = _hash_owner(scope, digest=digest)
+        if digest is not None and text is not None:
+            holder = _hash_owner_memory(scope, digest=digest)
+            existing_id = holder.id if holder is not None else None
             # Only a new text can collide: a memory living beside the hash's holder without
             # one (a restored older copy, a store_memory short-term row) may resend its own.
-            if text_changed and existing_id is not None and existing_id != memory_id:
-                raise _duplicate_text(existing_id)
+            if text_changed and holder is not None and holder.id != memory_id:
+                if _within(holder, within):
+                    raise _duplicate_text(holder.id)
+                # As a narrowed `remember`: a conflict naming a memory outside the caller's
+                # narrowing would hand it an id it can neither list nor forget. A copy of the
+                # text inside is the conflict; else the memory takes the text beside the
+                # holder without a hash (the holder keeps it: `existing_id` is set, so no
+                # claim below).
+                copy = _text_copy_within(
+                    scope, text=text, digest=digest, narrowing=within or {}, excluding=(memory_id,)
+                )
+                if copy is not None:
+                    raise _duplicate_text(copy.id)
         if text_changed and SUMMARY_KEY in current.metadata and _toolkit_row(current):
             # The enrichment's summary describes the old text (recall returns it): it goes,
             # and the candidate is pending again, so the sweep enriches the new text. Only

@@ -12,14 +12,17 @@ import json
 import pytest
 
 from billing.models import UsageEvent
+from core.errors import ServiceError
 from memories.models import ContentHash
 from memories.services import (
     api_key_issue,
+    content_sha256,
     memory_export,
     memory_import_file,
     memory_ingest,
     memory_list,
     memory_remember,
+    memory_update,
 )
 from tests.conftest import internal_call
 
@@ -193,3 +196,116 @@ def test_another_users_copy_in_the_same_agent_is_as_missing_as_none(client, api_
     for bob_id in bob_ids:  # and his ids answer alice as missing ones do
         gone = client.post(f"/v1/memory/{bob_id}/forget", {"scope": {"agent_id": "agent-b"}}, format="json")
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+
+
+# --- update: a conflict names only a memory the caller's narrowing can see ---------------
+def put(client, memory_id: str, text: str, scope: dict):
+    return client.put(f"/v1/memory/{memory_id}", {"content": text, "scope": scope}, format="json")
+
+
+def test_a_narrowed_update_to_another_agents_text_keeps_it_in_its_agent(client, alice_scope):
+    """It answered 409 naming agent-a's memory, which agent-b could neither list nor
+    forget. Now the memory takes the text beside it, without the hash, as a narrowed
+    store's copy does."""
+    a = store(client, "Alice walks daily", AGENT_A).json()["memory"]["id"]
+    b = store(client, "Alice swims", AGENT_B).json()["memory"]["id"]
+    response = put(client, b, "alice walks  DAILY", AGENT_B)
+    assert response.status_code == 200, response.content
+    assert response.json()["memory"]["id"] == b and response.json()["memory"]["content"] == "alice walks  DAILY"
+    assert listed(client, "?agent_id=agent-b") == [b] and listed(client, "?agent_id=agent-a") == [a]
+    # The hash stays with its holder: un-narrowed stores answer it; the old text is free.
+    assert sorted(str(m) for m in ContentHash.objects.values_list("memory_id", flat=True)) == [a]
+    assert memory_remember(alice_scope, memory="Alice walks daily", call=internal_call()).id == a
+    assert memory_remember(alice_scope, memory="Alice swims", call=internal_call()).duplicate is False
+    # The holder forgotten, its hash goes to the updated copy.
+    assert client.post(f"/v1/memory/{a}/forget", {"scope": AGENT_A}, format="json").status_code == 200
+    assert memory_remember(alice_scope, memory="Alice walks daily", call=internal_call()).id == b
+
+
+def test_a_narrowed_update_conflicts_with_a_copy_it_can_see(client):
+    a = store(client, "Alice walks daily", AGENT_A).json()["memory"]["id"]
+    copy = store(client, "Alice walks daily", AGENT_B).json()["memory"]["id"]
+    b = store(client, "Alice swims", AGENT_B).json()["memory"]["id"]
+    response = put(client, b, "alice walks daily", AGENT_B)
+    assert response.status_code == 409, response.content
+    assert response.json()["error"]["code"] == "conflict"
+    assert response.json()["error"]["details"] == {"existing_id": copy}
+    assert {copy, b} == set(listed(client, "?agent_id=agent-b")) and a not in listed(client, "?agent_id=agent-b")
+    # Un-narrowed (seed 000 and a scope without agent or session), the holder as before.
+    plain = put(client, b, "alice walks daily", ALICE)
+    assert plain.status_code == 409 and plain.json()["error"]["details"] == {"existing_id": a}
+    rest = client.patch(f"/v1/memories/{b}", {"memory": "alice walks daily"}, format="json")
+    assert rest.status_code == 409 and rest.json()["error"]["details"] == {"existing_id": a}
+
+
+def test_an_un_narrowed_update_to_another_agents_text_is_still_a_conflict(alice_scope):
+    """Seed 000's contract (MCP update_memory, REST PATCH): the user's memory of the text."""
+    a = memory_remember(alice_scope, memory="Alice codes in Rust", fields={"agent_id": "a"}, call=internal_call())
+    b = memory_remember(alice_scope, memory="Alice codes in Go", fields={"agent_id": "b"}, call=internal_call())
+    with pytest.raises(ServiceError) as raised:
+        memory_update(alice_scope, memory_id=b.id, memory="Alice codes in Rust", call=internal_call())
+    assert raised.value.code.value == "conflict" and raised.value.details == {"existing_id": a.id}
+
+
+def test_racing_narrowed_updates_to_another_agents_text_keep_one_copy_and_one_hash(alice_scope):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    holder = memory_remember(alice_scope, memory="The one text", fields={"agent_id": "a"}, call=internal_call())
+    ids = [
+        memory_remember(alice_scope, memory=f"Fact {i}", fields={"agent_id": "b"}, call=internal_call()).id
+        for i in range(4)
+    ]
+
+    def update(memory_id):
+        try:
+            memory_update(
+                alice_scope, memory_id=memory_id, memory="the one  text", within={"agent_id": "b"}, call=internal_call()
+            )
+            return memory_id
+        except ServiceError as exc:
+            return exc.details["existing_id"]
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(update, ids))
+    [winner] = set(outcomes)  # the first one's copy is every other one's conflict
+    assert winner in ids
+    views = memory_list(alice_scope, call=internal_call()).memories
+    assert sorted(v.id for v in views if v.memory.lower().split() == ["the", "one", "text"]) == sorted(
+        [holder.id, winner]
+    )
+    assert str(ContentHash.objects.get(sha256=content_sha256("The one text")).memory_id) == holder.id
+    assert not ContentHash.objects.filter(memory_id=winner).exists()
+
+
+def test_a_narrowed_update_never_names_or_takes_bobs_memory(client, api_client, bob, alice_scope):
+    """Tenancy: bob's memory of the text, in the caller's agent and outside it, is as
+    missing as none: alice's update claims the text's hash for her memory."""
+    bob_client = api_client(api_key_issue(user=bob, name="narrowed-update-bob")[1])
+    bob_scope = {"tenant_id": "default", "user_id": "bob"}
+    bob_ids = {
+        store(bob_client, "Alice walks daily", {**bob_scope, "agent_id": a}).json()["memory"]["id"]
+        for a in ("agent-a", "agent-b")
+    }
+    b = store(client, "Alice swims", AGENT_B).json()["memory"]["id"]
+    response = put(client, b, "Alice walks daily", AGENT_B)
+    assert response.status_code == 200, response.content
+    assert (
+        str(
+            ContentHash.objects.get(
+                sha256=content_sha256("Alice walks daily"), engine_user_id=alice_scope.engine_user_id
+            ).memory_id
+        )
+        == b
+    )
+    other = store(client, "Alice rows", AGENT_A).json()["memory"]["id"]
+    moved = put(client, other, "Alice walks daily", AGENT_A)  # alice's holder is in agent-b: no copy in agent-a
+    assert moved.status_code == 200, moved.content
+    again = store(client, "Alice reads", AGENT_A).json()["memory"]["id"]
+    conflict = put(client, again, "alice walks daily", AGENT_A)
+    assert conflict.status_code == 409 and conflict.json()["error"]["details"] == {"existing_id": other}
+    assert set(listed(bob_client)) == bob_ids
+    assert not bob_ids & set(listed(client))
