@@ -470,14 +470,9 @@ def _turn_fact_durable_attrs(attrs: MemoryAttrs) -> MemoryAttrs | None:
     )
 
 
-def _hash_owners(scope: MemoryScope, *, digests: list[str]) -> dict[str, str]:
-    """`_hash_owner` for many texts in two statements (an import): digest -> live memory
-    id, row-locked; hashes whose memory went away behind their back are removed."""
-    return {digest: owner.id for digest, owner in _hash_owner_rows(scope, digests=digests).items()}
-
-
 def _hash_owner_rows(scope: MemoryScope, *, digests: list[str]) -> dict[str, EngineMemory]:
-    """`_hash_owners`, as the memories themselves."""
+    """`_hash_owner_memory` for many texts in two statements (an import): digest -> live
+    memory, row-locked; hashes whose memory went away behind their back are removed."""
     known = {
         row.sha256: row for row in ContentHash.objects.filter(engine_user_id=scope.engine_user_id, sha256__in=digests)
     }
@@ -2108,8 +2103,10 @@ def memory_import(
     (the dedupe rule of `remember`), or one appearing twice in the file, is skipped, so
     importing a file twice adds nothing. Equal texts of different kinds (a toolkit
     short-term copy beside its long-term memory: `ImportItem.kind`) all come in, as they
-    lived side by side where they were exported; the long-term one holds the hash.
-    Memories whose expiry has passed are skipped."""
+    lived side by side where they were exported; the long-term one holds the hash. Of a
+    text the user has, the file's memories narrowed to an agent or session come in as a
+    narrowed `remember` keeps them (`_import_copies`). Memories whose expiry has passed
+    are skipped."""
     if len(items) > settings.IMPORT_MAX_MEMORIES:
         raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"at most {settings.IMPORT_MAX_MEMORIES} memories per import")
     rate_limit_consume(scope, operation=Operation.IMPORT_MEMORIES)
@@ -2125,14 +2122,14 @@ def memory_import(
     )
     embedded: dict[str, EmbeddedText] = {}
     for _attempt in range(2):
+        copies = _import_copy_texts(scope, wanted=wanted, known=known)
         # Keyed by the exact text: equal texts of a group may differ in case or spacing.
         todo = list(
             dict.fromkeys(
                 item.text
                 for digest, group in wanted.items()
-                if digest not in known
                 for item in group
-                if item.text not in embedded
+                if (digest not in known or item.text in copies) and item.text not in embedded
             )
         )
         with _engine_errors():
@@ -2217,6 +2214,54 @@ def _stm_link_imported(item: ImportItem, stm_ids: dict[str, str]) -> dict[str, A
     return kept
 
 
+def _import_narrowing(item: ImportItem) -> dict[str, str]:
+    """The agent and session an imported memory is stored in, as `_within` takes them."""
+    return {key: value for key in ("agent_id", "session_id") if (value := item.fields.get(key))}
+
+
+def _import_copies(
+    scope: MemoryScope, *, digest: str, group: list[ImportItem], holder: EngineMemory
+) -> list[ImportItem]:
+    """Of a file's memories of a text whose hash the user's `holder` has, those a narrowed
+    `remember` would store beside it (`_remember_narrowed`): narrowed to an agent or
+    session the holder is outside, where the user has no live long-term copy of the text
+    (a short-term one keeps out only the file's short-term ones). None holds the hash, so
+    importing the file again finds them as copies and adds nothing. In the import's
+    transaction; copies are read row-locked, as `_text_copy_within` reads them."""
+    narrowed = [item for item in group if (within := _import_narrowing(item)) and not _within(holder, within)]
+    if not narrowed:
+        return []
+    rows = [
+        row
+        for row in engine_text_copies_locked(scope, text=narrowed[0].text).values()
+        if _live(row, scope) and content_sha256(row.text) == digest
+    ]
+    kept = []
+    for item in narrowed:
+        inside = [row for row in rows if _within(row, _import_narrowing(item))]
+        short_term = item.metadata.get(TIER_KEY) == "stm"
+        if not any(row.metadata.get(TIER_KEY) != "stm" for row in inside) and not (short_term and inside):
+            kept.append(item)
+    return kept
+
+
+def _import_copy_texts(scope: MemoryScope, *, wanted: dict[str, list[ImportItem]], known: set[str]) -> set[str]:
+    """The texts of `_import_copies` for the texts the user has (`known`), to embed before
+    the import's transaction, read in a short one of their own: the import reads them
+    again, and embeds and retries when the answer changed meanwhile (`_HashGone`)."""
+    narrowed = [digest for digest in known if any(_import_narrowing(item) for item in wanted[digest])]
+    if not narrowed:
+        return set()
+    with _engine_errors(), transaction.atomic():
+        user_write_locks(scope)
+        owned = _hash_owner_rows(scope, digests=narrowed)
+        return {
+            item.text
+            for digest, holder in owned.items()
+            for item in _import_copies(scope, digest=digest, group=wanted[digest], holder=holder)
+        }
+
+
 def _import_write(
     scope: MemoryScope,
     *,
@@ -2229,7 +2274,8 @@ def _import_write(
     """Insert each wanted group whose text the user does not have yet: its first item
     holds the dedupe hash, the others (other kinds of the same text) live beside it
     without one, as in the exporting user's data. A text the user already has skips its
-    whole group, so importing the same file again adds nothing.
+    group but for the memories a narrowed `remember` would store beside the user's
+    (`_import_copies`, without a hash), so importing the same file again adds nothing.
 
     `keep_client_app`: a memsite file says which app stored each memory, and a null
     there means none did, so it is kept as it was exported (a round trip changes
@@ -2244,8 +2290,11 @@ def _import_write(
             # overflow the lock table): a racing `remember` or import of the same text meets
             # the hash's unique constraint, and the whole import answers `conflict` (retry).
             user_write_locks(scope)
-            owned = _hash_owners(scope, digests=list(wanted))
+            owned = _hash_owner_rows(scope, digests=list(wanted))
             writing = {digest: group for digest, group in wanted.items() if digest not in owned}
+            for digest, holder in owned.items():
+                if copies := _import_copies(scope, digest=digest, group=wanted[digest], holder=holder):
+                    writing[digest] = copies
             if any(item.text not in embedded for group in writing.values() for item in group):
                 raise _HashGone()
             new_ids = {id(item): engine_new_memory_id() for group in writing.values() for item in group}
@@ -2268,7 +2317,7 @@ def _import_write(
                         recall=(item.access_count, item.last_recalled_at),
                         versions=item.versions,
                     )
-                    if position == 0:
+                    if position == 0 and digest not in owned:
                         ContentHash.objects.create(
                             engine_user_id=scope.engine_user_id, sha256=digest, memory_id=memory_id
                         )

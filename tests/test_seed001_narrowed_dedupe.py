@@ -309,3 +309,83 @@ def test_a_narrowed_update_never_names_or_takes_bobs_memory(client, api_client, 
     assert conflict.status_code == 409 and conflict.json()["error"]["details"] == {"existing_id": other}
     assert set(listed(bob_client)) == bob_ids
     assert not bob_ids & set(listed(client))
+
+
+# --- import: a file's narrowed copies come in as a narrowed store would keep them ----------
+def _exported(scope) -> bytes:
+    return memory_export(scope, file_format="jsonl", call=internal_call()).content.encode()
+
+
+def _imported(scope, data: bytes):
+    return memory_import_file(scope, data=data, source="memsite", call=internal_call())
+
+
+def _agents(scope) -> list[tuple[str, str]]:
+    return sorted((v.agent_id or "", v.memory) for v in memory_list(scope, call=internal_call()).memories)
+
+
+def test_an_import_keeps_a_files_agent_copies_of_a_text_the_user_has(client, api_client, bob, alice_scope, bob_scope):
+    """They were skipped with the whole text: alice, holding "Alice walks daily" in no
+    agent, imported a file with agent-a's and agent-b's copies of it and got neither,
+    although a store narrowed to either agent would have stored one there."""
+    bob_client = api_client(api_key_issue(user=bob, name="narrowed-import-bob")[1])
+    bob_claim = {"tenant_id": "default", "user_id": "bob"}
+    for agent in ("agent-a", "agent-b"):
+        store(bob_client, "Alice walks daily", {**bob_claim, "agent_id": agent})
+    store(bob_client, "Alice swims", {**bob_claim, "agent_id": "agent-b"})
+    data = _exported(bob_scope)
+    mine = memory_remember(alice_scope, memory="alice walks daily", call=internal_call()).id
+    in_b = store(client, "Alice swims", AGENT_B).json()["memory"]["id"]
+
+    result = _imported(alice_scope, data)
+    assert (result.imported, result.duplicates) == (2, 1)  # agent-b already has "Alice swims"
+    assert _agents(alice_scope) == [
+        ("", "alice walks daily"),
+        ("agent-a", "Alice walks daily"),
+        ("agent-b", "Alice swims"),
+        ("agent-b", "Alice walks daily"),
+    ]
+    # The hash stays with the user's own memory; the copies are each agent's to see and forget.
+    assert memory_remember(alice_scope, memory="Alice walks daily", call=internal_call()).id == mine
+    assert (
+        str(
+            ContentHash.objects.get(
+                sha256=content_sha256("Alice swims"), engine_user_id=alice_scope.engine_user_id
+            ).memory_id
+        )
+        == in_b
+    )
+    [copy_b] = [i for i in listed(client, "?agent_id=agent-b") if i != in_b]
+    assert client.post(f"/v1/memory/{copy_b}/forget", {"scope": AGENT_B}, format="json").status_code == 200
+    # Idempotent: the same file again adds what is missing only (the forgotten copy).
+    again = _imported(alice_scope, data)
+    assert (again.imported, again.duplicates) == (1, 2)
+    assert (_imported(alice_scope, data).imported, len(listed(client))) == (0, 4)
+    # Tenancy: bob's memories and hashes are his own, untouched.
+    assert (
+        sorted(listed(bob_client)) == sorted(v.id for v in memory_list(bob_scope, call=internal_call()).memories)
+        and len(listed(bob_client)) == 3
+    )
+    assert not set(listed(bob_client)) & set(listed(client))
+
+
+def test_an_import_skips_a_copy_where_the_holder_or_a_copy_already_is(alice_scope, bob_scope):
+    for agent in (None, "agent-a", "agent-b"):
+        memory_remember(
+            bob_scope, memory="Alice reads", fields={"agent_id": agent} if agent else None, call=internal_call()
+        )
+    data = _exported(bob_scope)
+    holder = memory_remember(alice_scope, memory="Alice reads", fields={"agent_id": "agent-a"}, call=internal_call())
+    memory_remember(
+        alice_scope, memory="Alice reads", fields={"agent_id": "agent-b", "session_id": "s-1"}, call=internal_call()
+    )
+    result = _imported(alice_scope, data)
+    # agent-a holds it; agent-b has a copy (in a session: inside agent-b); no agent: the holder is inside.
+    assert (result.imported, result.duplicates) == (0, 3)
+    assert len(_agents(alice_scope)) == 2
+    assert [
+        str(m)
+        for m in ContentHash.objects.filter(engine_user_id=alice_scope.engine_user_id).values_list(
+            "memory_id", flat=True
+        )
+    ] == [holder.id]
