@@ -141,7 +141,7 @@ def ingest(client, scope: dict):
 
 def test_a_narrowed_ingest_of_another_agents_text_lands_in_its_agent(client, llm):
     a = store(client, "Alice walks daily", AGENT_A).json()["memory"]["id"]
-    # Case and spacing apart (mem0's own exact-text check would skip the fact; ours does not).
+    # Case and spacing apart (the exact text: test_a_narrowed_ingest_of_another_agents_exact_text_...).
     llm.queue_facts("alice walks  daily")
     [added] = ingest(client, AGENT_B)
     assert added["event"] == "ADD" and added["id"] != a, added
@@ -389,3 +389,38 @@ def test_an_import_skips_a_copy_where_the_holder_or_a_copy_already_is(alice_scop
             "memory_id", flat=True
         )
     ] == [holder.id]
+
+
+# --- mem0's own exact-text check (md5 of the text, over the memories its add searched) ------
+def test_a_narrowed_ingest_of_another_agents_exact_text_lands_in_its_agent(client, llm, alice_scope):
+    """mem0 skipped the fact before our rule ran: its add drops an extracted text whose md5
+    one of the user's memories it found carries, whatever their agent (our agent is our
+    field, not mem0's), so the call answered [] and agent-b got nothing."""
+    a = store(client, "Alice walks daily", AGENT_A).json()["memory"]["id"]
+    llm.queue_facts("Alice walks daily")
+    [added] = ingest(client, AGENT_B)
+    assert added["event"] == "ADD" and added["id"] != a, added
+    assert listed(client, "?agent_id=agent-b") == [added["id"]]
+    # Inside the narrowing mem0's check still holds (the same as our rule's NONE, unanswered),
+    # and un-narrowed ingests keep mem0's pipeline as it was.
+    llm.queue_facts("Alice walks daily")
+    assert ingest(client, AGENT_B) == []
+    llm.queue_facts("Alice walks daily")
+    assert ingest(client, ALICE) == []
+    assert sorted(listed(client)) == sorted([a, added["id"]])
+
+
+def test_bobs_exact_text_is_never_alices_in_a_narrowed_ingest(client, api_client, bob, llm, alice_scope):
+    bob_client = api_client(api_key_issue(user=bob, name="narrowed-ingest-bob")[1])
+    bob_claim = {"tenant_id": "default", "user_id": "bob"}
+    bobs = {
+        store(bob_client, "Alice walks daily", {**bob_claim, "agent_id": a}).json()["memory"]["id"]
+        for a in ("agent-a", "agent-b")
+    }
+    llm.queue_facts("Alice walks daily")
+    [added] = ingest(client, AGENT_B)
+    assert added["event"] == "ADD" and added["id"] not in bobs
+    holder = ContentHash.objects.get(
+        sha256=content_sha256("Alice walks daily"), engine_user_id=alice_scope.engine_user_id
+    )
+    assert str(holder.memory_id) == added["id"] and set(listed(bob_client)) == bobs

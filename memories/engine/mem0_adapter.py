@@ -15,7 +15,8 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -50,6 +51,9 @@ class LlmUnavailable(EngineError):
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"pid": None, "memory": None}
+# The agent and session the `engine_ingest` running on this thread is narrowed to (its
+# attrs), for mem0's searches inside that call (`_narrowed_hashes_hidden`).
+_ingest_narrowing: ContextVar[Mapping[str, str] | None] = ContextVar("memsite_ingest_narrowing", default=None)
 
 
 def _prepare_environment() -> None:
@@ -159,6 +163,7 @@ def _build_memory() -> Any:
     )
     memory = Memory(config)
     _hide_dead_rows(memory.vector_store)
+    _narrowed_hashes_hidden(memory.vector_store)
     memory.db.close()
     memory.db = PostgresHistoryStore()
     if settings.EMBEDDER == "local":
@@ -293,6 +298,36 @@ def _hide_dead_rows(vector_store: Any) -> None:
         setattr(vector_store, name, live_only)
 
 
+def _payload_within(payload: Any, narrowing: Mapping[str, str]) -> bool:
+    attrs = payload.get(KEY_ATTRS) if isinstance(payload, dict) else None
+    return isinstance(attrs, dict) and all(attrs.get(key) == value for key, value in narrowing.items())
+
+
+def _narrowed_hashes_hidden(vector_store: Any) -> None:
+    """In an ingest narrowed to an agent or session, the existing memories mem0's add finds
+    outside the narrowing lose their `hash` (mem0's md5 of the text) on the way to mem0.
+    mem0 drops an extracted fact whose md5 one of them carries, before our dedupe rule
+    runs; our agent and session are our attrs, not mem0's filters, so it dropped a fact
+    exactly equal to another agent's memory, which a narrowed store keeps as its own copy
+    (`services._ingest_complete` decides). The LLM still sees their texts; memories inside
+    the narrowing, and every un-narrowed ingest, keep mem0's check as it is."""
+    original = vector_store.search
+
+    def hashes_kept_to_narrowing(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+        results = _original(*args, **kwargs)
+        narrowing = _ingest_narrowing.get()
+        if not narrowing:
+            return results
+        return [
+            r.model_copy(update={"payload": {k: v for k, v in r.payload.items() if k != "hash"}})
+            if isinstance(r.payload, dict) and not _payload_within(r.payload, narrowing)
+            else r
+            for r in results or []
+        ]
+
+    vector_store.search = hashes_kept_to_narrowing
+
+
 def _embedder_instrument(embedder: Any, *, name: str | None = None) -> None:
     """Time every embedding (memsite_embed_duration_seconds), whichever embedder it is,
     and keep recent single-text vectors (a repeat is not timed: nothing was embedded)."""
@@ -382,9 +417,19 @@ def engine_ingest(
     memory = get_memory()
     added_specs_take()  # nothing noted by an earlier call on this thread that never inserted
     tagged = {**(metadata or {}), **({KEY_REQUEST_ID: request_id} if request_id else {})}
-    result = _call(
-        "ingest", memory.add, messages, user_id=scope.engine_user_id, metadata=_with_attrs(tagged, attrs), infer=True
-    )
+    narrowing = {key: value for key in ("agent_id", "session_id") if attrs and (value := getattr(attrs, key))}
+    token = _ingest_narrowing.set(narrowing or None)
+    try:
+        result = _call(
+            "ingest",
+            memory.add,
+            messages,
+            user_id=scope.engine_user_id,
+            metadata=_with_attrs(tagged, attrs),
+            infer=True,
+        )
+    finally:
+        _ingest_narrowing.reset(token)
     return list(result.get("results") or [])
 
 
