@@ -30,7 +30,8 @@ class MemoryHistory(models.Model):
     role = models.CharField(max_length=32, null=True, blank=True)
     recorded_at = models.DateTimeField(auto_now_add=True)
     # Who caused this version (the engine does not know; the service tells the store).
-    request_id = models.CharField(max_length=64, blank=True, db_index=True)
+    # Indexed in Meta (history_request), not by db_index, which adds a LIKE twin (audit 0023).
+    request_id = models.CharField(max_length=64, blank=True)
     changed_by = models.CharField(max_length=300, blank=True)
     # Whose memory this version is of (the engine's partition key, "tenant:user pk"), so
     # that erasing a user finds every version by owner, also of memories long deleted
@@ -48,6 +49,8 @@ class MemoryHistory(models.Model):
             # event: a page reads its rows from an index instead of sorting every version.
             models.Index(fields=["-recorded_at", "-id"], name="history_recent"),
             models.Index(fields=["event", "-recorded_at", "-id"], name="history_event_recent"),
+            # A call's versions (ingest's reconcile, the admin's search by request id).
+            models.Index(fields=["request_id"], name="history_request"),
         ]
 
     def __str__(self) -> str:
@@ -78,7 +81,8 @@ class AuditEvent(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     occurred_at = models.DateTimeField(default=timezone.now)
-    request_id = models.CharField(max_length=64, db_index=True)
+    # Indexed in Meta (audit_request), not by db_index, which adds a LIKE twin (audit 0023).
+    request_id = models.CharField(max_length=64)
     channel = models.CharField(max_length=16)
     operation = models.CharField(max_length=40)
     outcome = models.CharField(max_length=8, choices=Outcome.choices)
@@ -138,6 +142,11 @@ class AuditEvent(models.Model):
                 condition=~models.Q(actor_credential=""),
             ),
             GinIndex(fields=["memory_ids"], name="audit_memory_ids"),
+            # A call's rows (the admin's search by request id, a turn's lifecycle, erasure).
+            # A plain index: `db_index` on a CharField also builds a varchar_pattern_ops
+            # twin for LIKE 'prefix%', which nothing runs on request ids, at the cost of
+            # an entry per audited call (audit 0023).
+            models.Index(fields=["request_id"], name="audit_request"),
         ]
 
     def __str__(self) -> str:

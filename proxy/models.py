@@ -48,7 +48,8 @@ class ProxyTurn(models.Model):
         DONE = "done"
         FAILED = "failed"
 
-    request_id = models.CharField(max_length=64, unique=True)
+    # Unique through Meta.constraints, not `unique=True`, which adds a LIKE twin (proxy 0007).
+    request_id = models.CharField(max_length=64)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     tenant = models.CharField(max_length=64)
     client_app = models.CharField(max_length=200, blank=True)
@@ -79,6 +80,13 @@ class ProxyTurn(models.Model):
             models.Index(fields=["state", "created_at"], name="proxy_turn_due"),
             # The admin's unfiltered list, newest first (the admin adds the id).
             models.Index(fields=["-created_at", "-id"], name="proxy_turn_recent"),
+        ]
+        constraints = [
+            # One turn per chat call. A constraint rather than `unique=True` on the field,
+            # which also builds a varchar_pattern_ops index for LIKE 'prefix%' that nothing
+            # runs on request ids, at the cost of an entry per turn (proxy 0007). The name is
+            # the one PostgreSQL gave the field's UNIQUE in proxy 0001, so nothing is rebuilt.
+            models.UniqueConstraint(fields=["request_id"], name="proxy_proxyturn_request_id_key"),
         ]
 
     def __str__(self) -> str:

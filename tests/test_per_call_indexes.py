@@ -1,0 +1,192 @@
+"""The tables a billed call writes to (audit rows, memory history, usage events, chat
+turns, rate and 401 windows) keep exactly the indexes some query or constraint needs:
+each costs every insert. Django's `db_index=True` or `unique=True` on a CharField also
+builds a varchar_pattern_ops "_like" twin, read only by LIKE 'prefix%' under a non-C
+collation, and nothing here searches an id by prefix (audit 0023, billing 0004, proxy
+0007); nor is any index a left prefix of another with the same predicate. The lookups by
+those ids still read an index."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.db.migrations.executor import MigrationExecutor
+from django.db.models import Q
+
+from audit.models import AuditEvent, AuthFailureWindow, MemoryHistory
+from billing.models import UsageEvent
+from memories.models import RateWindow
+from proxy.models import ProxyTurn
+
+pytestmark = pytest.mark.django_db
+
+# Every index of each table, as `UNIQUE? <method> (<columns>) <WHERE ...>` (pg_indexes).
+EXPECTED = {
+    AuditEvent: {
+        "audit_auditevent_pkey": "UNIQUE btree (id)",
+        "audit_request": "btree (request_id)",
+        "audit_subject_recent": "btree (subject_user_id, id DESC)",
+        "audit_operation_recent": "btree (operation, id DESC)",
+        "audit_outcome_recent": "btree (outcome, id DESC)",
+        "audit_occurred_at": "btree (occurred_at)",
+        "audit_turn": "btree (turn_id, id) WHERE (NOT ((turn_id)::text = ''::text))",
+        "audit_actor_recent": "btree (actor_user_id, id DESC) WHERE (NOT ((actor_user_id = subject_user_id)"
+        " AND (actor_user_id IS NOT NULL) AND (subject_user_id IS NOT NULL)))",
+        "audit_actor_name_recent": "btree (actor_username, id DESC)",
+        "audit_staff_recent": "btree (staff_user_id, id DESC) WHERE (staff_user_id IS NOT NULL)",
+        "audit_staff_name_recent": "btree (staff_username, id DESC) WHERE (NOT ((staff_username)::text = ''::text))",
+        "audit_credential_recent": "btree (actor_credential, id DESC)"
+        " WHERE (NOT ((actor_credential)::text = ''::text))",
+        "audit_memory_ids": "gin (memory_ids)",
+    },
+    MemoryHistory: {
+        "audit_memoryhistory_pkey": "UNIQUE btree (id)",
+        "history_request": "btree (request_id)",
+        "audit_memor_memory__49f0b1_idx": "btree (memory_id, recorded_at)",
+        "history_owner": "btree (engine_user_id) WHERE (NOT ((engine_user_id)::text = ''::text))",
+        "history_recent": "btree (recorded_at DESC, id DESC)",
+        "history_event_recent": "btree (event, recorded_at DESC, id DESC)",
+    },
+    UsageEvent: {
+        "billing_usageevent_pkey": "UNIQUE btree (id)",
+        "billing_usageevent_request_id_key": "UNIQUE btree (request_id)",  # the gateway's idempotency key
+        "usage_event_user": "btree (user_id)",
+        # The admin's list, newest first, and its date filter; not a prefix of the partial
+        # usage_event_failed, which holds the failed rows only.
+        "billing_usageevent_created_at_340b6605": "btree (created_at)",
+        "billing_usa_operati_cc9d10_idx": "btree (operation, created_at)",
+        "usage_event_undelivered": "btree (next_attempt_at) WHERE ((status)::text = 'pending'::text)",
+        "usage_event_failed": "btree (created_at DESC) WHERE ((status)::text = 'failed'::text)",
+    },
+    ProxyTurn: {
+        "proxy_proxyturn_pkey": "UNIQUE btree (id)",
+        "proxy_proxyturn_request_id_key": "UNIQUE btree (request_id)",
+        # The user's turns: their erasure and Django's ON DELETE CASCADE from auth_user.
+        "proxy_proxyturn_user_id_872eb225": "btree (user_id)",
+        "proxy_turn_due": "btree (state, created_at)",
+        "proxy_turn_recent": "btree (created_at DESC, id DESC)",
+    },
+    RateWindow: {
+        "memories_ratewindow_pkey": "UNIQUE btree (id)",
+        "rate_window_unique": "UNIQUE btree (user_id, operation, window_seconds, window_start)",
+        "rate_window_recent": "btree (window_start DESC, id DESC)",
+        "rate_window_operation_recent": "btree (operation, window_start DESC, id DESC)",
+    },
+    AuthFailureWindow: {
+        "audit_authfailurewindow_pkey": "UNIQUE btree (id)",
+        "auth_failure_window_unique": "UNIQUE btree (ip, window_start)",
+        "auth_failure_window_start": "btree (window_start)",  # the prune and the admin's order
+    },
+}
+
+_DEFINITION = re.compile(r"^CREATE (UNIQUE )?INDEX \S+ ON \S+ USING (.*)$")
+
+
+def _indexes(table: str) -> dict[str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", [table])
+        found = {}
+        for name, definition in cursor.fetchall():
+            unique, rest = _DEFINITION.match(definition).groups()
+            found[name] = f"{unique or ''}{rest}"
+    return found
+
+
+@pytest.mark.parametrize("model", list(EXPECTED), ids=lambda model: model.__name__)
+def test_per_call_tables_keep_exactly_the_indexes_they_need(model):
+    indexes = _indexes(model._meta.db_table)
+    assert indexes == EXPECTED[model]
+    for name, definition in indexes.items():
+        assert "pattern_ops" not in definition, (name, definition)
+
+
+def _parts(definition: str) -> tuple[str, list[str], str]:
+    """(method, columns, predicate) of an index as _indexes shows it; a column's pattern
+    operator class left out (such an index serves equality as well)."""
+    method, columns, predicate = re.match(r"^(?:UNIQUE )?(\w+) \((.*?)\)(?: WHERE (.*))?$", definition).groups()
+    keys = [re.sub(r" (varchar|text)_pattern_ops\b", "", c.strip()) for c in columns.split(",")]
+    return method, keys, predicate or ""
+
+
+@pytest.mark.parametrize("model", list(EXPECTED), ids=lambda model: model.__name__)
+def test_no_index_is_a_left_prefix_of_another(model):
+    """A plain index whose columns lead another index of the same predicate (or are its
+    columns) answers no query that one cannot; a unique one enforces its constraint."""
+    indexes = _indexes(model._meta.db_table)
+    for name, definition in indexes.items():
+        if definition.startswith("UNIQUE"):
+            continue
+        method, columns, predicate = _parts(definition)
+        for other, other_definition in indexes.items():
+            other_method, other_columns, other_predicate = _parts(other_definition)
+            if other != name and (other_method, other_predicate) == (method, predicate):
+                assert other_columns[: len(columns)] != columns, (name, other)
+
+
+def _plan(queryset) -> str:
+    """EXPLAIN with sequential scans priced out: the best plan the indexes allow."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        plan = queryset.explain()
+        cursor.execute("RESET enable_seqscan")
+    return plan
+
+
+def test_lookups_by_request_and_user_id_still_read_an_index(alice):
+    request_id = str(uuid.uuid4())
+    # The audit admin's search by a UUID: the call's rows or the rows naming the memory.
+    plan = _plan(AuditEvent.objects.filter(Q(request_id=request_id) | Q(memory_ids__contains=[request_id])))
+    assert "audit_request" in plan and "audit_memory_ids" in plan and "Seq Scan" not in plan, plan
+    # A turn's lifecycle and erasure's account deletion: one call's audit rows.
+    plan = _plan(AuditEvent.objects.filter(request_id=request_id))
+    assert f"Index Cond: ((request_id)::text = '{request_id}'::text)" in plan and "audit_request" in plan, plan
+    # Ingest's reconcile and the history admin's search: one call's versions.
+    plan = _plan(MemoryHistory.objects.filter(request_id=request_id))
+    assert f"Index Cond: ((request_id)::text = '{request_id}'::text)" in plan and "history_request" in plan, plan
+    # The usage admin's search and the user's usage page (memories.selectors.usage_by_day).
+    plan = _plan(UsageEvent.objects.filter(user_id=str(alice.pk)))
+    assert f"Index Cond: ((user_id)::text = '{alice.pk}'::text)" in plan and "usage_event_user" in plan, plan
+    # A user's chat turns (their erasure, ON DELETE CASCADE) and one call's turn.
+    plan = _plan(ProxyTurn.objects.filter(user_id=alice.pk))
+    assert f"Index Cond: (user_id = {alice.pk})" in plan and "Seq Scan" not in plan, plan
+    plan = _plan(ProxyTurn.objects.filter(request_id=request_id))
+    assert "proxy_proxyturn_request_id_key" in plan and "Seq Scan" not in plan, plan
+
+
+def test_a_chat_call_still_has_at_most_one_turn(alice):
+    def turn():
+        return ProxyTurn.objects.create(request_id="req-1", user=alice, tenant="default", session_id="s")
+
+    turn()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        turn()
+    assert ProxyTurn.objects.filter(request_id="req-1").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migrations_keep_the_plain_indexes_both_ways():
+    """Back: the twins return beside the indexes under their old names. Forward again: the
+    twins go, the indexes are renamed, or built where a database lacked one."""
+    executor = MigrationExecutor(connection)
+    executor.migrate(
+        [("audit", "0022_history_drop_memory_id_indexes"), ("billing", "0003_usageevent_claim_token"),
+         ("proxy", "0006_turn_recent_index")]
+    )  # fmt: skip
+    history, usage = _indexes("audit_memoryhistory"), _indexes("billing_usageevent")
+    assert history["audit_memoryhistory_request_id_f24d624c"] == "btree (request_id)"
+    assert history["audit_memoryhistory_request_id_f24d624c_like"] == "btree (request_id varchar_pattern_ops)"
+    assert "history_request" not in history
+    assert usage["billing_usageevent_user_id_45fe71e5_like"] == "btree (user_id varchar_pattern_ops)"
+    assert "proxy_proxyturn_request_id_e191a71a_like" in _indexes("proxy_proxyturn")
+    assert "audit_auditevent_request_id_b6fdcfa6_like" in _indexes("audit_auditevent")
+    with connection.cursor() as cursor:
+        cursor.execute("DROP INDEX audit_auditevent_request_id_b6fdcfa6")
+
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+    for model, expected in EXPECTED.items():
+        assert _indexes(model._meta.db_table) == expected, model.__name__
