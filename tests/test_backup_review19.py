@@ -42,7 +42,7 @@ def _sql(server: EmbeddedPostgres, query: str, *params):
 def _switch_and_archive(server: EmbeddedPostgres) -> str:
     """The current segment switched and archived (what archive_timeout does); its name."""
     name = _sql(server, "SELECT pg_walfile_name(pg_switch_wal())")[0][0]
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a bound, not a speed (as in test_backup.py)
     while (_sql(server, "SELECT last_archived_wal FROM pg_stat_archiver")[0][0] or "") < name:
         assert time.monotonic() < deadline, f"{name} not archived"
         time.sleep(0.1)
