@@ -13,17 +13,22 @@ import binascii
 import contextvars
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
-from mcp.server.auth.handlers.authorize import AuthorizationHandler
+from mcp.server.auth.handlers.authorize import AuthorizationHandler, AuthorizationRequest
 from mcp.server.auth.handlers.register import RegistrationHandler
-from mcp.server.auth.handlers.revoke import RevocationHandler
-from mcp.server.auth.handlers.token import TokenHandler
+from mcp.server.auth.handlers.revoke import RevocationHandler, RevocationRequest
+from mcp.server.auth.handlers.token import (
+    AuthorizationCodeRequest,
+    JwtBearerRequest,
+    RefreshTokenRequest,
+    TokenHandler,
+)
 from mcp.server.auth.middleware.client_auth import AuthenticationError, ClientAuthenticator
 from mcp.server.auth.provider import (
     AccessToken,
@@ -38,7 +43,7 @@ from mcp.server.auth.settings import ClientRegistrationOptions
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, RequestBodyLimitMiddleware
 from mcp.shared.auth import InvalidRedirectUriError, InvalidScopeError, OAuthClientInformationFull, OAuthToken
 from pydantic import AnyUrl
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, ImmutableMultiDict
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -382,7 +387,7 @@ def _reads_form(method: str) -> bool:
     return method != "GET"
 
 
-async def _handler_params(request: Request) -> Mapping[str, Any] | None:
+async def _handler_params(request: Request) -> ImmutableMultiDict[str, Any] | None:
     """The parameters the SDK handler reads (`_reads_form`). Starlette keeps a parsed form
     on the request, so the handler and its wrappers all see the one parse."""
     if not _reads_form(request.method):
@@ -394,12 +399,14 @@ async def _handler_params(request: Request) -> Mapping[str, Any] | None:
         return None
 
 
-def _state_echoable(params: Mapping[str, Any] | None) -> str | None:
-    """The `state` an /authorize error carries back, or None: none was sent, or it is empty
-    (RFC 6749 A.5: state is 1*VSCHAR; the consent page's answer leaves an empty one out
-    too), longer than a stored state may be, or holding text no state can hold (NUL, C0
-    controls, lone surrogates: refused for that). Given back in the answer only, never logged."""
-    value = params.get("state") if params is not None else None
+def _state_echoable(params: ImmutableMultiDict[str, Any] | None) -> str | None:
+    """The `state` an /authorize error carries back, or None: none was sent, or more than
+    one (RFC 6749 §3.1: neither is the request's state), or it is empty (RFC 6749 A.5:
+    state is 1*VSCHAR; the consent page's answer leaves an empty one out too), longer than
+    a stored state may be, or holding text no state can hold (NUL, C0 controls, lone
+    surrogates: refused for that). Given back in the answer only, never logged."""
+    values = params.getlist("state") if params is not None else []
+    value = values[0] if len(values) == 1 else None
     if not isinstance(value, str) or not value or len(value) > STATE_MAX_CHARS or text_problem(value):
         return None
     return value
@@ -458,6 +465,44 @@ def _client_id_refusal(path: str, params: Iterable[tuple[str, Any]]) -> _Refused
     return None
 
 
+# The parameters each SDK handler reads (with its client authenticator: client_id and
+# client_secret at /token and /revoke), from its own request models. RFC 6749 §3.1: none
+# may be sent more than once; an unrecognized one is ignored, repeated or not.
+_READ_PARAMETERS: dict[str, frozenset[str]] = {
+    AUTHORIZE_PATH: frozenset(AuthorizationRequest.model_fields),
+    TOKEN_PATH: frozenset(
+        name
+        for model in (AuthorizationCodeRequest, RefreshTokenRequest, JwtBearerRequest)
+        for name in model.model_fields
+    ),
+    REVOKE_PATH: frozenset(RevocationRequest.model_fields),
+}
+
+
+def _repeat_refusal(path: str, params: Iterable[tuple[str, Any]]) -> _Refused | None:
+    """A parameter the handler reads sent more than once: the SDK took one of the values
+    (its model reads the last, the state of a direct error one too), so the request meant
+    something other than what was done with it. invalid_request (RFC 6749 §4.1.2.1, §5.2,
+    RFC 7009 §2.2.1), naming the parameters, never their values. A repeated `resource` is
+    RFC 8707's request for a token serving several resources, which is not malformed: a
+    token here serves one, so that is invalid_target."""
+    known = _READ_PARAMETERS.get(path, frozenset())
+    seen: set[str] = set()
+    repeated: list[str] = []
+    for name, _ in params:
+        if name in seen and name in known and name not in repeated:
+            repeated.append(name)
+        seen.add(name)
+    malformed = [name for name in repeated if name != "resource"]
+    if malformed:
+        names = ", ".join(malformed)
+        verb = "was" if len(malformed) == 1 else "were"
+        return _Refused(400, "invalid_request", f"{names} {verb} sent more than once: each parameter may be sent once")
+    if repeated:
+        return _Refused(400, "invalid_target", "resource was sent more than once: a token serves one resource")
+    return None
+
+
 def _oauth_error(status: int, error: str, description: str, *, state: str | None = None) -> JSONResponse:
     body = {"error": error, "error_description": description}
     if state is not None:  # /authorize's errors (RFC 6749 §4.1.2.1)
@@ -469,7 +514,8 @@ def _input_checked(app: Any, path: str) -> Any:
     """Refuse invalid text in the query, the form and (registration) the JSON body with the
     endpoint's OAuth error before the SDK handler runs: it passed client ids, states and
     client metadata to Postgres, and a NUL there was a DataError (a plain-text 500). The
-    registration body is parsed with json_loads_safe: bounded depth, every string checked."""
+    registration body is parsed with json_loads_safe: bounded depth, every string checked.
+    A parameter the handler reads sent twice, in what it reads, is refused too."""
 
     async def checked(scope: dict[str, Any], receive: Any, send: Any) -> None:
         # RequestBodyLimitMiddleware has bounded and buffered the body already.
@@ -506,10 +552,10 @@ async def _input_refusal(path: str, scope: dict[str, Any], body: bytes) -> JSONR
             params = []
             refused = refused or _Refused(400, "invalid_request", str(error))
         refused = refused or _parameter_refusal(path, params)
-    refused = refused or _client_id_refusal(path, params)
+    refused = refused or _repeat_refusal(path, params) or _client_id_refusal(path, params)
     if refused is None:
         return None
-    state = _state_echoable(dict(params)) if path == AUTHORIZE_PATH else None
+    state = _state_echoable(ImmutableMultiDict(params)) if path == AUTHORIZE_PATH else None
     return _oauth_error(*refused, state=state)
 
 

@@ -372,3 +372,116 @@ def test_a_client_id_is_never_cut_to_name_another_client():
     token_form = {"grant_type": "authorization_code", "code": "mso_ac_x", "code_verifier": "v" * 43}
     (token,) = _oauth(("POST", "/oauth/token", {"data": token_form, "headers": {"Authorization": f"Basic {basic}"}}))
     _oauth_error(token, 401, "invalid_client")
+
+
+# --- a parameter sent more than once (RFC 6749 §3.1) ----------------------------------------
+def _authorize_params(client: OAuthClient) -> list[tuple[str, str]]:
+    return [
+        ("client_id", client.client_id), ("response_type", "code"), ("redirect_uri", CALLBACK),
+        ("code_challenge", "c" * 43), ("code_challenge_method", "S256"),
+    ]  # fmt: skip
+
+
+def _form(items: list[tuple[str, str]]) -> dict:
+    """httpx arguments posting `items` as a form, a name as often as it comes."""
+    return {"content": urlencode(items), "headers": {"Content-Type": FORM}}
+
+
+def _assert_repeated(response, status: int, error: str, name: str) -> None:
+    _oauth_error(response, status, error)
+    assert "location" not in response.headers
+    assert response.json()["error_description"].startswith(f"{name} was sent more than once"), response.text
+
+
+def test_a_repeated_authorization_parameter_in_a_get_is_refused_directly(caplog):
+    """RFC 6749 §3.1: a parameter MUST NOT be sent more than once (§4.1.2.1: invalid_request).
+    The SDK took one of the values: state twice parked a request with the last state,
+    client_id twice chose the last client. Now a direct 400 naming the parameter, never its
+    values; the state only when it was sent once; nothing parked, nothing logged."""
+    caplog.set_level(logging.DEBUG)
+    params = _authorize_params(_client_row())
+    other = f"http://127.0.0.1:5555/{MARK}"
+    state_twice, redirect_twice, client_twice = _oauth(
+        ("GET", "/oauth/authorize?" + urlencode([*params, ("state", f"{MARK}-a"), ("state", f"{MARK}-b")]), {}),
+        ("GET", "/oauth/authorize?" + urlencode([*params, ("redirect_uri", other), ("state", "st")]), {}),
+        ("GET", "/oauth/authorize?" + urlencode([("client_id", f"{MARK}-c"), *params, ("state", "st")]), {}),
+    )
+    _assert_repeated(state_twice, 400, "invalid_request", "state")
+    assert "state" not in state_twice.json()  # neither of the two comes back
+    _assert_repeated(redirect_twice, 400, "invalid_request", "redirect_uri")
+    _assert_repeated(client_twice, 400, "invalid_request", "client_id")
+    assert redirect_twice.json()["state"] == client_twice.json()["state"] == "st"
+    assert not OAuthAuthorizationRequest.objects.exists()
+    assert MARK not in caplog.text
+
+
+def test_a_repeated_authorization_parameter_in_a_posted_form_is_refused_directly(caplog):
+    """A POST is read from its form, as the SDK reads it."""
+    caplog.set_level(logging.DEBUG)
+    params = _authorize_params(_client_row())
+    redirect_twice, state_twice = _oauth(
+        ("POST", "/oauth/authorize", _form([*params, ("state", "st"), ("redirect_uri", f"{CALLBACK}/{MARK}")])),
+        ("POST", "/oauth/authorize", _form([*params, ("state", f"{MARK}-a"), ("state", f"{MARK}-b")])),
+    )
+    _assert_repeated(redirect_twice, 400, "invalid_request", "redirect_uri")
+    assert redirect_twice.json()["state"] == "st"
+    _assert_repeated(state_twice, 400, "invalid_request", "state")
+    assert "state" not in state_twice.json()
+    assert not OAuthAuthorizationRequest.objects.exists()
+    assert MARK not in caplog.text
+
+
+def test_a_repeated_resource_is_refused_as_a_target_this_server_cannot_serve():
+    """RFC 8707 §2 lets a client name several resources; a token here serves one (the SDK
+    kept the last). invalid_target, answered directly, with the state."""
+    resource = "http://testserver/engines/memory/mcp"
+    query = [*_authorize_params(_client_row()), ("resource", resource), ("resource", resource), ("state", "st")]
+    (response,) = _oauth(("GET", "/oauth/authorize?" + urlencode(query), {}))
+    _assert_repeated(response, 400, "invalid_target", "resource")
+    assert response.json()["state"] == "st"
+    assert not OAuthAuthorizationRequest.objects.exists()
+
+
+def test_only_what_the_sdk_reads_and_knows_is_checked_for_repeats():
+    """A POST's query is not read (its form is); an unrecognized parameter is ignored
+    (RFC 6749 §3.1), repeated or not. Both still reach the consent page."""
+    params = _authorize_params(_client_row())
+    posted, unknown = _oauth(
+        ("POST", "/oauth/authorize?state=a&state=b", _form([*params, ("state", "st")])),
+        ("GET", "/oauth/authorize?" + urlencode([*params, ("x-extra", "1"), ("x-extra", "2"), ("state", "st")]), {}),
+    )
+    for response in (posted, unknown):
+        assert response.status_code == 302 and "/oauth/consent/" in response.headers["location"], response.text
+    assert list(OAuthAuthorizationRequest.objects.values_list("state", flat=True)) == ["st", "st"]
+
+
+def test_a_repeated_token_parameter_is_refused(caplog):
+    """The SDK and its client authenticator took one of the values: code twice was
+    exchanged as the last, client_id twice authenticated the last. Now invalid_request,
+    400, naming the parameter, never its values."""
+    caplog.set_level(logging.DEBUG)
+    _client_row()
+    form = [("grant_type", "authorization_code"), ("code_verifier", "v" * 43), ("client_id", "test-client")]
+    code_twice, client_twice, once = _oauth(
+        ("POST", "/oauth/token", _form([*form, ("code", f"mso_ac_{MARK}1"), ("code", f"mso_ac_{MARK}2")])),
+        ("POST", "/oauth/token", _form([*form, ("code", "mso_ac_x"), ("client_id", MARK)])),
+        ("POST", "/oauth/token", _form([*form, ("code", "mso_ac_x")])),
+    )
+    _assert_repeated(code_twice, 400, "invalid_request", "code")
+    _assert_repeated(client_twice, 400, "invalid_request", "client_id")
+    _oauth_error(once, 400, "invalid_grant")  # sent once: the SDK's answer, as before
+    assert MARK not in caplog.text
+
+
+def test_a_repeated_revocation_parameter_is_refused(caplog):
+    """token twice revoked the last of the two. Now invalid_request, 400."""
+    caplog.set_level(logging.DEBUG)
+    _client_row()
+    form = [("client_id", "test-client"), ("client_secret", "")]
+    token_twice, once = _oauth(
+        ("POST", "/oauth/revoke", _form([*form, ("token", f"mso_at_{MARK}1"), ("token", f"mso_at_{MARK}2")])),
+        ("POST", "/oauth/revoke", _form([*form, ("token", "mso_at_x")])),
+    )
+    _assert_repeated(token_twice, 400, "invalid_request", "token")
+    assert once.status_code == 200, once.text  # RFC 7009: an unknown token is no error
+    assert MARK not in caplog.text
