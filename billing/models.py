@@ -18,7 +18,8 @@ class UsageEvent(models.Model):
         FAILED = "failed"  # the gateway refused it (4xx): needs a person, retryable in admin
 
     request_id = models.UUIDField(unique=True, default=uuid.uuid4, editable=False)
-    # Indexed in Meta (usage_event_user), not by db_index, which adds a LIKE twin (billing 0004).
+    # Indexed in Meta (usage_event_user_created), not by db_index, which adds a LIKE twin
+    # (billing 0004).
     user_id = models.CharField(max_length=64)
     product_id = models.CharField(max_length=32, default="memory")
     operation = models.CharField(max_length=32)
@@ -44,11 +45,13 @@ class UsageEvent(models.Model):
             # What support looks for among millions of delivered rows (the admin's
             # status filter, newest first); few rows, and only rows that failed.
             models.Index(fields=["-created_at"], name="usage_event_failed", condition=Q(status="failed")),
-            # A user's events (their usage page, the admin's search by user id). A plain
-            # index: `db_index` on a CharField also builds a varchar_pattern_ops twin for
-            # LIKE 'prefix%', which nothing runs on user ids, at the cost of an entry per
-            # billed call (billing 0004).
-            models.Index(fields=["user_id"], name="usage_event_user"),
+            # A user's events in a time range (their usage page: the last 30 days; the
+            # admin's search by user id, newest first, and with its date filter): the
+            # range is read from the index, not every event the user ever had (billing
+            # 0005). A plain index: `db_index` on a CharField also builds a
+            # varchar_pattern_ops twin for LIKE 'prefix%', which nothing runs on user ids,
+            # at the cost of an entry per billed call (billing 0004).
+            models.Index(fields=["user_id", "created_at"], name="usage_event_user_created"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(count__gte=1), name="usage_event_count_positive"),

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Q
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from audit.models import AuditEvent, AuthFailureWindow, MemoryHistory
 from billing.models import UsageEvent
+from core.scope import MemoryScope
 from memories.models import RateWindow
+from memories.selectors import usage_by_day
 from proxy.models import ProxyTurn
 
 pytestmark = pytest.mark.django_db
@@ -53,7 +58,8 @@ EXPECTED = {
     UsageEvent: {
         "billing_usageevent_pkey": "UNIQUE btree (id)",
         "billing_usageevent_request_id_key": "UNIQUE btree (request_id)",  # the gateway's idempotency key
-        "usage_event_user": "btree (user_id)",
+        # A user's events by time (their usage page, the admin's search by user id).
+        "usage_event_user_created": "btree (user_id, created_at)",
         # The admin's list, newest first, and its date filter; not a prefix of the partial
         # usage_event_failed, which holds the failed rows only.
         "billing_usageevent_created_at_340b6605": "btree (created_at)",
@@ -148,12 +154,62 @@ def test_lookups_by_request_and_user_id_still_read_an_index(alice):
     assert f"Index Cond: ((request_id)::text = '{request_id}'::text)" in plan and "history_request" in plan, plan
     # The usage admin's search and the user's usage page (memories.selectors.usage_by_day).
     plan = _plan(UsageEvent.objects.filter(user_id=str(alice.pk)))
-    assert f"Index Cond: ((user_id)::text = '{alice.pk}'::text)" in plan and "usage_event_user" in plan, plan
+    assert f"Index Cond: ((user_id)::text = '{alice.pk}'::text)" in plan and "usage_event_user_created" in plan, plan
     # A user's chat turns (their erasure, ON DELETE CASCADE) and one call's turn.
     plan = _plan(ProxyTurn.objects.filter(user_id=alice.pk))
     assert f"Index Cond: (user_id = {alice.pk})" in plan and "Seq Scan" not in plan, plan
     plan = _plan(ProxyTurn.objects.filter(request_id=request_id))
     assert "proxy_proxyturn_request_id_key" in plan and "Seq Scan" not in plan, plan
+
+
+def _sql_plan(query, *, priced_out: tuple[str, ...] = ("seqscan", "sort")) -> str:
+    """EXPLAIN of a queryset, or of a query as Django ran it, with these plan nodes priced
+    out: a Sort then shows only where no index gives the order."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        for node in priced_out:
+            cursor.execute(f"SET LOCAL enable_{node} = off")
+        if not isinstance(query, str):
+            return query.explain()
+        cursor.execute(f"EXPLAIN {query}")
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+WHOLE_SORT = re.compile(r"^\s*(->\s+)?Sort  \(", re.MULTILINE)  # a Sort node, not an Incremental Sort
+
+
+def test_a_users_usage_reads_only_their_events_in_its_time_range(alice, admin_client):
+    """The usage page (the last 30 days) and the admin's search by user id (newest first,
+    or in its date filter's range) read the user's events in that range from the index,
+    not every event they ever had (billing 0005)."""
+    user = str(alice.pk)
+    UsageEvent.objects.create(user_id=user, operation="remember", channel="mcp")
+    in_range = (
+        rf"Index Cond: \(\(\(user_id\)::text = '{user}'::text\)"
+        r" AND \(created_at >= '[^']+'::timestamp with time zone\)"
+    )
+
+    with CaptureQueriesContext(connection) as queries:
+        assert usage_by_day(MemoryScope.for_user(alice), days=30)[0]["calls"] == 1
+    (query,) = [q["sql"] for q in queries.captured_queries if "billing_usageevent" in q["sql"]]
+    plan = _sql_plan(query)
+    assert "usage_event_user_created" in plan and re.search(in_range, plan), plan
+
+    def admin_plan(params: dict[str, str]) -> str:
+        page = admin_client.get("/admin/billing/usageevent/", params)
+        assert page.status_code == 200 and len(page.context["cl"].result_list) == 1, params
+        changelist = page.context["cl"]
+        return _sql_plan(changelist.queryset[: changelist.list_per_page])
+
+    # Newest first: the user's index read backwards, only rows of one instant left to sort.
+    plan = admin_plan({"q": user})
+    assert "Index Scan Backward using usage_event_user_created" in plan, plan
+    assert f"Index Cond: ((user_id)::text = '{user}'::text)" in plan and not WHOLE_SORT.search(plan), plan
+    # With the date filter ("Today", as its link asks): its range, from the index too.
+    today = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
+    since = {"created_at__gte": str(today), "created_at__lt": str(today + timedelta(days=1))}
+    plan = admin_plan({"q": user, **since})
+    assert "usage_event_user_created" in plan and re.search(in_range, plan), plan
+    assert "created_at < " in plan.split("Index Cond:")[1].split("\n")[0] and not WHOLE_SORT.search(plan), plan
 
 
 def test_a_chat_call_still_has_at_most_one_turn(alice):
@@ -179,7 +235,9 @@ def test_the_migrations_keep_the_plain_indexes_both_ways():
     assert history["audit_memoryhistory_request_id_f24d624c"] == "btree (request_id)"
     assert history["audit_memoryhistory_request_id_f24d624c_like"] == "btree (request_id varchar_pattern_ops)"
     assert "history_request" not in history
+    assert usage["billing_usageevent_user_id_45fe71e5"] == "btree (user_id)"
     assert usage["billing_usageevent_user_id_45fe71e5_like"] == "btree (user_id varchar_pattern_ops)"
+    assert "usage_event_user_created" not in usage
     assert "proxy_proxyturn_request_id_e191a71a_like" in _indexes("proxy_proxyturn")
     assert "audit_auditevent_request_id_b6fdcfa6_like" in _indexes("audit_auditevent")
     with connection.cursor() as cursor:
