@@ -12,12 +12,24 @@ class EngineMessage(models.Model):
     next `ingest` extraction. In Postgres so it can be purged with a user's data."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    session_scope = models.CharField(max_length=512, db_index=True)
-    user_id = models.CharField(max_length=255, db_index=True, blank=True)
+    # Both indexed in Meta, not by db_index, which adds a LIKE twin (memories 0032).
+    session_scope = models.CharField(max_length=512)
+    user_id = models.CharField(max_length=255, blank=True)
     role = models.CharField(max_length=32)
     content = models.TextField()
     name = models.CharField(max_length=255, null=True, blank=True)
     created_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        # Plain indexes: `db_index` on a CharField also builds a varchar_pattern_ops twin
+        # for LIKE 'prefix%', and mem0 and the purges match both columns exactly, while
+        # every ingest writes its messages into all of them (memories 0032).
+        indexes = [
+            # A session's last turns (mem0's get_last_messages, the trim after each save).
+            models.Index(fields=["session_scope"], name="engine_message_scope"),
+            # A user's raw messages, purged with their data (purge_messages).
+            models.Index(fields=["user_id"], name="engine_message_user"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.session_scope} {self.role}"
@@ -184,7 +196,8 @@ class IngestIntent(models.Model):
         DONE = "done"
         UNDONE = "undone"
 
-    request_id = models.CharField(max_length=64, unique=True)
+    # Unique through Meta.constraints, not `unique=True`, which adds a LIKE twin (memories 0032).
+    request_id = models.CharField(max_length=64)
     engine_user_id = models.CharField(max_length=255)
     # What completing the call later needs: its scope and call context (no content).
     scope = models.JSONField()
@@ -197,6 +210,13 @@ class IngestIntent(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["state", "created_at"])]
+        constraints = [
+            # One intent per call (the proxy's attempts look theirs up by request id). A
+            # constraint rather than `unique=True` on the field, which also builds a
+            # varchar_pattern_ops index for LIKE 'prefix%' that nothing runs on request
+            # ids, at the cost of an entry per ingest call (memories 0032).
+            models.UniqueConstraint(fields=["request_id"], name="ingest_intent_request_unique"),
+        ]
 
     def __str__(self) -> str:
         return f"ingest {self.request_id} {self.state}"

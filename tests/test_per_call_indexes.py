@@ -1,10 +1,11 @@
 """The tables a billed call writes to (audit rows, memory history, usage events, chat
-turns, rate and 401 windows) keep exactly the indexes some query or constraint needs:
-each costs every insert. Django's `db_index=True` or `unique=True` on a CharField also
-builds a varchar_pattern_ops "_like" twin, read only by LIKE 'prefix%' under a non-C
-collation, and nothing here searches an id by prefix (audit 0023, billing 0004, proxy
-0007); nor is any index a left prefix of another with the same predicate. The lookups by
-those ids still read an index."""
+turns, ingest intents, mem0's raw messages, rate and 401 windows) keep exactly the
+indexes some query or constraint needs: each costs every insert. Django's `db_index=True`
+or `unique=True` on a CharField also builds a varchar_pattern_ops "_like" twin, read only
+by LIKE 'prefix%' under a non-C collation, and nothing here searches an id by prefix
+(audit 0023, billing 0004, proxy 0007, memories 0032); nor is any index a left prefix of
+another with the same predicate. The lookups by those ids still read an index, and a
+user's usage events in a time range read only that range (billing 0005)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from django.utils import timezone
 from audit.models import AuditEvent, AuthFailureWindow, MemoryHistory
 from billing.models import UsageEvent
 from core.scope import MemoryScope
-from memories.models import RateWindow
+from memories.models import EngineMessage, IngestIntent, RateWindow
 from memories.selectors import usage_by_day
 from proxy.models import ProxyTurn
 
@@ -74,6 +75,17 @@ EXPECTED = {
         "proxy_proxyturn_user_id_872eb225": "btree (user_id)",
         "proxy_turn_due": "btree (state, created_at)",
         "proxy_turn_recent": "btree (created_at DESC, id DESC)",
+    },
+    IngestIntent: {
+        "memories_ingestintent_pkey": "UNIQUE btree (id)",
+        "ingest_intent_request_unique": "UNIQUE btree (request_id)",  # one intent per call
+        "memories_in_state_2de30d_idx": "btree (state, created_at)",  # the reconciler's open ones
+    },
+    EngineMessage: {
+        "memories_enginemessage_pkey": "UNIQUE btree (id)",
+        "engine_message_scope": "btree (session_scope)",
+        "engine_message_user": "btree (user_id)",
+        "memories_enginemessage_created_at_12135435": "btree (created_at)",
     },
     RateWindow: {
         "memories_ratewindow_pkey": "UNIQUE btree (id)",
@@ -160,6 +172,16 @@ def test_lookups_by_request_and_user_id_still_read_an_index(alice):
     assert f"Index Cond: (user_id = {alice.pk})" in plan and "Seq Scan" not in plan, plan
     plan = _plan(ProxyTurn.objects.filter(request_id=request_id))
     assert "proxy_proxyturn_request_id_key" in plan and "Seq Scan" not in plan, plan
+    # The proxy's attempts of a turn: their ingest intents, by request id.
+    plan = _plan(IngestIntent.objects.filter(request_id__in=[request_id, str(uuid.uuid4())]))
+    assert "ingest_intent_request_unique" in plan and "Seq Scan" not in plan, plan
+    # mem0's last turns of a session (and their trim), and a user's raw-message purge.
+    scope = f"user_id=default:{alice.pk}&agent_id=a"
+    plan = _plan(EngineMessage.objects.filter(session_scope=scope).order_by("-created_at", "-id")[:10])
+    assert f"Index Cond: ((session_scope)::text = '{scope}'::text)" in plan and "engine_message_scope" in plan, plan
+    plan = _plan(EngineMessage.objects.filter(user_id=f"default:{alice.pk}"))
+    assert f"Index Cond: ((user_id)::text = 'default:{alice.pk}'::text)" in plan, plan
+    assert "engine_message_user" in plan, plan
 
 
 def _sql_plan(query, *, priced_out: tuple[str, ...] = ("seqscan", "sort")) -> str:
@@ -222,6 +244,21 @@ def test_a_chat_call_still_has_at_most_one_turn(alice):
     assert ProxyTurn.objects.filter(request_id="req-1").count() == 1
 
 
+def test_an_ingest_call_still_has_at_most_one_intent(alice):
+    def intent():
+        return IngestIntent.objects.create(request_id="req-1", engine_user_id=f"default:{alice.pk}", scope={}, call={})
+
+    intent()
+    with pytest.raises(IntegrityError, match="ingest_intent_request_unique"), transaction.atomic():
+        intent()
+    assert IngestIntent.objects.filter(request_id="req-1").count() == 1
+    with connection.cursor() as cursor:  # the constraint kept its index's new name
+        cursor.execute(
+            "SELECT conname FROM pg_constraint WHERE conrelid = 'memories_ingestintent'::regclass AND contype = 'u'"
+        )
+        assert cursor.fetchall() == [("ingest_intent_request_unique",)]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_migrations_keep_the_plain_indexes_both_ways():
     """Back: the twins return beside the indexes under their old names. Forward again: the
@@ -229,7 +266,7 @@ def test_the_migrations_keep_the_plain_indexes_both_ways():
     executor = MigrationExecutor(connection)
     executor.migrate(
         [("audit", "0022_history_drop_memory_id_indexes"), ("billing", "0003_usageevent_claim_token"),
-         ("proxy", "0006_turn_recent_index")]
+         ("proxy", "0006_turn_recent_index"), ("memories", "0031_drop_user_prefix_indexes")]
     )  # fmt: skip
     history, usage = _indexes("audit_memoryhistory"), _indexes("billing_usageevent")
     assert history["audit_memoryhistory_request_id_f24d624c"] == "btree (request_id)"
@@ -240,8 +277,16 @@ def test_the_migrations_keep_the_plain_indexes_both_ways():
     assert "usage_event_user_created" not in usage
     assert "proxy_proxyturn_request_id_e191a71a_like" in _indexes("proxy_proxyturn")
     assert "audit_auditevent_request_id_b6fdcfa6_like" in _indexes("audit_auditevent")
+    messages, intents = _indexes("memories_enginemessage"), _indexes("memories_ingestintent")
+    assert messages["memories_enginemessage_user_id_516c23fd"] == "btree (user_id)"
+    assert messages["memories_enginemessage_user_id_516c23fd_like"] == "btree (user_id varchar_pattern_ops)"
+    assert messages["memories_enginemessage_session_scope_9e490e1a_like"] == "btree (session_scope varchar_pattern_ops)"
+    assert intents["memories_ingestintent_request_id_key"] == "UNIQUE btree (request_id)"
+    assert intents["memories_ingestintent_request_id_ad931178_like"] == "btree (request_id varchar_pattern_ops)"
+    assert not {"engine_message_scope", "engine_message_user", "ingest_intent_request_unique"} & {*messages, *intents}
     with connection.cursor() as cursor:
         cursor.execute("DROP INDEX audit_auditevent_request_id_b6fdcfa6")
+        cursor.execute("DROP INDEX memories_enginemessage_session_scope_9e490e1a")
 
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
