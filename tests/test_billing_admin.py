@@ -106,14 +106,15 @@ def test_filtered_counts_stop_at_a_bound(admin_client, events, monkeypatch):
     instead of counting every match; below it, the exact count."""
     from audit.admin import EstimatedCountPaginator
 
+    # A user id no fixture user has (alice or bob could be user 9 and add their events).
     for _ in range(4):
-        UsageEvent.objects.create(user_id="9", operation="remember", channel="mcp")
+        UsageEvent.objects.create(user_id="987654", operation="remember", channel="mcp")
     monkeypatch.setattr(EstimatedCountPaginator, "COUNT_EXACT_UP_TO", 2)
-    over = admin_client.get("/admin/billing/usageevent/", {"q": "9"})
+    over = admin_client.get("/admin/billing/usageevent/", {"q": "987654"})
     assert over.status_code == 200 and over.context["cl"].result_count >= 3
     assert len(over.context["cl"].result_list) == 4
     monkeypatch.setattr(EstimatedCountPaginator, "COUNT_EXACT_UP_TO", 10)
-    assert admin_client.get("/admin/billing/usageevent/", {"q": "9"}).context["cl"].result_count == 4
+    assert admin_client.get("/admin/billing/usageevent/", {"q": "987654"}).context["cl"].result_count == 4
 
 
 def test_a_misconfigured_gateway_is_named_above_the_list(admin_client, events):
