@@ -1054,8 +1054,9 @@ def memory_update(
     its id) and changes nothing. Narrowed by `within`, only a memory inside it is named:
     when the text's hash holder is outside, a live copy inside is the conflict, else the
     memory takes the text beside the holder without a hash (as a narrowed `remember`
-    stores its copy). The row, its history, the hash, the usage event and
-    the audit row commit together."""
+    stores its copy). Fields that move the memory to another agent or session make the
+    update a store there too: the text's memory there is the conflict (`_move_conflict`).
+    The row, its history, the hash, the usage event and the audit row commit together."""
     rate_limit_consume(scope, operation=Operation.UPDATE_MEMORY)
     changes = dict(metadata or {})
     if pinned is not None:
@@ -1063,7 +1064,8 @@ def memory_update(
     source = (fields or {}).get("source")
     if source:
         changes["source"] = source
-    if not _within(memory_get_owned(scope, memory_id=memory_id), within):  # not_found before any embedding
+    read = memory_get_owned(scope, memory_id=memory_id)
+    if not _within(read, within):  # not_found before any embedding
         raise not_found()
     text = memory.strip() if memory is not None else None
     digest = content_sha256(memory) if memory is not None else None
@@ -1071,76 +1073,133 @@ def memory_update(
     if text is not None:
         with _engine_errors():
             embedded = engine_embed_text(text)
-    with _engine_errors(), transaction.atomic():
-        keys = [f"memory:{memory_id}"] + ([_text_lock_key(scope, digest)] if digest else [])
-        # Every update, not only new text: its history row and hash are the user's rows too.
-        user_write_locks(scope, *keys)
-        current = engine_lock_owned(scope, memory_id=memory_id)
-        if current is None or not _live(current, scope) or not _within(current, within):
-            raise not_found()
-        if source == STORE_MEMORY_SOURCE and not _toolkit_row(current):
-            reserved = f"source: {STORE_MEMORY_SOURCE!r} is reserved for the toolkit's store_memory"
-            raise ServiceError(ErrorCode.INVALID_ARGUMENT, reserved)
-        attrs = _attrs(fields, base=current.attrs) if fields else None
-        if pinned is True and not {"expires_at", "ttl_days"} & set(fields or {}):
-            # Reads hide an expired memory and the purge deletes it, pinned or not: pinning
-            # an expiring turn fact is keeping it.
-            attrs = _turn_fact_durable_attrs(attrs or current.attrs) or attrs
-        if metadata:
-            _metadata_merge_check(current, metadata=metadata)
-        existing_id = None
-        text_changed = digest is not None and content_sha256(current.text) != digest
-        if digest is not None and text is not None:
-            holder = _hash_owner_memory(scope, digest=digest)
-            existing_id = holder.id if holder is not None else None
-            # Only a new text can collide: a memory living beside the hash's holder without
-            # one (a restored older copy, a store_memory short-term row) may resend its own.
-            if text_changed and holder is not None and holder.id != memory_id:
-                if _within(holder, within):
-                    raise _duplicate_text(holder.id)
-                # As a narrowed `remember`: a conflict naming a memory outside the caller's
-                # narrowing would hand it an id it can neither list nor forget. A copy of the
-                # text inside is the conflict; else the memory takes the text beside the
-                # holder without a hash (the holder keeps it: `existing_id` is set, so no
-                # claim below).
-                copy = _text_copy_within(
-                    scope, text=text, digest=digest, narrowing=within or {}, excluding=(memory_id,)
+    # A move keeps its text's lock too (a new text's is taken anyway): named from the read
+    # above, checked on the locked row, and again when another update changed it meanwhile.
+    moved_digest = _move_text_digest(read, fields) if digest is None else None
+    for _attempt in range(3):
+        with _engine_errors(), transaction.atomic():
+            lock_digest = digest or moved_digest
+            keys = [f"memory:{memory_id}"] + ([_text_lock_key(scope, lock_digest)] if lock_digest else [])
+            # Every update, not only new text: its history row and hash are the user's rows too.
+            user_write_locks(scope, *keys)
+            current = engine_lock_owned(scope, memory_id=memory_id)
+            if current is None or not _live(current, scope) or not _within(current, within):
+                raise not_found()
+            if digest is None and _move_text_digest(current, fields) not in (None, moved_digest):
+                moved_digest = _move_text_digest(current, fields)
+                continue  # its text or agent changed since the read: again, under the right lock
+            if source == STORE_MEMORY_SOURCE and not _toolkit_row(current):
+                reserved = f"source: {STORE_MEMORY_SOURCE!r} is reserved for the toolkit's store_memory"
+                raise ServiceError(ErrorCode.INVALID_ARGUMENT, reserved)
+            attrs = _attrs(fields, base=current.attrs) if fields else None
+            if pinned is True and not {"expires_at", "ttl_days"} & set(fields or {}):
+                # Reads hide an expired memory and the purge deletes it, pinned or not: pinning
+                # an expiring turn fact is keeping it.
+                attrs = _turn_fact_durable_attrs(attrs or current.attrs) or attrs
+            if metadata:
+                _metadata_merge_check(current, metadata=metadata)
+            existing_id = None
+            text_changed = digest is not None and content_sha256(current.text) != digest
+            if digest is not None and text is not None:
+                holder = _hash_owner_memory(scope, digest=digest)
+                existing_id = holder.id if holder is not None else None
+                # Only a new text can collide: a memory living beside the hash's holder without
+                # one (a restored older copy, a store_memory short-term row) may resend its own.
+                if text_changed and holder is not None and holder.id != memory_id:
+                    if _within(holder, within):
+                        raise _duplicate_text(holder.id)
+                    # As a narrowed `remember`: a conflict naming a memory outside the caller's
+                    # narrowing would hand it an id it can neither list nor forget. A copy of the
+                    # text inside is the conflict; else the memory takes the text beside the
+                    # holder without a hash (the holder keeps it: `existing_id` is set, so no
+                    # claim below).
+                    copy = _text_copy_within(
+                        scope, text=text, digest=digest, narrowing=within or {}, excluding=(memory_id,)
+                    )
+                    if copy is not None:
+                        raise _duplicate_text(copy.id)
+            destination = _moved_to(current.attrs, fields)
+            if destination is not None and current.metadata.get(TIER_KEY) != "stm":
+                # A move is a store into its destination (`_remember_narrowed`): no second
+                # live copy of the text there. A toolkit short-term row lives beside its text.
+                moved_text = text if text is not None else current.text
+                found = _move_conflict(
+                    scope,
+                    memory_id=memory_id,
+                    text=moved_text,
+                    digest=digest or content_sha256(moved_text),
+                    destination=destination,
                 )
-                if copy is not None:
-                    raise _duplicate_text(copy.id)
-        if text_changed and SUMMARY_KEY in current.metadata and _toolkit_row(current):
-            # The enrichment's summary describes the old text (recall returns it): it goes,
-            # and the candidate is pending again, so the sweep enriches the new text. Only
-            # on store_memory's rows: on another memory `summary` is the owner's own key
-            # (and enrichment never takes it up again).
-            engine_metadata_merge(
-                memory_id=memory_id, metadata={ENRICHMENT_KEY: "pending"}, drop=ENRICHMENT_RESULT_KEYS
+                if found is not None:
+                    raise _duplicate_text(found)
+            if text_changed and SUMMARY_KEY in current.metadata and _toolkit_row(current):
+                # The enrichment's summary describes the old text (recall returns it): it goes,
+                # and the candidate is pending again, so the sweep enriches the new text. Only
+                # on store_memory's rows: on another memory `summary` is the owner's own key
+                # (and enrichment never takes it up again).
+                engine_metadata_merge(
+                    memory_id=memory_id, metadata={ENRICHMENT_KEY: "pending"}, drop=ENRICHMENT_RESULT_KEYS
+                )
+            with _attributed(call):
+                updated = engine_update_row(memory_id, embedded=embedded, metadata=changes or None, attrs=attrs)
+            if digest is not None:
+                dropped, _ = ContentHash.objects.filter(memory_id=memory_id).exclude(sha256=digest).delete()
+                if dropped and text_changed:
+                    # The old text's hash goes to another live copy of it, if any (as a delete's
+                    # does). Not under that text's lock: a remember of it waits on this row's
+                    # hash, and then finds the heir (or none) in one committed state.
+                    _hash_hand_over(scope, digest=content_sha256(current.text), text=current.text)
+                if existing_id is None:
+                    # An import may have stored the text meanwhile: then nothing changes, as above.
+                    taken_by = _content_hash_claim(scope, digest=digest, memory_id=memory_id)
+                    if taken_by is not None:
+                        raise _duplicate_text(taken_by)
+            call_succeeded(
+                scope,
+                call=call,
+                operation=Operation.UPDATE_MEMORY,
+                memory_ids=[memory_id],
+                before=_snapshot(current),
+                after=_snapshot(updated),
+                # The old text is forgotten: answers worked out from it go.
+                detail=_derived_answers_forgotten(scope) if text_changed else None,
             )
-        with _attributed(call):
-            updated = engine_update_row(memory_id, embedded=embedded, metadata=changes or None, attrs=attrs)
-        if digest is not None:
-            dropped, _ = ContentHash.objects.filter(memory_id=memory_id).exclude(sha256=digest).delete()
-            if dropped and text_changed:
-                # The old text's hash goes to another live copy of it, if any (as a delete's
-                # does). Not under that text's lock: a remember of it waits on this row's
-                # hash, and then finds the heir (or none) in one committed state.
-                _hash_hand_over(scope, digest=content_sha256(current.text), text=current.text)
-            if existing_id is None:
-                # An import may have stored the text meanwhile: then nothing changes, as above.
-                taken_by = _content_hash_claim(scope, digest=digest, memory_id=memory_id)
-                if taken_by is not None:
-                    raise _duplicate_text(taken_by)
-        call_succeeded(
-            scope,
-            call=call,
-            operation=Operation.UPDATE_MEMORY,
-            memory_ids=[memory_id],
-            before=_snapshot(current),
-            after=_snapshot(updated),
-            # The old text is forgotten: answers worked out from it go.
-            detail=_derived_answers_forgotten(scope) if text_changed else None,
-        )
-    return memory_view(updated)
+        return memory_view(updated)
+    raise ServiceError(ErrorCode.CONFLICT, "The memory kept changing while this update waited for it; retry.")
+
+
+def _moved_to(current: MemoryAttrs, fields: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The agent and session (as `_attrs_narrowing` has them) an update's `fields` move a
+    memory with `current` fields to, or None when it stays where it is (naming the agent
+    and session it is in moves nothing)."""
+    given = {key: value for key, value in (fields or {}).items() if key in ("agent_id", "session_id")}
+    if not given:
+        return None
+    after = _attrs_narrowing(_attrs(given, base=current))
+    return after if after != _attrs_narrowing(current) else None
+
+
+def _move_text_digest(item: EngineMemory, fields: Mapping[str, Any] | None) -> str | None:
+    """The hash of `item`'s text when `fields` move it: the text lock a move takes."""
+    return content_sha256(item.text) if _moved_to(item.attrs, fields) is not None else None
+
+
+def _move_conflict(
+    scope: MemoryScope, *, memory_id: str, text: str, digest: str, destination: Mapping[str, str]
+) -> str | None:
+    """The memory an update moving `memory_id` (with the text `digest`) to `destination`
+    conflicts with, as a store narrowed there would answer it: the hash's holder when it
+    is there, else a live copy there (`_text_copy_within`). Out of every agent and session
+    (`destination` empty) only the holder: the user's one memory of the text, while the
+    copies in agents and sessions stay theirs. In the caller's transaction, under the text
+    lock."""
+    holder = _hash_owner_memory(scope, digest=digest)
+    if holder is not None and holder.id != memory_id and _within(holder, destination):
+        return holder.id
+    if not destination:
+        return None
+    copy = _text_copy_within(scope, text=text, digest=digest, narrowing=destination, excluding=(memory_id,))
+    return copy.id if copy is not None else None
 
 
 def _within(item: EngineMemory, within: Mapping[str, str] | None) -> bool:

@@ -424,3 +424,152 @@ def test_bobs_exact_text_is_never_alices_in_a_narrowed_ingest(client, api_client
         sha256=content_sha256("Alice walks daily"), engine_user_id=alice_scope.engine_user_id
     )
     assert str(holder.memory_id) == added["id"] and set(listed(bob_client)) == bobs
+
+
+# --- a move to another agent or session: the destination keeps a narrowed store's rule ------
+def patch(client, memory_id: str, body: dict):
+    return client.patch(f"/v1/memories/{memory_id}", body, format="json")
+
+
+def _where(scope) -> dict[str, tuple]:
+    return {
+        v.id: (v.agent_id, v.session_id, v.memory, v.pinned) for v in memory_list(scope, call=internal_call()).memories
+    }
+
+
+def _holder(scope, text: str) -> str:
+    return str(ContentHash.objects.get(sha256=content_sha256(text), engine_user_id=scope.engine_user_id).memory_id)
+
+
+def test_a_copy_moved_into_the_holders_agent_is_a_conflict_naming_it(client, alice_scope):
+    """PATCH /v1/memories/<agent-b's copy> {"agent_id": "agent-a"} answered 200 and left
+    two live copies of the text in agent-a (GET /v1/memory?agent_id=agent-a listed both),
+    while a store narrowed to agent-a answers the one there."""
+    a = store(client, "Alice walks daily", AGENT_A).json()["memory"]["id"]
+    b = store(client, "Alice walks daily", AGENT_B).json()["memory"]["id"]
+    before = _where(alice_scope)
+    response = patch(client, b, {"agent_id": "agent-a", "pinned": True})
+    assert response.status_code == 409, response.content
+    assert response.json()["error"]["code"] == "conflict"
+    assert response.json()["error"]["details"] == {"existing_id": a}
+    assert _where(alice_scope) == before and _holder(alice_scope, "Alice walks daily") == a  # nothing changed
+    assert listed(client, "?agent_id=agent-a") == [a]
+    # Seed 001's PUT moves nothing: its scope narrows, and the body takes no agent or session.
+    put_moved = client.put(f"/v1/memory/{b}", {"agent_id": "agent-a", "scope": ALICE}, format="json")
+    assert put_moved.status_code == 400 and _where(alice_scope) == before
+
+
+def test_the_holder_moved_into_an_agent_with_a_copy_is_a_conflict_naming_the_copy(mcp_as, alice_key, alice_scope):
+    """MCP update_memory's `agent_id` moved the hash's holder into agent b beside b's own
+    copy: two live copies there. Elsewhere the move goes on, the holder keeping the hash."""
+    a = memory_remember(alice_scope, memory="Alice codes in Rust", fields={"agent_id": "a"}, call=internal_call())
+    b = memory_remember(alice_scope, memory="Alice codes in Rust", fields={"agent_id": "b"}, call=internal_call())
+    before = _where(alice_scope)
+    mcp = mcp_as(alice_key)
+    error = mcp.error("update_memory", {"memory_id": a.id, "agent_id": "b", "tags": ["moved"]})
+    assert error["code"] == "conflict" and error["details"] == {"existing_id": b.id}
+    assert _where(alice_scope) == before and _holder(alice_scope, "Alice codes in Rust") == a.id
+    moved = mcp.ok("update_memory", {"memory_id": a.id, "agent_id": "c"})
+    assert moved["memory"]["agent_id"] == "c"
+    assert _holder(alice_scope, "Alice codes in Rust") == a.id
+    again = memory_remember(alice_scope, memory="alice codes in rust", fields={"agent_id": "c"}, call=internal_call())
+    assert again.duplicate is True and again.id == a.id
+
+
+def test_the_web_uis_fields_edit_shows_a_moves_conflict(client, alice, alice_scope):
+    """The web UI's fields form (agent, session) moved a copy beside the holder."""
+    from django.test import Client
+
+    memory_remember(alice_scope, memory="Plays the cello", fields={"agent_id": "a"}, call=internal_call())
+    b = memory_remember(alice_scope, memory="Plays the cello", fields={"agent_id": "b"}, call=internal_call())
+    browser = Client()
+    browser.force_login(alice)
+    response = browser.post(f"/memories/{b.id}/fields/", {"agent_id": "a", "importance": "0.5"}, follow=True)
+    assert response.status_code == 200
+    assert "already has this text" in response.content.decode()
+    assert _where(alice_scope)[b.id][0] == "b"
+
+
+def test_moves_keep_the_destinations_rule_for_sessions_and_no_agent(client, alice_scope):
+    """The destination is narrowed as a store there would be: an agent without a session
+    takes in its sessions' copies; no agent and no session is the user's one memory of
+    the text, the hash's holder, whichever agent it is in."""
+    holder = store(client, "Alice walks daily", AGENT_B).json()["memory"]["id"]
+    s1 = store(client, "Alice walks daily", {**AGENT_A, "session_id": "s1"}).json()["memory"]["id"]
+    s2 = store(client, "Alice walks daily", {**AGENT_A, "session_id": "s2"}).json()["memory"]["id"]
+    c = store(client, "Alice walks daily", {**ALICE, "agent_id": "agent-c"}).json()["memory"]["id"]
+    before = _where(alice_scope)
+    to_s2 = patch(client, s1, {"session_id": "s2"})
+    assert to_s2.status_code == 409 and to_s2.json()["error"]["details"] == {"existing_id": s2}
+    whole_agent = patch(client, s1, {"session_id": None})  # agent-a, every session: s2's copy is there
+    assert whole_agent.status_code == 409 and whole_agent.json()["error"]["details"] == {"existing_id": s2}
+    nowhere = patch(client, c, {"agent_id": None})  # the user's memory of the text
+    assert nowhere.status_code == 409 and nowhere.json()["error"]["details"] == {"existing_id": holder}
+    assert _where(alice_scope) == before
+    # Into a narrowing without the text the move goes on, beside the holder without a hash.
+    assert patch(client, s1, {"session_id": "s3"}).status_code == 200
+    assert patch(client, c, {"agent_id": "agent-d"}).status_code == 200
+    assert listed(client, "?agent_id=agent-d") == [c] and _holder(alice_scope, "Alice walks daily") == holder
+    # The holder itself may leave every agent: the copies stay their agents' own.
+    assert patch(client, holder, {"agent_id": None}).status_code == 200
+    assert _holder(alice_scope, "Alice walks daily") == holder
+
+
+def test_an_update_that_moves_nothing_is_as_before(client, alice_scope):
+    """Naming the agent and session a memory is in is no move: two copies already in one
+    agent (a session's copy beside the holder) keep taking updates, and a new text held
+    outside the destination is still the un-narrowed `conflict` naming its holder."""
+    holder = store(client, "Alice walks daily", AGENT_A).json()["memory"]["id"]
+    s1 = store(client, "Alice walks daily", {**AGENT_A, "session_id": "s1"}).json()["memory"]["id"]
+    assert patch(client, holder, {"agent_id": "agent-a", "importance": 0.9}).status_code == 200
+    assert patch(client, s1, {"agent_id": "agent-a", "session_id": "s1", "tags": ["x"]}).status_code == 200
+    other = store(client, "Alice swims", AGENT_B).json()["memory"]["id"]
+    moved = patch(client, other, {"memory": "alice walks daily", "agent_id": "agent-c"})
+    assert moved.status_code == 409 and moved.json()["error"]["details"] == {"existing_id": holder}
+
+
+def test_racing_moves_into_one_agent_keep_one_copy_there(alice_scope):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    holder = memory_remember(alice_scope, memory="The one text", fields={"agent_id": "a"}, call=internal_call())
+    ids = [
+        memory_remember(alice_scope, memory="The one text", fields={"agent_id": f"b{i}"}, call=internal_call()).id
+        for i in range(4)
+    ]
+
+    def move(memory_id):
+        try:
+            memory_update(alice_scope, memory_id=memory_id, fields={"agent_id": "z"}, call=internal_call())
+            return memory_id
+        except ServiceError as exc:
+            return exc.details["existing_id"]
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(move, ids))
+    [winner] = set(outcomes)  # the first one moved is every other one's conflict
+    assert winner in ids
+    views = _where(alice_scope)
+    assert [i for i, where in views.items() if where[0] == "z"] == [winner]
+    assert _holder(alice_scope, "The one text") == holder.id
+
+
+def test_bobs_copy_never_stops_or_names_alices_move(client, api_client, bob, alice_scope, bob_scope):
+    bob_client = api_client(api_key_issue(user=bob, name="move-bob")[1])
+    bobs = {
+        store(bob_client, "Alice walks daily", {"tenant_id": "default", "user_id": "bob", "agent_id": a}).json()[
+            "memory"
+        ]["id"]
+        for a in ("agent-a", "agent-b")
+    }
+    a = store(client, "Alice walks daily", AGENT_A).json()["memory"]["id"]
+    moved = patch(client, a, {"agent_id": "agent-b"})
+    assert moved.status_code == 200, moved.content
+    assert listed(client, "?agent_id=agent-b") == [a] and _holder(alice_scope, "Alice walks daily") == a
+    [bob_a] = [i for i, w in _where(bob_scope).items() if w[0] == "agent-a"]
+    bob_moved = patch(bob_client, bob_a, {"agent_id": "agent-c"})
+    assert bob_moved.status_code == 200, bob_moved.content
+    assert set(_where(bob_scope)) == bobs and set(_where(alice_scope)) == {a}
