@@ -665,8 +665,10 @@ def _turn_operations() -> list[OperationDef]:
             "memory_list_dir_with_abstract",
             Operation.MEMORY_LIST_DIR_WITH_ABSTRACT,
             "List what memory keeps",
-            "The memory tree (sessions' meta, events and archives; fact tiers) under path, depth levels deep, "
-            "each entry with its abstract, updated_at and has_overview.",
+            "The memory tree: / holds /memory (a directory per session: meta, events, archives/<first>-<last>) "
+            'and /memory_tiers (l1, l2, long_term facts). Lists the entry at path ("" is /) and those up to '
+            "depth levels under it, directories first, each with its abstract, updated_at and has_overview; the "
+            "first limit of them.",
             s.ListDirInput,
             s.ListDirOutput,
             list_dir,

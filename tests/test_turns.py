@@ -432,13 +432,13 @@ def test_list_dir_with_abstract(alice, clean_vectors):
     run(alice, "memory_run_maintenance", session_id="s1")
     tree = run(alice, "memory_list_dir_with_abstract")["summaries"]
     paths = [e["path"] for e in tree]
-    assert "/memory/s1/meta" in paths and "/memory/s1/events" in paths and "/memory/tiers/long_term" in paths
+    assert "/memory/s1/meta" in paths and "/memory/s1/events" in paths and "/memory_tiers/long_term" in paths
     meta = next(e for e in tree if e["path"] == "/memory/s1/meta")
     assert meta["has_overview"] and meta["updated_at"] and "Session s1" in meta["abstract"]
-    tiers = next(e for e in tree if e["path"] == "/memory/tiers/long_term")
+    tiers = next(e for e in tree if e["path"] == "/memory_tiers/long_term")
     assert tiers["abstract"] == "1 facts"
     only = run(alice, "memory_list_dir_with_abstract", path="/memory/s1", depth=1)["summaries"]
-    assert {e["path"] for e in only} == {"/memory/s1/meta", "/memory/s1/events"}
+    assert [e["path"] for e in only] == ["/memory/s1", "/memory/s1/meta", "/memory/s1/events", "/memory/s1/archives"]
     assert len(run(alice, "memory_list_dir_with_abstract", limit=1)["summaries"]) == 1
 
 
@@ -481,7 +481,7 @@ def test_tenancy_on_every_tool(alice, bob, alice_scope, bob_scope, clean_vectors
     run(bob, "memory_run_maintenance", session_id="shared", project="p")
     assert SessionEvent.objects.filter(engine_user_id=alice_scope.engine_user_id).count() == 2
     tree = run(bob, "memory_list_dir_with_abstract", project="p")["summaries"]
-    assert next(e for e in tree if e["path"] == "/memory/tiers/long_term")["abstract"] == "1 facts"
+    assert next(e for e in tree if e["path"] == "/memory_tiers/long_term")["abstract"] == "1 facts"
     # run_turn and prefetch: nothing of alice's.
     recalled = run(bob, "memory_run_turn", session_id="x", current_input=[user_msg("Helix")])["recall_fact_ids"]
     assert recalled and set(recalled).isdisjoint(alice_turn["fact_ids"])

@@ -198,9 +198,19 @@ class MaintenanceOutput(BaseModel):
 class ListDirInput(TurnInput):
     project: Project = ""
     session_id: Annotated[StrictStr, Field(default="", pattern=r"^$|" + NAME_PATTERN)] = ""
-    path: Annotated[StrictStr, Field(default="", max_length=512)] = ""
-    depth: Annotated[StrictInt, Field(default=8, ge=0, le=16)] = 8
-    limit: Annotated[StrictInt, Field(default=200, ge=1, le=1000)] = 200
+    path: Annotated[
+        StrictStr,
+        Field(
+            default="",
+            max_length=512,
+            description='Where to list from: "" or "/" (the root), /memory, /memory/<session>, ... '
+            "(a session's / and % are written %2F and %25).",
+        ),
+    ] = ""
+    depth: Annotated[
+        StrictInt, Field(default=8, ge=0, le=16, description="Levels under path to list (0: path's own entry).")
+    ] = 8
+    limit: Annotated[StrictInt, Field(default=200, ge=1, le=1000, description="At most this many entries.")] = 200
 
 
 class DirEntry(BaseModel):
