@@ -43,7 +43,7 @@ from mcp.server.auth.settings import ClientRegistrationOptions
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, RequestBodyLimitMiddleware
 from mcp.shared.auth import InvalidRedirectUriError, InvalidScopeError, OAuthClientInformationFull, OAuthToken
 from pydantic import AnyUrl
-from starlette.datastructures import Headers, ImmutableMultiDict
+from starlette.datastructures import FormData, Headers, ImmutableMultiDict
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -366,6 +366,31 @@ def _redirects_only_to_consent(
     return handle
 
 
+def _client_secret_optional(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A revocation without `client_secret` reaches the SDK handler as one with an empty
+    `client_secret`, which RFC 6749 §3.1 says is the same request (a parameter sent without
+    a value is treated as omitted). Workaround for modelcontextprotocol/python-sdk#3508:
+    its `RevocationRequest` declares `client_secret: str | None` with no default, so a
+    request that leaves it out, as a public client (auth method none: every CIMD client,
+    Claude Code) and a client_secret_basic one do (RFC 7009 §2.1, RFC 6749 §2.3.1), was a
+    400 "client_secret: Field required" and its token stayed live. Drop this once the SDK
+    gives the field a default. The client authenticator, which runs first, reads an empty
+    secret as none: a public client passes, a client with a secret is refused as with a
+    wrong one. /token needs nothing of this: its request models default the field."""
+
+    async def handle(request: Request) -> Response:
+        params = await _handler_params(request)  # the form, parsed once, kept on the request
+        if params is not None and "client_secret" not in params:
+            # Starlette's Request.form() gives back the form it keeps here: the
+            # authenticator and the SDK handler read this one.
+            request._form = FormData([*params.multi_items(), ("client_secret", "")])
+        return await handler(request)
+
+    return handle
+
+
 def _answered_error(response: Response) -> tuple[str, str]:
     """The error of the SDK's own direct JSON answer."""
     try:
@@ -600,7 +625,7 @@ def oauth_asgi_routes() -> dict[str, Any]:
         ),
         (TOKEN_PATH, TokenHandler(provider, authenticator).handle, ["POST"]),
         (REGISTER_PATH, RegistrationHandler(provider, options=options).handle, ["POST"]),
-        (REVOKE_PATH, RevocationHandler(provider, authenticator).handle, ["POST"]),
+        (REVOKE_PATH, _client_secret_optional(RevocationHandler(provider, authenticator).handle), ["POST"]),
     ]
     apps: dict[str, Any] = {}
     for path, handler, methods in handlers:

@@ -253,7 +253,19 @@ def dcr_client(base: str, redirect: str = CALLBACK) -> str:
     return answer.json()["client_id"]
 
 
-def tokens_for(base: str, user: ScriptedUser, client_id: str, *, grant=None, resource=None, scope=None) -> dict:
+def tokens_for(
+    base: str,
+    user: ScriptedUser,
+    client_id: str,
+    *,
+    grant=None,
+    resource=None,
+    scope=None,
+    secret: dict | None = None,
+    auth: httpx.BasicAuth | None = None,
+) -> dict:
+    """The tokens of a fresh grant: `secret` ({"client_secret": ...}) or `auth` (Basic)
+    authenticate a confidential client at /token."""
     verifier, challenge = pkce()
     params = {
         "response_type": "code", "client_id": client_id, "redirect_uri": CALLBACK, "state": "st",
@@ -264,12 +276,17 @@ def tokens_for(base: str, user: ScriptedUser, client_id: str, *, grant=None, res
         params["scope"] = scope
     redirect = user.authorize(authorize_url(base, **params), grant=grant)
     code = query_of(redirect)["code"]
-    answer = token_request(
-        base, grant_type="authorization_code", code=code, redirect_uri=CALLBACK, client_id=client_id,
-        code_verifier=verifier,
-    )  # fmt: skip
+    form = {
+        "grant_type": "authorization_code", "code": code, "redirect_uri": CALLBACK, "client_id": client_id,
+        "code_verifier": verifier, **(secret or {}),
+    }  # fmt: skip
+    answer = httpx.post(f"{base}/oauth/token", data=form, auth=auth, timeout=30)
     assert answer.status_code == 200, answer.text
     return {**answer.json(), "code": code, "verifier": verifier}
+
+
+def revoke_request(base: str, *, auth: httpx.BasicAuth | None = None, **form: str) -> httpx.Response:
+    return httpx.post(f"{base}/oauth/revoke", data=form, auth=auth, timeout=30)
 
 
 def tool_error_code(response: httpx.Response) -> str:
@@ -542,3 +559,107 @@ def test_confidential_dcr_client_must_present_its_secret(live, alice):  # noqa: 
     assert wrong.status_code == 401 and wrong.json()["error"] == "invalid_client"
     right = token_request(base, **form, client_secret=registered["client_secret"])
     assert right.status_code == 200, right.text
+
+
+# --- revocation (RFC 7009) ------------------------------------------------------------------
+def test_a_public_client_revokes_its_own_tokens_without_a_secret(live, alice, bob):
+    """modelcontextprotocol/python-sdk#3508: the SDK's RevocationRequest required the
+    client_secret key, so a public client (auth method none: Claude Code, every CIMD
+    client) revoking with client_id and token only, as RFC 7009 §2.1 lets it, got 400
+    invalid_request "client_secret: Field required" and its token stayed live. Its own
+    tokens are revoked now; another client's (here bob's) or an unknown token is still a
+    200 that revokes nothing (RFC 7009 §2.2)."""
+    base = live["url"]
+    alices_client = dcr_client(base)
+    bobs_client = dcr_client(base, "http://127.0.0.1/callback")  # other metadata: another client
+    assert alices_client != bobs_client
+    alices = tokens_for(base, ScriptedUser(base, "alice", "alice-password-1"), alices_client)
+    bobs = tokens_for(base, ScriptedUser(base, "bob", "bob-password-1"), bobs_client)
+
+    for client_id, token, hint in (
+        (alices_client, bobs["access_token"], None),
+        (alices_client, bobs["refresh_token"], "refresh_token"),
+        (alices_client, bobs["refresh_token"], None),
+        (bobs_client, alices["access_token"], "access_token"),
+        (alices_client, "mso_at_unknown", None),
+        (alices_client, "mso_rt_unknown", "refresh_token"),
+    ):
+        form = {"token": token, "client_id": client_id, **({"token_type_hint": hint} if hint else {})}
+        answer = revoke_request(base, **form)
+        assert answer.status_code == 200, answer.text
+    assert not OAuthGrant.objects.filter(revoked_at__isnull=False).exists()
+    assert mcp_call(base, alices["access_token"], "list_memory", {}).status_code == 200
+
+    answer = revoke_request(base, token=alices["access_token"], client_id=alices_client)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["Cache-Control"] == "no-store"
+    assert mcp_call(base, alices["access_token"], "list_memory", {}).status_code == 401
+    assert OAuthGrant.objects.get(user=alice).revoked_reason == "client_revoked"
+    # Bob's grant, through another client, is untouched.
+    assert mcp_call(base, bobs["access_token"], "list_memory", {}).status_code == 200
+    assert OAuthGrant.objects.get(user=bob).revoked_at is None
+
+    # A refresh token likewise: its grant is revoked, its access token with it.
+    again = tokens_for(base, ScriptedUser(base, "alice", "alice-password-1"), alices_client)
+    answer = revoke_request(
+        base, token=again["refresh_token"], token_type_hint="refresh_token", client_id=alices_client
+    )
+    assert answer.status_code == 200, answer.text
+    refreshed = token_request(
+        base, grant_type="refresh_token", refresh_token=again["refresh_token"], client_id=alices_client
+    )
+    assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant", refreshed.text
+    assert mcp_call(base, again["access_token"], "list_memory", {}).status_code == 401
+    assert mcp_call(base, bobs["access_token"], "list_memory", {}).status_code == 200
+    rows = AuditEvent.objects.filter(operation=Operation.OAUTH_REVOKE)
+    assert sorted(rows.values_list("actor_user_id", flat=True)) == [alice.pk, alice.pk]
+    assert alices["access_token"] not in live["log"].read_text()
+
+
+def _confidential_client(base: str, method: str) -> tuple[str, str]:
+    answer = httpx.post(
+        f"{base}/oauth/register",
+        json={
+            "client_name": f"Server app ({method})",
+            "redirect_uris": [CALLBACK],
+            "token_endpoint_auth_method": method,
+        },
+    )
+    assert answer.status_code == 201, answer.text
+    return answer.json()["client_id"], answer.json()["client_secret"]
+
+
+def test_a_confidential_client_revokes_only_with_its_secret(live, alice):
+    """A client registered with a secret that leaves it out is refused as with a wrong
+    one (401), and its token stays live. A client_secret_basic client, whose secret is in
+    the Authorization header and not the form, revokes: it was the 400 of
+    modelcontextprotocol/python-sdk#3508 too."""
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    post_id, post_secret = _confidential_client(base, "client_secret_post")
+    basic_id, basic_secret = _confidential_client(base, "client_secret_basic")
+    posted = tokens_for(base, user, post_id, secret={"client_secret": post_secret})
+    basic = tokens_for(base, user, basic_id, auth=httpx.BasicAuth(basic_id, basic_secret))
+
+    wrong = revoke_request(base, token=posted["access_token"], client_id=post_id, client_secret="not-it")
+    assert wrong.status_code == 401, wrong.text
+    for refused in (
+        revoke_request(base, token=posted["access_token"], client_id=post_id),
+        revoke_request(base, token=posted["access_token"], client_id=post_id, client_secret=""),
+        revoke_request(base, token=basic["access_token"], client_id=basic_id),
+    ):
+        assert refused.status_code == 401, refused.text
+        assert refused.json()["error"] == wrong.json()["error"]
+    for tokens in (posted, basic):
+        assert mcp_call(base, tokens["access_token"], "list_memory", {}).status_code == 200
+    assert not OAuthGrant.objects.filter(revoked_at__isnull=False).exists()
+
+    right = revoke_request(base, token=posted["access_token"], client_id=post_id, client_secret=post_secret)
+    in_header = revoke_request(
+        base, token=basic["access_token"], client_id=basic_id, auth=httpx.BasicAuth(basic_id, basic_secret)
+    )
+    for answer, tokens in ((right, posted), (in_header, basic)):
+        assert answer.status_code == 200, answer.text
+        assert mcp_call(base, tokens["access_token"], "list_memory", {}).status_code == 401
+    log = live["log"].read_text()
+    assert post_secret not in log and basic_secret not in log
