@@ -391,6 +391,24 @@ def _client_secret_optional(
     return handle
 
 
+def _client_refusal_named(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """The SDK's RevocationHandler answers a client it cannot authenticate (its only 401)
+    `unauthorized_client`; RFC 7009 §2.2.1 and RFC 6749 §5.2 name that `invalid_client`,
+    as its TokenHandler and our own input checks at /revoke answer it. Same status and
+    description, in the same shape."""
+
+    async def handle(request: Request) -> Response:
+        response = await handler(request)
+        if response.status_code != 401:
+            return response
+        _, description = _answered_error(response)
+        return _oauth_error(401, "invalid_client", description)
+
+    return handle
+
+
 def _answered_error(response: Response) -> tuple[str, str]:
     """The error of the SDK's own direct JSON answer."""
     try:
@@ -625,7 +643,11 @@ def oauth_asgi_routes() -> dict[str, Any]:
         ),
         (TOKEN_PATH, TokenHandler(provider, authenticator).handle, ["POST"]),
         (REGISTER_PATH, RegistrationHandler(provider, options=options).handle, ["POST"]),
-        (REVOKE_PATH, _client_secret_optional(RevocationHandler(provider, authenticator).handle), ["POST"]),
+        (
+            REVOKE_PATH,
+            _client_refusal_named(_client_secret_optional(RevocationHandler(provider, authenticator).handle)),
+            ["POST"],
+        ),
     ]
     apps: dict[str, Any] = {}
     for path, handler, methods in handlers:

@@ -631,7 +631,7 @@ def _confidential_client(base: str, method: str) -> tuple[str, str]:
 
 def test_a_confidential_client_revokes_only_with_its_secret(live, alice):
     """A client registered with a secret that leaves it out is refused as with a wrong
-    one (401), and its token stays live. A client_secret_basic client, whose secret is in
+    one (401 invalid_client), and its token stays live. A client_secret_basic client, whose secret is in
     the Authorization header and not the form, revokes: it was the 400 of
     modelcontextprotocol/python-sdk#3508 too."""
     base = live["url"]
@@ -641,15 +641,19 @@ def test_a_confidential_client_revokes_only_with_its_secret(live, alice):
     posted = tokens_for(base, user, post_id, secret={"client_secret": post_secret})
     basic = tokens_for(base, user, basic_id, auth=httpx.BasicAuth(basic_id, basic_secret))
 
-    wrong = revoke_request(base, token=posted["access_token"], client_id=post_id, client_secret="not-it")
-    assert wrong.status_code == 401, wrong.text
+    # RFC 7009 §2.2.1: invalid_client, as at /token (the SDK's revocation handler said
+    # unauthorized_client).
     for refused in (
+        revoke_request(base, token=posted["access_token"], client_id=post_id, client_secret="not-it"),
         revoke_request(base, token=posted["access_token"], client_id=post_id),
         revoke_request(base, token=posted["access_token"], client_id=post_id, client_secret=""),
         revoke_request(base, token=basic["access_token"], client_id=basic_id),
+        revoke_request(base, token=basic["access_token"], auth=httpx.BasicAuth(basic_id, "not-it")),
+        revoke_request(base, token=posted["access_token"]),
     ):
         assert refused.status_code == 401, refused.text
-        assert refused.json()["error"] == wrong.json()["error"]
+        assert refused.json()["error"] == "invalid_client", refused.text
+        assert refused.headers["Cache-Control"] == "no-store"
     for tokens in (posted, basic):
         assert mcp_call(base, tokens["access_token"], "list_memory", {}).status_code == 200
     assert not OAuthGrant.objects.filter(revoked_at__isnull=False).exists()
