@@ -8,7 +8,6 @@ import functools
 import hashlib
 import logging
 import secrets
-import unicodedata
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
@@ -108,6 +107,7 @@ from memories.selectors import (
     memory_view,
 )
 from memories.sessions import derived_answers_forget, session_data_clear_all
+from memories.text_hash import content_sha256
 from memories.toolkit.enrichment import enrich_heuristic
 from memories.turns.extraction import FACT_TAG, tags_made_durable
 
@@ -274,12 +274,6 @@ def api_key_revoke(*, user, key_id: str, call: CallContext | None = None) -> boo
 
 
 # --- memories ---------------------------------------------------------------------------
-def content_sha256(text: str) -> str:
-    """Hash of the normalised text: Unicode NFKC, whitespace collapsed, case folded."""
-    normalised = " ".join(unicodedata.normalize("NFKC", text).split()).casefold()
-    return hashlib.sha256(normalised.encode()).hexdigest()
-
-
 def _system_metadata(scope: MemoryScope, *, source: str, pinned: bool, metadata: dict[str, Any] | None) -> dict:
     return {**(metadata or {}), "pinned": pinned, "source": source, "client_app": scope.client_app}
 
@@ -468,6 +462,27 @@ def _turn_fact_durable_attrs(attrs: MemoryAttrs) -> MemoryAttrs | None:
         expires_at=None,
         importance=max(attrs.importance, DEFAULT_IMPORTANCE),
     )
+
+
+def _turn_fact_owner_edited_attrs(
+    current: MemoryAttrs, edited: MemoryAttrs, *, fields: Mapping[str, Any]
+) -> MemoryAttrs | None:
+    """`edited` (an update's fields for a memory whose fields were `current`) made durable
+    when the memory is an expiring turn fact: its owner changed it (text, fields, metadata,
+    or pinned it), so it is theirs, as consolidation counts it (turns `_owner_kept`). Reads
+    hide an expired memory and retention deletes it for good, pinned or edited or not.
+    None (the update's fields stand) for any other memory, or when the update sets the
+    expiry itself (`expires_at`, `ttl_days`): the owner's own choice. An importance the
+    update sets stays as set; the tags it sets lose their short tier as the fact's do."""
+    if _turn_fact_durable_attrs(current) is None or {"expires_at", "ttl_days"} & set(fields):
+        return None
+    durable = replace(
+        edited,
+        tags=tags_made_durable(edited.tags),
+        expires_at=None,
+        importance=max(edited.importance, DEFAULT_IMPORTANCE),
+    )
+    return replace(durable, importance=edited.importance) if "importance" in fields else durable
 
 
 def _hash_owner_rows(scope: MemoryScope, *, digests: list[str]) -> dict[str, EngineMemory]:
@@ -1092,14 +1107,17 @@ def memory_update(
                 reserved = f"source: {STORE_MEMORY_SOURCE!r} is reserved for the toolkit's store_memory"
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, reserved)
             attrs = _attrs(fields, base=current.attrs) if fields else None
-            if pinned is True and not {"expires_at", "ttl_days"} & set(fields or {}):
-                # Reads hide an expired memory and the purge deletes it, pinned or not: pinning
-                # an expiring turn fact is keeping it.
-                attrs = _turn_fact_durable_attrs(attrs or current.attrs) or attrs
             if metadata:
                 _metadata_merge_check(current, metadata=metadata)
             existing_id = None
             text_changed = digest is not None and content_sha256(current.text) != digest
+            # The owner's edit, not only a pin, keeps an expiring turn fact (a resent text or an
+            # unpin changes nothing of it, so neither makes it durable).
+            edited = text_changed or bool(metadata or source) or pinned is True
+            if edited or (attrs is not None and attrs != current.attrs):
+                attrs = (
+                    _turn_fact_owner_edited_attrs(current.attrs, attrs or current.attrs, fields=fields or {}) or attrs
+                )
             if digest is not None and text is not None:
                 holder = _hash_owner_memory(scope, digest=digest)
                 existing_id = holder.id if holder is not None else None

@@ -116,7 +116,7 @@ def test_consolidation_and_an_erasure_at_once_both_complete(alice, alice_scope, 
 @with_vectors
 def test_retention_sweep_waits_for_an_erasure_under_way(alice, alice_scope, settings, monkeypatch):
     """The retention sweep deletes expired facts: while an erasure holds the user's lock,
-    it waits (here: times out as `conflict`) instead of row-locking beside it."""
+    it waits (here: times out as `resource_busy`, seed 002 §7.3) instead of row-locking beside it."""
     run(alice, "memory_after_turn", session_id="s", turn_id="t1", input_items=[_msg("user", "I am in Rome today.")],
         output_items=[_msg("assistant", "Noted.")])  # fmt: skip
     assert _facts(alice_scope)
@@ -130,7 +130,7 @@ def test_retention_sweep_waits_for_an_erasure_under_way(alice, alice_scope, sett
     finally:
         holder.rollback()
         holder.close()
-    assert error.code == ErrorCode.CONFLICT
+    assert error.code == ErrorCode.RESOURCE_BUSY and error.retry_after_s
     assert _facts(alice_scope)  # nothing deleted beside the erasure
     assert run(alice, "memory_run_maintenance", session_id="no-such-session")["expired_facts"] == 1
 

@@ -18,6 +18,7 @@ from django.conf import settings
 from core.errors import ErrorCode, ServiceError
 from core.http_deadline import deadline_client
 from core.inputs import text_problem
+from memories.text_hash import content_sha256
 from memories.turns.items import item_role, item_text
 
 logger = logging.getLogger(__name__)
@@ -208,18 +209,34 @@ def facts_llm(items: list[dict[str, Any]]) -> list[Fact]:
     return facts
 
 
+def facts_distinct(facts: list[Fact]) -> list[Fact]:
+    """`facts` with each text once, by the dedupe rule's key (`content_sha256`: one memory
+    per text), in the order first said. A text said with several tiers keeps the most
+    durable (what storing them one after another makes of the one memory: a restated
+    fact is never shortened, `_fact_restated_attrs`)."""
+    kept: dict[str, Fact] = {}
+    for fact in facts:
+        key = content_sha256(fact.text)
+        first = kept.setdefault(key, fact)
+        if TIERS.index(fact.tier) > TIERS.index(first.tier):
+            kept[key] = Fact(text=first.text, tier=fact.tier, shortened=first.shortened)
+    return list(kept.values())
+
+
 def facts_extract(items: list[dict[str, Any]]) -> Extraction:
-    """The turn's facts (the configured model's, else the rules'), at most
-    FACTS_PER_TURN_MAX of them. A fact holding a character a memory's text may not hold (a
+    """The turn's distinct facts (the configured model's, else the rules'; `facts_distinct`),
+    at most FACTS_PER_TURN_MAX of them. A fact holding a character a memory's text may not hold (a
     NUL or lone surrogate in the model's answer, a terminal escape in a tool output the
     rules quoted) is left out: failing the turn over it would fail every retry too. Both
     are counted, never logged with their text."""
     found = facts_llm(items) if heuristic_llm_enabled() else facts_heuristic(items)
-    storable = [fact for fact in found if text_problem(fact.text) is None]
+    # Checked before hashing: a lone surrogate has no UTF-8 form to hash.
+    unstorable = {fact.text for fact in found if text_problem(fact.text) is not None}
+    storable = facts_distinct([fact for fact in found if fact.text not in unstorable])
     extraction = Extraction(
         facts=storable[:FACTS_PER_TURN_MAX],
         over_limit=max(0, len(storable) - FACTS_PER_TURN_MAX),
-        unstorable=len(found) - len(storable),
+        unstorable=len(unstorable),
     )
     if extraction.unstorable or extraction.over_limit:
         logger.warning(

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -116,21 +118,40 @@ def _busy(message: str) -> ServiceError:
     return ServiceError(ErrorCode.RESOURCE_BUSY, message, retry_after_s=1)
 
 
+_USER_BUSY = "Your memory is being changed by another call (e.g. a clear-all or an erasure); retry."
+
+
+@contextmanager
+def _lock_wait(message: str) -> Iterator[None]:
+    """Around a lock wait of the lifecycle: one that times out (the advisory locks'
+    `conflict`) answers `resource_busy`, retryable with `retry_after_s` (seed 002 §7.3),
+    on every path alike. `conflict` stays for what a retry cannot fix (a reused turn id)."""
+    try:
+        yield
+    except ServiceError as error:
+        if error.code != ErrorCode.CONFLICT:
+            raise
+        raise _busy(message) from None
+
+
+def _user_locks(scope: MemoryScope, *keys: str, timeout_s: float | None = None, message: str = _USER_BUSY) -> None:
+    """`user_write_locks` (the first lock of each of the lifecycle's transactions), a
+    timed-out wait answered as `resource_busy` (`_lock_wait`)."""
+    with _lock_wait(message):
+        user_write_locks(scope, *keys, timeout_s=timeout_s)
+
+
 def _session_lock(scope: MemoryScope, *, project: str, session_id: str) -> None:
     """Serialise after_turn and maintenance of one session (inside their transaction, as
     its first lock): with the user's erasure lock shared, so an erasure under way makes
     them wait and cannot miss the events, facts and archives they write."""
-    try:
-        user_write_locks(
-            scope,
-            f"session:{scope.engine_user_id}:{project}:{session_id}",
-            timeout_s=settings.MCP_MEMORY_SESSION_LOCK_TIMEOUT_S,
-        )
-    except ServiceError as error:
-        if error.code != ErrorCode.CONFLICT:
-            raise
+    _user_locks(
+        scope,
+        f"session:{scope.engine_user_id}:{project}:{session_id}",
+        timeout_s=settings.MCP_MEMORY_SESSION_LOCK_TIMEOUT_S,
         # The wait covers the session and the user's erasure lock (one call): say both.
-        raise _busy("This session or your memory is being updated by another call (e.g. an erasure); retry.") from None
+        message="This session or your memory is being updated by another call (e.g. an erasure); retry.",
+    )
 
 
 def _session_touch(scope: MemoryScope, *, project: str, session_id: str) -> None:
@@ -370,7 +391,7 @@ def _guard_claim(
     takeover: a `processing` row past its lease stored nothing, the taker's items count."""
     now = timezone.now()
     with transaction.atomic():
-        user_write_locks(scope)  # the guard row is the user's (an erasure deletes it)
+        _user_locks(scope)  # the guard row is the user's (an erasure deletes it)
         guard, created = TurnGuard.objects.select_for_update().get_or_create(
             engine_user_id=scope.engine_user_id,
             project=project,
@@ -428,6 +449,18 @@ def _fact_attrs(fact: Fact, *, project: str, session_id: str, now: datetime) -> 
     )
 
 
+@dataclass(frozen=True)
+class _FactsStored:
+    """What `_facts_store` did: the fact ids (each once), how many of them per tier (what
+    the audit row and `mcp_memory_fact_write` count: memories, not the model's lines), and
+    the ids of existing facts that gained this project's tag or whose expiry was refreshed."""
+
+    ids: list[str]
+    tiers: dict[str, int]
+    tagged: list[str]
+    refreshed: list[str]
+
+
 def _facts_store(
     scope: MemoryScope,
     *,
@@ -436,15 +469,15 @@ def _facts_store(
     session_id: str,
     turn_id: str,
     call: CallContext,
-) -> tuple[list[str], list[str], list[str]]:
+) -> _FactsStored:
     """Store the facts in the caller's transaction under the one dedupe rule: a text the
     user already has answers the existing memory's id (never a second copy), refreshed
-    for this statement (`_fact_restated_attrs`). Returns the fact ids, those of existing
-    facts that gained this project's tag and those whose expiry was refreshed."""
+    for this statement (`_fact_restated_attrs`)."""
     digests = [content_sha256(fact.text) for fact, _ in facts]
     if digests:
-        advisory_xact_lock(*(_text_lock_key(scope, digest) for digest in digests))
-    ids: list[str] = []
+        with _lock_wait("One of this turn's facts is being written by another call; retry."):
+            advisory_xact_lock(*(_text_lock_key(scope, digest) for digest in digests))
+    ids: dict[str, str] = {}  # fact id -> the tier it was stored or restated as (the first)
     tagged: list[str] = []
     refreshed: list[str] = []
     now = _now()
@@ -462,7 +495,7 @@ def _facts_store(
                     attrs=_fact_attrs(fact, project=project, session_id=session_id, now=now),
                 )
             if memory_id is not None:
-                ids.append(memory_id)
+                ids.setdefault(memory_id, fact.tier)
                 continue
             # An import stored the text meanwhile (it takes no text lock): as for a known text.
             existing = _hash_owner_memory(scope, digest=digest)
@@ -479,8 +512,13 @@ def _facts_store(
             tagged.append(existing.id)
         if attrs != said:
             refreshed.append(existing.id)
-        ids.append(existing.id)
-    return list(dict.fromkeys(ids)), list(dict.fromkeys(tagged)), list(dict.fromkeys(refreshed))
+        ids.setdefault(existing.id, fact.tier)
+    return _FactsStored(
+        ids=list(ids),
+        tiers={tier: sum(1 for stored in ids.values() if stored == tier) for tier in TIERS},
+        tagged=list(dict.fromkeys(tagged)),
+        refreshed=list(dict.fromkeys(refreshed)),
+    )
 
 
 def _project_tag_added(tags: tuple[str, ...], *, project: str) -> tuple[str, ...] | None:
@@ -572,17 +610,17 @@ def turn_after(
                 scope, session_id=session_id, project=project, turn_id=turn_id, items=[*input_items, *output_items]
             )
             try:
-                fact_ids, tagged, refreshed = _facts_store(
+                written = _facts_store(
                     scope, facts=embedded, project=project, session_id=session_id, turn_id=turn_id, call=call
                 )
             except EngineError as exc:
                 raise backend_unavailable() from exc
+            fact_ids, tiers = written.ids, written.tiers
             current.state, current.fact_ids, current.updated_at = TurnGuard.State.DONE, fact_ids, timezone.now()
             current.facts_left_out = extraction.over_limit + extraction.unstorable
             current.facts_shortened = extraction.shortened
             current.save(update_fields=["state", "fact_ids", "facts_left_out", "facts_shortened", "updated_at"])
             _session_touch(scope, project=project, session_id=session_id)
-            tiers = {tier: sum(1 for fact, _ in embedded if fact.tier == tier) for tier in TIERS}
             transaction.on_commit(lambda: _facts_written_record(tiers))  # seed 002: mcp_memory_fact_write
             call_succeeded(
                 scope,
@@ -594,8 +632,8 @@ def turn_after(
                     "events_stored": stored,
                     "facts": tiers,
                     **({"facts_left_out": left_out} if (left_out := extraction.report()) else {}),
-                    **({"project_tagged": tagged} if tagged else {}),
-                    **({"facts_refreshed": refreshed} if refreshed else {}),
+                    **({"project_tagged": written.tagged} if written.tagged else {}),
+                    **({"facts_refreshed": written.refreshed} if written.refreshed else {}),
                 },
             )
     except BaseException:
@@ -780,7 +818,7 @@ def _retention_sweep(scope: MemoryScope, *, project: str, now: datetime, call: C
         with transaction.atomic():
             # First, before any row lock: an erasure under way (which row-locks all the
             # user's memories in its own order) is waited for, never deadlocked with.
-            user_write_locks(scope)
+            _user_locks(scope)
             ids = engine_expired_owned(scope, at=now, containment=_facts_of_project(project), limit=200)
             if not ids:
                 return deleted
@@ -898,7 +936,7 @@ def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallC
     with transaction.atomic():
         # First, before any row lock (see `_retention_sweep`): the doomed facts are locked
         # in id order, a clear-all or erasure locks all the user's rows in scan order.
-        user_write_locks(scope)
+        _user_locks(scope)
         rows = engine_rows_owned(scope, containment=_facts_of_project(project))
         rows = rows.order_by("-created")  # type: ignore[misc]
         facts = [engine_memory_of(row) for row in rows[:CONSOLIDATE_MAX_FACTS]]
@@ -944,7 +982,7 @@ def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallC
 def _guards_prune(scope: MemoryScope, *, project: str, session_id: str) -> int:
     """Keep the newest max_processed_turns done guards of the session (seed 002 §9)."""
     with transaction.atomic():
-        user_write_locks(scope)  # the guard rows are the user's (an erasure deletes them)
+        _user_locks(scope)  # the guard rows are the user's (an erasure deletes them)
         done = TurnGuard.objects.filter(
             engine_user_id=scope.engine_user_id, project=project, session_id=session_id, state=TurnGuard.State.DONE
         )
