@@ -209,7 +209,22 @@ class IngestIntent(models.Model):
     closed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["state", "created_at"])]
+        indexes = [
+            # Every user's open ones by age: the reconciler's and the /metrics gauge's.
+            models.Index(fields=["state", "created_at"]),
+            # A user's open ones (calls in flight), in pk order: what an erasure or clear-all
+            # marks and its undo unmarks (`ingest_intents_supersede`). Only the open rows,
+            # so it stays as small as the calls in flight (memories 0033).
+            models.Index(
+                fields=["engine_user_id", "id"], condition=models.Q(state="open"), name="ingest_intent_user_open"
+            ),
+            # A user's closed ones: the erasure deletes them.
+            models.Index(
+                fields=["engine_user_id"], condition=~models.Q(state="open"), name="ingest_intent_user_closed"
+            ),
+            # Closed ones by the time they closed: `ingest_intents_prune`.
+            models.Index(fields=["closed_at"], condition=~models.Q(state="open"), name="ingest_intent_closed_at"),
+        ]
         constraints = [
             # One intent per call (the proxy's attempts look theirs up by request id). A
             # constraint rather than `unique=True` on the field, which also builds a

@@ -1037,6 +1037,29 @@ def ingest_intents_reconcile(*, older_than_s: float | None = None) -> dict[str, 
     return {key: count for key, count in counts.items() if count or key in ("completed", "undone")}
 
 
+# Closed intents deleted per statement by `ingest_intents_prune`: short transactions.
+INGEST_INTENT_PRUNE_BATCH = 5000
+
+
+def ingest_intents_prune(*, now: datetime | None = None) -> int:
+    """Delete the intents of every user closed more than INGEST_INTENT_RETENTION_DAYS ago;
+    returns how many. A closed intent is read only while its call can still come back to
+    it: the call itself after the reconciler closed it (within the lease), and the chat
+    proxy's next look at a turn whose attempt finished (`_attempt_states`, within the
+    sweep's retry delay); the audit row and the usage event are the lasting record. Open
+    ones (calls in flight or left by a crash) are never pruned: the reconciler owes them
+    their completion. In batches, oldest first from the index, so no statement holds many
+    row locks or runs long."""
+    cutoff = (now or timezone.now()) - timedelta(days=settings.INGEST_INTENT_RETENTION_DAYS)
+    closed = IngestIntent.objects.exclude(state=IngestIntent.State.OPEN).filter(closed_at__lt=cutoff)
+    deleted = 0
+    while True:
+        batch = list(closed.order_by("closed_at").values_list("pk", flat=True)[:INGEST_INTENT_PRUNE_BATCH])
+        if not batch:
+            return deleted
+        deleted += closed.filter(pk__in=batch).delete()[0]
+
+
 def _ingest_intent_reconcile(intent: IngestIntent) -> str:
     """Close one intent left open; which way it went ("completed", "undone", or "skipped"
     when another closer got there first)."""

@@ -31,6 +31,14 @@ def ingest_intents_reconcile() -> dict[str, int]:
     return reconcile()
 
 
+@shared_task(name="memories.ingest_intents_prune", autoretry_for=(Exception,), retry_backoff=True, max_retries=5)
+def ingest_intents_prune() -> int:
+    """Closed ingest intents past INGEST_INTENT_RETENTION_DAYS (open ones are never pruned)."""
+    from memories.services import ingest_intents_prune as prune
+
+    return prune()
+
+
 @shared_task(name="memories.turns_maintenance_nightly", autoretry_for=(Exception,), retry_backoff=True, max_retries=3)
 def turns_maintenance_nightly() -> int:
     """Issue 13: maintenance of every recently active agent session (safe to re-run)."""

@@ -58,3 +58,30 @@ def ingest_intent_lease_check(app_configs: Any = None, **kwargs: Any) -> list[Er
             id="memsite.E002",
         )
     ]
+
+
+# The chat proxy's retry delay is drawn within +-20 % (proxy.services._retry_delay); its
+# sweep republishes a due turn within a minute.
+PROXY_RETRY_JITTER = 1.2
+PROXY_SWEEP_S = 60.0
+
+
+@register()
+def ingest_intent_retention_check(app_configs: Any = None, **kwargs: Any) -> list[Error]:  # noqa: ARG001 - Django API
+    """The chat proxy reads a closed intent once more: an attempt that finished after its
+    turn's deadline (or whose worker died before closing the turn) closes the turn as done
+    when the sweep comes back to it, at most the longest retry delay later. Pruned before
+    that, the turn would be extracted again."""
+    retention = settings.INGEST_INTENT_RETENTION_DAYS * 86400.0
+    needed = PROXY_RETRY_JITTER * settings.PROXY_EXTRACTION_RETRY_MAX_S + PROXY_SWEEP_S
+    if retention > needed:
+        return []
+    return [
+        Error(
+            f"INGEST_INTENT_RETENTION_DAYS ({settings.INGEST_INTENT_RETENTION_DAYS}) must be more than the chat "
+            f"proxy's longest retry delay, {needed:g} s ({PROXY_RETRY_JITTER:g} x PROXY_EXTRACTION_RETRY_MAX_S "
+            f"+ {PROXY_SWEEP_S:g} s).",
+            hint="Raise INGEST_INTENT_RETENTION_DAYS, or lower PROXY_EXTRACTION_RETRY_MAX_S.",
+            id="memsite.E003",
+        )
+    ]

@@ -298,6 +298,10 @@ MEMORY_LOCK_TIMEOUT_S = env_float("MEMORY_LOCK_TIMEOUT_S", 10.0, minimum=0.1)
 # An ingest intent still open after this long belongs to a call that crashed (its LLM
 # call is long over): the reconciler completes or undoes it.
 INGEST_INTENT_LEASE_S = env_float("INGEST_INTENT_LEASE_S", 600.0, minimum=0.0)
+# Closed ingest intents are deleted this many days after they closed (`memories.ingest_intents_prune`,
+# daily): nothing reads one after its call and the chat proxy's sweep are done with it
+# (minutes to an hour); the audit row and usage event keep the record. Start-up check E003.
+INGEST_INTENT_RETENTION_DAYS = env_int("INGEST_INTENT_RETENTION_DAYS", 7, minimum=1)
 
 # Per user and operation: "N/second|minute|hour|day"; 0 disables a limit.
 MEMORY_OPERATIONS = tuple(op.value for op in MEMORY_TOOL_OPERATIONS)
@@ -488,6 +492,7 @@ CELERY_BEAT_SCHEDULE = {
     "memories-purge-due": {"task": "memories.purge_due", "schedule": 3600.0},
     "memories-recalls-fold": {"task": "memories.recalls_fold", "schedule": 60.0},
     "ingest-intents-reconcile": {"task": "memories.ingest_intents_reconcile", "schedule": 60.0},
+    "ingest-intents-prune": {"task": "memories.ingest_intents_prune", "schedule": crontab(hour=5, minute=29)},
     "auth-failures-prune": {"task": "audit.auth_failures_prune", "schedule": 3600.0},
     "usage-delivery-sweep": {"task": "billing.deliver_usage_events", "schedule": 60.0},
     "audit-export-nightly": {"task": "audit.export", "schedule": crontab(hour=2, minute=17)},

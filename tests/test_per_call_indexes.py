@@ -80,6 +80,11 @@ EXPECTED = {
         "memories_ingestintent_pkey": "UNIQUE btree (id)",
         "ingest_intent_request_unique": "UNIQUE btree (request_id)",  # one intent per call
         "memories_in_state_2de30d_idx": "btree (state, created_at)",  # the reconciler's open ones
+        # A user's open ones, in pk order: marked by their erasure or clear-all, unmarked by its undo.
+        "ingest_intent_user_open": "btree (engine_user_id, id) WHERE ((state)::text = 'open'::text)",
+        # A user's closed ones (their erasure), and every closed one by age (the prune).
+        "ingest_intent_user_closed": "btree (engine_user_id) WHERE (NOT ((state)::text = 'open'::text))",
+        "ingest_intent_closed_at": "btree (closed_at) WHERE (NOT ((state)::text = 'open'::text))",
     },
     EngineMessage: {
         "memories_enginemessage_pkey": "UNIQUE btree (id)",
@@ -293,3 +298,52 @@ def test_the_migrations_keep_the_plain_indexes_both_ways():
     executor.migrate(executor.loader.graph.leaf_nodes())
     for model, expected in EXPECTED.items():
         assert _indexes(model._meta.db_table) == expected, model.__name__
+
+
+def _intent_queries(captured, verb: str) -> list[str]:
+    return [q["sql"] for q in captured if q["sql"].startswith(verb) and '"memories_ingestintent"' in q["sql"]]
+
+
+def test_a_users_intents_are_read_from_their_indexes_not_the_whole_table(alice_scope, monkeypatch):
+    """An erasure and a clear-all mark the user's open intents, the clear-all's undo unmarks
+    them, the erasure deletes the closed ones, and the prune deletes every user's old closed
+    ones: each from an index of just those rows, in the order asked (memories 0033)."""
+    from memories import services
+    from memories.services import _ingest_intents_unsupersede, ingest_intents_supersede
+    from memories.toolkit.services import toolkit_user_data_wipe
+    from tests.conftest import internal_call
+
+    def intent(request_id: str, state: str) -> None:
+        closed_at = timezone.now() - timedelta(days=30) if state != IngestIntent.State.OPEN else None
+        IngestIntent.objects.create(
+            request_id=request_id, engine_user_id=alice_scope.engine_user_id, scope={}, call={}, state=state,
+            closed_at=closed_at,
+        )  # fmt: skip
+
+    intent("open", IngestIntent.State.OPEN)
+    intent("done", IngestIntent.State.DONE)
+    users_rows = f"Index Cond: ((engine_user_id)::text = '{alice_scope.engine_user_id}'::text)"
+
+    with CaptureQueriesContext(connection) as supersede:
+        assert ingest_intents_supersede(alice_scope, call=internal_call(), erased=False) == 1
+    with CaptureQueriesContext(connection) as unsupersede:
+        _ingest_intents_unsupersede(alice_scope, request_id="other")
+    for captured in (supersede, unsupersede):
+        (query,) = _intent_queries(captured.captured_queries, "SELECT")
+        plan = _sql_plan(query)
+        assert "ingest_intent_user_open" in plan and users_rows in plan and not WHOLE_SORT.search(plan), plan
+
+    with CaptureQueriesContext(connection) as erasure:
+        toolkit_user_data_wipe(alice_scope, confirm=True, call=internal_call())
+    (query,) = _intent_queries(erasure.captured_queries, "DELETE")
+    plan = _sql_plan(query)
+    assert "ingest_intent_user_closed" in plan and users_rows in plan and "Seq Scan" not in plan, plan
+
+    intent("done-again", IngestIntent.State.UNDONE)
+    monkeypatch.setattr(services, "INGEST_INTENT_PRUNE_BATCH", 10)
+    with CaptureQueriesContext(connection) as prune:
+        assert services.ingest_intents_prune() == 1
+    batch = _intent_queries(prune.captured_queries, "SELECT")[0]
+    plan = _sql_plan(batch)
+    assert "ingest_intent_closed_at" in plan and "Index Cond: (closed_at < " in plan, plan
+    assert "Seq Scan" not in plan and not WHOLE_SORT.search(plan), plan
