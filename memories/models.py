@@ -318,6 +318,33 @@ class TurnGuard(models.Model):
         return f"{self.session_id}/{self.turn_id} {self.state}"
 
 
+class TurnPending(models.Model):
+    """`memory_run_turn`'s current input, kept under the operation token it issued until
+    `memory_after_turn` commits the turn with that token (seed 002 §4.5: the client then
+    sends only the output). The commit moves the items into the session log and deletes
+    this row in one transaction. A row is usable for `MCP_MEMORY_RUN_TURN_TOKEN_TTL_HOURS`
+    after its run_turn; older ones are ignored and pruned (by run_turn and maintenance).
+    Scoped like the log: another user's token finds nothing here."""
+
+    engine_user_id = models.CharField(max_length=255)
+    project = models.CharField(max_length=128, blank=True, default="")
+    session_id = models.CharField(max_length=128)
+    token = models.CharField(max_length=128)
+    items = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["engine_user_id", "project", "session_id", "token"], name="turn_pending_unique"
+            )
+        ]
+        indexes = [models.Index(fields=["engine_user_id", "created_at"], name="turn_pending_age")]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}/{self.token} pending"
+
+
 class SessionState(models.Model):
     """One agent session's metadata: its summary (abstract and overview, refreshed by
     maintenance) and when it was last active (the nightly maintenance picks active ones)."""

@@ -640,7 +640,9 @@ def _turn_operations() -> list[OperationDef]:
             "memory_after_turn",
             Operation.MEMORY_AFTER_TURN,
             "Commit a finished turn",
-            "Call after each model turn with its input_items and output_items: stores them in the session's log "
+            "Call after each model turn with its input_items (the turn's current input, not before_turn's "
+            "prepared items: notes, summary and replayed context in them are not stored again) and output_items: "
+            "stores them in the session's log "
             "and extracts durable facts (tiered: l1 a day, l2 a week, long-term). Exactly once per turn_id: a "
             "retry with the same items answers duplicate=true, the same turn_id with other items is refused "
             "(conflict, nothing stored); resource_busy means the turn or session is busy, retry shortly.",
@@ -679,12 +681,13 @@ def _turn_operations() -> list[OperationDef]:
             "memory_run_turn",
             Operation.MEMORY_RUN_TURN,
             "Start a server-orchestrated turn",
-            "memory_before_turn plus an operation_token: send the model's output later with memory_after_turn "
-            "(turn_id = operation_token, input_items = the current input, output_items = the output).",
+            "memory_before_turn plus an operation_token; the current input is kept under the token. Send the "
+            "model's output later with memory_after_turn (turn_id = operation_token, output_items = the output; "
+            "input_items not needed): the turn is stored with its input, exactly once. An unknown or expired "
+            "server-issued token is refused (not_found) unless input_items are sent.",
             s.RunTurnInput,
             s.RunTurnOutput,
             run_turn,
-            read_only=True,
         ),
         OperationDef(
             "memory_prefetch",

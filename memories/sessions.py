@@ -121,14 +121,14 @@ def session_events_recent(scope: MemoryScope, *, session_id: str, project: str =
 
 def session_data_erase(scope: MemoryScope) -> int:
     """Erasure (wipe_user_data): every session-log row of the scope's user (raw events,
-    summaries, archives, turn guards), and what apps above this one keep for the user
+    summaries, archives, turn guards, run_turn's kept inputs), and what apps above this one keep for the user
     (registered with `erasure_register`, e.g. the chat proxy's turns awaiting
     extraction), in the caller's transaction. Returns how many rows went."""
-    from memories.models import SessionArchive, SessionState, TurnGuard
+    from memories.models import SessionArchive, SessionState, TurnGuard, TurnPending
 
     owned = {"engine_user_id": scope.engine_user_id}
     deleted = 0
-    for model in (SessionEvent, SessionState, SessionArchive, TurnGuard):
+    for model in (SessionEvent, SessionState, SessionArchive, TurnGuard, TurnPending):
         deleted += model.objects.filter(**owned).delete()[0]
     for eraser in _ERASERS:
         deleted += eraser(scope)
@@ -166,10 +166,11 @@ def erasure_account_deleted_register(hook: Callable[[MemoryScope], None]) -> Non
 def session_logs_delete(scope: MemoryScope, *, project: str, session_ids: list[str]) -> int:
     """Delete the named sessions' logs (raw events, archives and the state row with its
     summary) in the caller's transaction; returns how many rows went."""
-    from memories.models import SessionArchive, SessionState
+    from memories.models import SessionArchive, SessionState, TurnPending
 
     owned = {"engine_user_id": scope.engine_user_id, "project": project, "session_id__in": session_ids}
-    return sum(model.objects.filter(**owned).delete()[0] for model in (SessionEvent, SessionArchive, SessionState))
+    models = (SessionEvent, SessionArchive, SessionState, TurnPending)
+    return sum(model.objects.filter(**owned).delete()[0] for model in models)
 
 
 def session_data_clear_all(scope: MemoryScope) -> int:

@@ -554,6 +554,8 @@ MCP_MEMORY_MAX_ITEMS = env_int("MCP_MEMORY_MAX_ITEMS", 100, minimum=1)
 MCP_MEMORY_MAX_PART_CHARS = env_int("MCP_MEMORY_MAX_PART_CHARS", 32_000, minimum=100)
 # A `processing` turn younger than this is busy (resource_busy); older, a retry takes it over.
 MCP_MEMORY_TURN_LEASE_S = env_float("MCP_MEMORY_TURN_LEASE_S", 120.0, minimum=0.0)
+# How long memory_run_turn keeps a turn's current input for the after_turn that commits it.
+MCP_MEMORY_RUN_TURN_TOKEN_TTL_HOURS = env_int("MCP_MEMORY_RUN_TURN_TOKEN_TTL_HOURS", 24, minimum=1)
 MCP_MEMORY_SESSION_LOCK_TIMEOUT_S = env_float("MCP_MEMORY_SESSION_LOCK_TIMEOUT_S", 5.0, minimum=0.05)
 RATE_LIMITS.update(
     {

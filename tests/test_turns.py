@@ -132,7 +132,7 @@ def test_after_turn_exactly_once_and_audit_has_only_hashes(alice, alice_scope, c
     first = turn(alice, "s", "t1", said)
     billed = UsageEvent.objects.filter(operation="memory_after_turn").count()
     again = turn(alice, "s", "t1", said)
-    assert again == {**first, "duplicate": True, "events_stored": 0}
+    assert again == {**first, "duplicate": True, "events_stored": 0, "input_items_skipped": 0}
     assert billed == 1 == UsageEvent.objects.filter(operation="memory_after_turn").count()  # billed once
     assert len(facts_of(alice_scope)) == 1
     assert SessionEvent.objects.filter(session_id="s").count() == 2
@@ -161,7 +161,12 @@ def test_a_turn_id_sent_again_with_other_items_is_refused_not_dropped(alice, bob
     from billing.models import UsageEvent
 
     first = turn(alice, "s", "t1", "I prefer green tea.", "Noted.")
-    assert turn(alice, "s", "t1", "I prefer green tea.", "Noted.") == {**first, "duplicate": True, "events_stored": 0}
+    assert turn(alice, "s", "t1", "I prefer green tea.", "Noted.") == {
+        **first,
+        "duplicate": True,
+        "events_stored": 0,
+        "input_items_skipped": 0,
+    }
     reordered = {"content": [{"text": "I prefer green tea.", "type": "input_text"}], "role": "user", "type": "message"}
     same = run(
         alice,

@@ -147,7 +147,12 @@ class AfterTurnInput(TurnInput):
     project: Project = ""
     session_id: SessionId
     turn_id: TurnId
-    input_items: list[Item] = Field(default_factory=list, description="The turn's input items.")
+    input_items: list[Item] = Field(
+        default_factory=list,
+        description="The turn's new input: the current_input given to memory_before_turn (not its prepared "
+        "input_items; if those are sent, the memory notes, summary, instructions and replayed context in them are "
+        "recognised and not stored again). Optional after memory_run_turn: its input is kept under the token.",
+    )
     output_items: list[Item] = Field(default_factory=list, description="The model's output items.")
 
     @field_validator("input_items", "output_items")
@@ -169,6 +174,11 @@ class AfterTurnOutput(BaseModel):
     duplicate: bool = False
     fact_ids: list[str] = []
     events_stored: int = 0
+    input_items_skipped: int = Field(
+        0,
+        description="Input items not stored because before_turn made them (memory notes, summary, its "
+        "instructions) or they replay the session's recent context already in its log.",
+    )
     facts_left_out: int = Field(
         0,
         description=f"Extracted facts not stored: past the per-turn limit ({FACTS_PER_TURN_MAX}), or holding "
@@ -229,7 +239,11 @@ class RunTurnInput(BeforeTurnInput):
 
 
 class RunTurnOutput(BeforeTurnOutput):
-    operation_token: str = Field(description="Pass as turn_id to memory_after_turn with the output items.")
+    operation_token: str = Field(
+        description="Commit the turn with memory_after_turn(turn_id=operation_token, output_items=the model's "
+        "output): the current input is kept under the token (for MCP_MEMORY_RUN_TURN_TOKEN_TTL_HOURS, default "
+        "24) and stored with the output. The turn_id given, else server-issued."
+    )
 
 
 class PrefetchInput(TurnInput):

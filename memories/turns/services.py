@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -54,7 +55,7 @@ from memories.engine import (
     engine_update_row,
     hybrid_search,
 )
-from memories.models import ContentHash, SessionArchive, SessionEvent, SessionState, TurnGuard
+from memories.models import ContentHash, SessionArchive, SessionEvent, SessionState, TurnGuard, TurnPending
 from memories.rate_limits import rate_limit_consume
 from memories.schemas import TAGS_MAX
 from memories.selectors import decayed_score, memory_view
@@ -68,7 +69,7 @@ from memories.services import (  # the one dedupe rule and history attribution o
     content_sha256,
     user_write_locks,
 )
-from memories.sessions import session_events_append, session_events_recent
+from memories.sessions import session_events_append, session_events_recent, session_item_hash
 from memories.turns.extraction import (
     FACT_TAG,
     TIER_L1,
@@ -317,9 +318,12 @@ def turn_before(
     max_input_tok: int,
     call: CallContext,
     operation: Operation = Operation.MEMORY_BEFORE_TURN,
+    keep_input_as: str = "",
 ) -> dict[str, Any]:
     """`operation`: the tool the caller called (memory_run_turn does this too): its rate
-    limit, usage event and audit row, the same name a failure is audited under."""
+    limit, usage event and audit row, the same name a failure is audited under.
+    `keep_input_as`: run_turn's token, under which the current input is kept (in the
+    transaction of the audit row) for the after_turn that commits it."""
     rate_limit_consume(scope, operation=operation)
     block = memory_block_build(
         scope, query=_query_of(current_input), limit=settings.MCP_MEMORY_RECALL_FACTS_LIMIT, project=project
@@ -341,6 +345,8 @@ def turn_before(
     recall_ids = block.ids[:facts_shown]
     count = items_token_count(items)
     with transaction.atomic():
+        if keep_input_as:
+            _turn_pending_keep(scope, project=project, session_id=session_id, token=keep_input_as, items=current_input)
         call_succeeded(
             scope,
             call=call,
@@ -360,6 +366,50 @@ def turn_before(
 
 
 # --- after_turn ------------------------------------------------------------------------------------
+def _injected(item: dict[str, Any]) -> bool:
+    """An item before_turn made itself: the memory block or the summary (developer
+    messages under our own headers). Notes about the conversation, never part of it."""
+    content = item.get("content")
+    return (
+        item.get("type", "message") == "message"
+        and item.get("role") == "developer"
+        and isinstance(content, str)
+        and content.startswith((f"{MEMORY_BLOCK_HEADER}\n", f"{SUMMARY_HEADER}\n"))
+    )
+
+
+def turn_input_new(items: list[dict[str, Any]], *, recent: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What of after_turn's `input_items` is the turn's new input. after_turn expects the
+    current input (what before_turn was given), but a client may send before_turn's
+    prepared `input_items` back: instructions, the memory block, the summary and the
+    replayed recent context, then the current input. Recognised, that is cut to the
+    current input:
+
+    - the memory block and the summary (`_injected`) are never stored;
+    - the input is a prepared one when it held one of them, or when, past its leading
+      system messages (before_turn's base instructions come first), its first items are
+      the session log's last ones (`recent`: what before_turn replays), at least one item
+      left after them (the current input is never empty). Then the leading system
+      messages and that replay are cut.
+
+    Anything else is stored as sent (a plain client's input is new items). Items are
+    compared as the log's dedupe does (`session_item_hash`)."""
+    kept = [item for item in items if not _injected(item)]
+    head = 0
+    while head < len(kept) and item_role(kept[head]) == "system":
+        head += 1
+    rest = kept[head:]
+    sent = [session_item_hash(item) for item in rest]
+    log = [session_item_hash(item) for item in recent]
+    replayed = next(
+        (k for k in range(min(len(rest) - 1, len(log)), 0, -1) if sent[:k] == log[len(log) - k :]),
+        0,
+    )
+    if replayed or len(kept) < len(items):
+        return rest[replayed:]
+    return items
+
+
 def _turn_id_reused() -> ServiceError:
     # No retry_after_s: the same call fails the same way. The message names no content.
     return ServiceError(
@@ -572,20 +622,35 @@ def turn_after(
 ) -> dict[str, Any]:
     rate_limit_consume(scope, operation=Operation.MEMORY_AFTER_TURN)
     owner = call.request_id
-    detail = {
+    detail: dict[str, Any] = {
         "project": project,
         "session_id": session_id,
         "turn_id": turn_id,
         "input_items": items_digest(input_items),
         "output_items": items_digest(output_items),
     }
+    # The hash of the items as sent: a retry sends the same, whatever was merged below.
     content = turn_content_sha256(input_items=input_items, output_items=output_items)
+    pending = _turn_pending(scope, project=project, session_id=session_id, token=turn_id)
+    if pending is None and not input_items and _run_turn_token(turn_id):
+        _turn_token_check(scope, project=project, session_id=session_id, turn_id=turn_id)
     guard = _guard_claim(
         scope, project=project, session_id=session_id, turn_id=turn_id, content_sha256=content, owner=owner
     )
     if guard.state == TurnGuard.State.DONE:
         return _turn_duplicate(scope, guard=guard, detail=detail, call=call)
     try:
+        recent = session_events_recent(
+            scope, session_id=session_id, project=project, limit=settings.MCP_MEMORY_RECENT_CONTEXT_ITEMS
+        )
+        new_input = turn_input_new(input_items, recent=recent)
+        skipped = len(input_items) - len(new_input)
+        if pending is not None:
+            new_input = _pending_merged(pending.items, new_input)
+            detail["pending_input"] = items_digest(pending.items)
+        if skipped:
+            detail["input_items_skipped"] = skipped
+        input_items = new_input
         extraction = facts_extract([*input_items, *output_items])  # slow: outside transactions
         try:
             embedded = [(fact, engine_embed_text(fact.text)) for fact in extraction.facts]
@@ -606,6 +671,14 @@ def turn_after(
             if current.owner != owner:
                 turn_idempotency_conflict_record()  # seed 002: mcp_memory_idempotency_conflicts
                 raise _busy("This turn is being processed by another call; retry.")
+            # run_turn's kept input is consumed with the turn; gone meanwhile (the session's
+            # events deleted, an erasure): its items are not the user's to store any more.
+            if pending is not None and not TurnPending.objects.filter(pk=pending.pk).delete()[0]:
+                raise ServiceError(
+                    ErrorCode.CONFLICT,
+                    "This turn's input, kept by memory_run_turn, was deleted while the turn was processed; "
+                    "nothing was stored. Send the turn again with its input_items.",
+                )
             stored = session_events_append(
                 scope, session_id=session_id, project=project, turn_id=turn_id, items=[*input_items, *output_items]
             )
@@ -644,6 +717,7 @@ def turn_after(
         "duplicate": False,
         "fact_ids": fact_ids,
         "events_stored": stored,
+        "input_items_skipped": skipped,
         "facts_left_out": current.facts_left_out,
         "facts_shortened": current.facts_shortened,
     }
@@ -665,6 +739,7 @@ def _turn_duplicate(scope: MemoryScope, *, guard: TurnGuard, detail: dict[str, A
         "duplicate": True,
         "fact_ids": list(guard.fact_ids),
         "events_stored": 0,
+        "input_items_skipped": 0,
         # The first call's counts, as its fact ids: a retry whose first answer was lost
         # still learns what that turn did not store.
         "facts_left_out": guard.facts_left_out,
@@ -683,9 +758,11 @@ def turn_run(
     max_input_tok: int,
     call: CallContext,
 ) -> dict[str, Any]:
-    """seed 002 §4.5: before_turn, plus the token to commit with (the turn id: after_turn
-    with it and the output items is exactly once)."""
-    token = turn_id or call.request_id
+    """seed 002 §4.5: before_turn, plus the operation token to commit with: the turn id
+    given, else a server-issued `rt-<32 hex>`. The current input is kept under the token
+    (`TurnPending`), so memory_after_turn with the token and the output items alone
+    commits the whole turn (exactly once, as any turn id)."""
+    token = turn_id or f"{RUN_TURN_TOKEN_PREFIX}{uuid.uuid4().hex}"
     result = turn_before(
         scope,
         project=project,
@@ -696,8 +773,75 @@ def turn_run(
         max_input_tok=max_input_tok,
         call=call,
         operation=Operation.MEMORY_RUN_TURN,
+        keep_input_as=token,
     )
     return {**result, "operation_token": token}
+
+
+RUN_TURN_TOKEN_PREFIX = "rt-"  # noqa: S105 - an id's prefix, no secret
+_RUN_TURN_TOKEN = re.compile(r"rt-[0-9a-f]{32}")
+
+
+def _run_turn_token(turn_id: str) -> bool:
+    """The form of a token run_turn issued itself (a client's own turn ids are accepted
+    as they are: nothing tells them from a plain after_turn's)."""
+    return _RUN_TURN_TOKEN.fullmatch(turn_id) is not None
+
+
+def _pending_cutoff() -> datetime:
+    return timezone.now() - timedelta(hours=settings.MCP_MEMORY_RUN_TURN_TOKEN_TTL_HOURS)
+
+
+def _turn_pending_keep(
+    scope: MemoryScope, *, project: str, session_id: str, token: str, items: list[dict[str, Any]]
+) -> None:
+    """Keep run_turn's current input under its token (in the caller's transaction), and
+    prune the user's expired ones. A second run_turn with the same token replaces it
+    (the latest prepared input is the one the client sent to its model)."""
+    TurnPending.objects.filter(engine_user_id=scope.engine_user_id, created_at__lt=_pending_cutoff()).delete()
+    TurnPending.objects.update_or_create(
+        engine_user_id=scope.engine_user_id,
+        project=project,
+        session_id=session_id,
+        token=token,
+        defaults={"items": items, "created_at": timezone.now()},
+    )
+
+
+def _turn_pending(scope: MemoryScope, *, project: str, session_id: str, token: str) -> TurnPending | None:
+    return TurnPending.objects.filter(
+        engine_user_id=scope.engine_user_id,
+        project=project,
+        session_id=session_id,
+        token=token,
+        created_at__gte=_pending_cutoff(),
+    ).first()
+
+
+def _turn_token_check(scope: MemoryScope, *, project: str, session_id: str, turn_id: str) -> None:
+    """A run_turn token this user's session does not hold (never issued, another user's,
+    expired, or its session's events deleted), sent with output items only: the turn's
+    input is not here, and storing the output alone would drop it unsaid. A retry of a
+    turn already committed is no such call (it answers as the duplicate it is)."""
+    done = TurnGuard.objects.filter(
+        engine_user_id=scope.engine_user_id, project=project, session_id=session_id, turn_id=turn_id
+    ).exists()
+    if not done:
+        raise ServiceError(
+            ErrorCode.NOT_FOUND,
+            "This operation_token is unknown or expired in this session; nothing was stored. Send the turn again "
+            "with its input_items and output_items.",
+            details={"reason": "operation_token_unknown"},
+        )
+
+
+def _pending_merged(pending: list[dict[str, Any]], sent: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """run_turn's input, then what the client sent as input beside it. A client that
+    sends the same input again (alone, or followed by items of its own) has it stored once."""
+    kept = [session_item_hash(item) for item in pending]
+    if [session_item_hash(item) for item in sent[: len(pending)]] == kept:
+        sent = sent[len(pending) :]
+    return [*pending, *sent]
 
 
 # --- maintenance -----------------------------------------------------------------------------------
@@ -993,6 +1137,15 @@ def _guards_prune(scope: MemoryScope, *, project: str, session_id: str) -> int:
         return deleted
 
 
+def _pending_prune(scope: MemoryScope, *, project: str) -> int:
+    """Delete the project's run_turn inputs past their token's life (never committed; every
+    read ignores them already). Any session's: run_turn alone creates no session to visit."""
+    deleted, _ = TurnPending.objects.filter(
+        engine_user_id=scope.engine_user_id, project=project, created_at__lt=_pending_cutoff()
+    ).delete()
+    return deleted
+
+
 def turn_maintenance_run(
     scope: MemoryScope, *, project: str, session_id: str, call: CallContext, billed: bool = True
 ) -> dict[str, Any]:
@@ -1009,6 +1162,7 @@ def turn_maintenance_run(
         for name in sessions:
             counters["compacted_events"] += _compact(scope, project=project, session_id=name, now=now)
             counters["pruned_turn_guards"] += _guards_prune(scope, project=project, session_id=name)
+        _pending_prune(scope, project=project)
         expired = _retention_sweep(scope, project=project, now=now, call=call)
         consolidated = _consolidate(scope, project=project, now=now, call=call)
         for name in sessions:
@@ -1106,6 +1260,8 @@ def session_events_delete(scope: MemoryScope, *, project: str, session_id: str, 
         owned = {"engine_user_id": scope.engine_user_id, "project": project, "session_id": session_id}
         events, _ = SessionEvent.objects.filter(**owned).delete()
         archives, _ = SessionArchive.objects.filter(**owned).delete()
+        # run_turn's inputs not committed yet are this session's conversation too.
+        TurnPending.objects.filter(**owned).delete()
         SessionState.objects.filter(**owned).update(abstract="", overview="", summary_updated_at=None)
         # A person tidying their data (like restore): audited, not billed.
         audit_record(
