@@ -354,6 +354,10 @@ class SessionState(models.Model):
     session_id = models.CharField(max_length=128)
     abstract = models.TextField(blank=True, default="")
     overview = models.TextField(blank=True, default="")
+    # What before_turn shows as the summary: the overview's archives and the events older
+    # than its recent context window (MCP_MEMORY_RECENT_CONTEXT_ITEMS), which it replays
+    # beside it; the overview (list_dir, the Sessions page) digests the latest events too.
+    context_summary = models.TextField(blank=True, default="")
     summary_updated_at = models.DateTimeField(null=True, blank=True)
     last_active_at = models.DateTimeField(default=timezone.now)
     created_at = models.DateTimeField(default=timezone.now)

@@ -4,7 +4,9 @@ F1: memory_run_turn keeps the current input under its operation token, so after_
 the token and the output alone commits the whole turn (§4.5); an unknown server-issued
 token with no input is refused, never a turn stored without its input.
 F2: before_turn's prepared input_items sent back to after_turn are recognised: the notes,
-summary, instructions and replayed context are not stored again."""
+summary, instructions and replayed context are not stored again.
+F7: after maintenance, the summary before_turn shows covers only what its recent context
+window does not."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -167,3 +170,26 @@ def test_plain_client_repeats_are_stored_every_time(alice, clean_vectors):
             output_items=[assistant_msg("Done.")],
         )
     assert _texts(_log()) == ["Be brief.", "ok", "Done."] * 3
+
+
+# --- F7: the summary leaves the recent window to itself -------------------------------------------
+def test_summary_after_maintenance_does_not_repeat_the_recent_context(alice, clean_vectors):
+    turn(alice, "s", "t1", "Let us plan the quarterly offsite agenda.", "Sure: venue, dates, speakers.")
+    turn(alice, "s", "t2", "Venue first: somewhere near Lisbon.", "Noted, Lisbon area.")
+    run(alice, "memory_run_maintenance", session_id="s")
+    out = run(alice, "memory_before_turn", session_id="s", current_input=[user_msg("And the dates?")])
+    texts = _texts(out["input_items"])
+    assert sum("Lisbon area" in t for t in texts) == 1
+    assert not any(t.startswith(turns.SUMMARY_HEADER) for t in texts)
+
+
+@override_settings(MCP_MEMORY_RECENT_CONTEXT_ITEMS=2)
+def test_summary_covers_what_the_recent_window_leaves_out(alice, clean_vectors):
+    turn(alice, "s", "t1", "Let us plan the quarterly offsite agenda.", "Sure: venue, dates, speakers.")
+    turn(alice, "s", "t2", "Venue first: somewhere near Lisbon.", "Noted, Lisbon area.")
+    run(alice, "memory_run_maintenance", session_id="s")
+    out = run(alice, "memory_before_turn", session_id="s", current_input=[user_msg("And the dates?")])
+    texts = _texts(out["input_items"])
+    summary = next(t for t in texts if t.startswith(turns.SUMMARY_HEADER))
+    assert "offsite agenda" in summary and "Lisbon" not in summary
+    assert sum("Lisbon area" in t for t in texts) == 1

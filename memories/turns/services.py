@@ -338,7 +338,7 @@ def turn_before(
         current_input=current_input,
         context=context,
         block=block,
-        session_summary=(state.overview or state.abstract) if state else "",
+        session_summary=state.context_summary if state else "",
         base_instructions=base_instructions,
         max_input_tok=max_input_tok,
     )
@@ -1020,9 +1020,15 @@ def _summary_write(scope: MemoryScope, *, project: str, session_id: str, now: da
         f"facts L1 {tiers['l1']}, L2 {tiers['l2']}, long-term {tiers['long_term']}."
     )
     parts = [a.digest for a in archives.reverse()[:3]][::-1]
-    parts.append(_summary_deterministic(recent, max_chars=2000))
-    overview = "\n".join(p for p in parts if p)[-4000:]
-    SessionState.objects.filter(pk=state.pk).update(abstract=abstract, overview=overview, summary_updated_at=now)
+    overview = "\n".join(p for p in [*parts, _summary_deterministic(recent, max_chars=2000)] if p)[-4000:]
+    # before_turn replays the last MCP_MEMORY_RECENT_CONTEXT_ITEMS events beside the
+    # summary: its summary digests up to 20 events before those, never those again.
+    window = settings.MCP_MEMORY_RECENT_CONTEXT_ITEMS
+    older = list(events.order_by("-id").values_list("item", flat=True)[window : window + 20])[::-1]
+    context = "\n".join(p for p in [*parts, _summary_deterministic(older, max_chars=2000)] if p)[-4000:]
+    SessionState.objects.filter(pk=state.pk).update(
+        abstract=abstract, overview=overview, context_summary=context, summary_updated_at=now
+    )
     return True
 
 
@@ -1262,7 +1268,9 @@ def session_events_delete(scope: MemoryScope, *, project: str, session_id: str, 
         archives, _ = SessionArchive.objects.filter(**owned).delete()
         # run_turn's inputs not committed yet are this session's conversation too.
         TurnPending.objects.filter(**owned).delete()
-        SessionState.objects.filter(**owned).update(abstract="", overview="", summary_updated_at=None)
+        SessionState.objects.filter(**owned).update(
+            abstract="", overview="", context_summary="", summary_updated_at=None
+        )
         # A person tidying their data (like restore): audited, not billed.
         audit_record(
             scope,
