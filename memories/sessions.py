@@ -177,8 +177,13 @@ def session_data_clear_all(scope: MemoryScope) -> int:
     """Clear all (memories.services.memory_clear_all): what apps above this one keep that
     could teach the cleared memories again (registered with `clear_all_register`, e.g. the
     chat proxy's turns awaiting extraction and its conversation logs), in the caller's
-    transaction, under its erasure lock. Returns how many rows were deleted or closed."""
-    return sum(clearer(scope) for clearer in _CLEARERS)
+    transaction, under its erasure lock; and run_turn's kept inputs, so a turn committed
+    afterwards with its token cannot store what was said before the clear (its after_turn
+    is then refused as an unknown token). Returns how many rows were deleted or closed."""
+    from memories.models import TurnPending
+
+    kept = TurnPending.objects.filter(engine_user_id=scope.engine_user_id).delete()[0]
+    return kept + sum(clearer(scope) for clearer in _CLEARERS)
 
 
 _CLEARERS: list[Callable[[MemoryScope], int]] = []

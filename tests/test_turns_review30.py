@@ -128,6 +128,22 @@ def test_deleting_a_sessions_events_deletes_its_kept_input(alice, clean_vectors)
     assert not SessionEvent.objects.exists()
 
 
+def test_a_clear_all_drops_the_kept_input_of_a_turn_not_yet_committed(alice, bob, clean_vectors):
+    """What the user said before a clear-all must not come back as a fact after it."""
+    mine = run(alice, "memory_run_turn", session_id="s", current_input=[user_msg("I live in Porto.")])
+    bobs = run(bob, "memory_run_turn", session_id="s", current_input=[user_msg("I live in Oslo.")])
+    run(alice, "clear_all_memory", confirm=True)
+    late = fails(
+        alice, "memory_after_turn", session_id="s", turn_id=mine["operation_token"], output_items=[assistant_msg("x")]
+    )
+    assert late.code == ErrorCode.NOT_FOUND and late.details == {"reason": "operation_token_unknown"}
+    # Bob's kept input is his: his turn still commits whole.
+    done = run(
+        bob, "memory_after_turn", session_id="s", turn_id=bobs["operation_token"], output_items=[assistant_msg("Ok.")]
+    )
+    assert done["events_stored"] == 2
+
+
 # --- F2: before_turn's prepared input sent back ---------------------------------------------------
 def test_prepared_input_sent_back_stores_each_item_once(alice, clean_vectors):
     said = ["I prefer green tea over coffee.", "What should I drink now?", "And tomorrow?", "Thanks."]
