@@ -442,32 +442,6 @@ def _uuid_text(value: str) -> str:
         raise ValueError("memory_id must be a UUID") from None
 
 
-class UpdateInput(FieldsMixin, MetadataMixin):
-    memory_id: MemoryId
-    memory: MemoryText | None = Field(default=None, description="New text (re-embedded).")
-    pinned: StrictBool | None = None
-
-    _uuid = field_validator("memory_id")(_uuid_text)
-
-    @field_validator("source")
-    @classmethod
-    def _source_not_the_toolkits(cls, value: str | None) -> str | None:  # replaces FieldsMixin's
-        # A store_memory row's fields sent back as they were read keep its own source:
-        # `memory_update` refuses the value only on a memory store_memory did not make.
-        return value
-
-    @field_validator("memory")
-    @classmethod
-    def _memory_non_blank(cls, value: str | None) -> str | None:
-        return None if value is None else _non_blank(value)
-
-    @model_validator(mode="after")
-    def _something_to_change(self) -> UpdateInput:
-        if self.memory is None and self.pinned is None and self.metadata is None and not self.field_changes():
-            raise ValueError("give at least one of memory, pinned, metadata or a field")
-        return self
-
-
 class TimeRange(StrictInput):
     start: Instant | None = None
     end: Instant | None = None
@@ -483,13 +457,47 @@ class TimeRange(StrictInput):
         return self
 
 
-class UpdateBody(MetadataMixin):
-    """update_memory's REST body (PATCH /v1/memories/{memory_id}: the id is in the URL)."""
+class UpdateBody(FieldsMixin, MetadataMixin):
+    """update_memory's arguments but its id, and their rules: the REST body of PATCH
+    /v1/memories/{memory_id} (the id is in the URL), as OpenAPI publishes it. The call is
+    validated with UpdateInput, this plus the id, so the published body cannot drift from
+    what the call takes."""
 
     model_config = ConfigDict(json_schema_extra={"minProperties": 1})
 
     memory: MemoryText | None = Field(default=None, description="New text (re-embedded).")
     pinned: StrictBool | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _source_not_the_toolkits(cls, value: str | None) -> str | None:  # replaces FieldsMixin's
+        # A store_memory row's fields sent back as they were read keep its own source:
+        # `memory_update` refuses the value only on a memory store_memory did not make.
+        return value
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_non_blank(cls, value: str | None) -> str | None:
+        return None if value is None else _non_blank(value)
+
+    @model_validator(mode="after")
+    def _something_to_change(self) -> UpdateBody:
+        if self.memory is None and self.pinned is None and self.metadata is None and not self.field_changes():
+            raise ValueError("give at least one of memory, pinned, metadata or a field")
+        return self
+
+
+class _MemoryIdInput(StrictInput):
+    memory_id: MemoryId
+
+    _uuid = field_validator("memory_id")(_uuid_text)
+
+
+# update_memory's arguments: the memory's id and the body (no docstring: it would become the
+# tool's inputSchema description). The id's base comes last so the id comes first there.
+class UpdateInput(UpdateBody, _MemoryIdInput):
+    # The body's "minProperties: 1" is for the body alone, not the tool's inputSchema.
+    model_config = ConfigDict(json_schema_extra=None)
 
 
 class DeleteInput(StrictInput):

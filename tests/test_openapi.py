@@ -82,3 +82,32 @@ def test_schema_documents_the_seed_001_shape(client):
     store = schema["paths"]["/v1/memory"]["post"]["requestBody"]["content"]["application/json"]
     assert "scope" in schema["components"]["schemas"]["MemoryStore"]["properties"]
     assert store["examples"]
+
+
+def test_the_patch_body_names_every_field_update_memory_takes_with_its_bounds(client):
+    # It listed only memory, pinned and metadata, and said (additionalProperties: false) that
+    # nothing else may be sent: a client generated from it could not set tags, importance,
+    # memory_type, agent_id, session_id, expires_at, ttl_days, source or why_stored.
+    from memories.schemas import TAGS_MAX, TTL_DAYS_MAX, UpdateInput
+
+    schema = _schema(client)
+    body_ref = schema["paths"]["/v1/memories/{memory_id}"]["patch"]["requestBody"]["content"]["application/json"]
+    body = schema["components"]["schemas"][body_ref["schema"]["$ref"].rsplit("/", 1)[1]]
+    expected = {
+        "memory", "pinned", "metadata", "memory_type", "tags", "importance", "agent_id", "session_id",
+        "expires_at", "ttl_days", "source", "why_stored",
+    }  # fmt: skip
+    assert set(body["properties"]) == expected == set(UpdateInput.model_fields) - {"memory_id"}
+    assert body["additionalProperties"] is False and body["minProperties"] == 1
+
+    def branch(name: str) -> dict:
+        (value,) = [b for b in body["properties"][name]["anyOf"] if b.get("type") != "null"]
+        return value
+
+    assert branch("memory_type")["enum"] == ["user", "feedback", "project", "reference"]
+    assert branch("tags")["maxItems"] == TAGS_MAX and branch("tags")["items"]["type"] == "string"
+    assert (branch("importance")["minimum"], branch("importance")["maximum"]) == (0, 1)
+    assert branch("ttl_days") == {"type": "integer", "minimum": 1, "maximum": TTL_DAYS_MAX}
+    assert branch("agent_id")["pattern"] == branch("session_id")["pattern"] == "^[A-Za-z0-9_.:@-]+$"
+    assert branch("pinned") == {"type": "boolean"}
+    assert branch("memory")["maxLength"] == 8000
