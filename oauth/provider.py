@@ -409,6 +409,45 @@ def _client_refusal_named(
     return handle
 
 
+# The challenge of a client refused at /token or /revoke after authenticating with HTTP
+# Basic: a fixed realm, nothing of the request's. charset: the credentials are read as UTF-8
+# (RFC 7617 §2.1).
+BASIC_CHALLENGE = 'Basic realm="oauth", charset="UTF-8"'
+
+
+def _basic_attempted(headers: Headers) -> bool:
+    """Whether the client authenticated (or tried to) with the Authorization header's Basic
+    scheme; auth-scheme names are case-insensitive (RFC 9110 §11.1)."""
+    return headers.get("authorization", "").partition(" ")[0].lower() == "basic"
+
+
+def _basic_challenged(app: Any) -> Any:
+    """RFC 6749 §5.2: a client that tried to authenticate with the Authorization header and
+    failed MUST get a 401 whose WWW-Authenticate names the scheme it used. Neither the SDK's
+    handlers nor our input checks sent one: every 401 of /token and /revoke (all of them
+    invalid_client: the SDK's, `_client_refusal_named`'s, `_parameter_refusal`'s and
+    `_client_id_refusal`'s) gets it here when the request carried Basic credentials. A client
+    that authenticated in the form (or is public) gets none: the RFC requires it only for
+    the header, and a Basic challenge would name a scheme the client did not use (a public
+    client, every CIMD one, cannot use it)."""
+
+    async def challenged(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if not _basic_attempted(Headers(scope=scope)):
+            await app(scope, receive, send)
+            return
+
+        async def send_challenged(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 401:
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"www-authenticate"]
+                headers.append((b"www-authenticate", BASIC_CHALLENGE.encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await app(scope, receive, send_challenged)
+
+    return challenged
+
+
 def _answered_error(response: Response) -> tuple[str, str]:
     """The error of the SDK's own direct JSON answer."""
     try:
@@ -653,6 +692,8 @@ def oauth_asgi_routes() -> dict[str, Any]:
     for path, handler, methods in handlers:
         # Inside the body limit, so the input check buffers no more than the handler would.
         checked = _input_checked(request_response(handler), path)
+        if path in (TOKEN_PATH, REVOKE_PATH):
+            checked = _basic_challenged(checked)  # outside the input check: its 401s too
         endpoint = RequestBodyLimitMiddleware(checked, DEFAULT_MAX_REQUEST_BODY_SIZE)
         route = Route(path, endpoint=endpoint, methods=methods)
         apps[path] = _host_checked(_issuer_bound(route.handle))
