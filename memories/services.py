@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from audit.models import MemoryHistory
 from audit.services import audit_failure, audit_record, audit_snapshot, audit_text, history_content_erase
+from core.batched import rows_delete_in_batches
 from core.choices import ALL_PERMISSIONS, Channel, Operation, Permission, Role
 from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
 from core.inputs import text_problem
@@ -1052,12 +1053,7 @@ def ingest_intents_prune(*, now: datetime | None = None) -> int:
     row locks or runs long."""
     cutoff = (now or timezone.now()) - timedelta(days=settings.INGEST_INTENT_RETENTION_DAYS)
     closed = IngestIntent.objects.exclude(state=IngestIntent.State.OPEN).filter(closed_at__lt=cutoff)
-    deleted = 0
-    while True:
-        batch = list(closed.order_by("closed_at").values_list("pk", flat=True)[:INGEST_INTENT_PRUNE_BATCH])
-        if not batch:
-            return deleted
-        deleted += closed.filter(pk__in=batch).delete()[0]
+    return rows_delete_in_batches(closed, order_by="closed_at", batch_size=INGEST_INTENT_PRUNE_BATCH)
 
 
 def _ingest_intent_reconcile(intent: IngestIntent) -> str:

@@ -25,6 +25,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import audit_failure, audit_record, auth_failure_record
 from billing.services import usage_event_record
+from core.batched import rows_delete_in_batches
 from core.choices import Channel, Operation, Permission
 from core.errors import ErrorCode, ServiceError
 from core.inputs import InputError, json_value_check, text_problem
@@ -730,9 +731,4 @@ def proxy_turns_prune(*, now: datetime | None = None) -> int:
     them an extraction). In batches, so the table is never locked long."""
     cutoff = (now or timezone.now()) - timedelta(days=settings.PROXY_TURN_RETENTION_DAYS)
     closed = ProxyTurn.objects.exclude(state=ProxyTurn.State.PENDING).filter(closed_at__lt=cutoff)
-    deleted = 0
-    while True:
-        batch = list(closed.order_by("pk").values_list("pk", flat=True)[:PRUNE_BATCH])
-        if not batch:
-            return deleted
-        deleted += ProxyTurn.objects.filter(pk__in=batch).exclude(state=ProxyTurn.State.PENDING).delete()[0]
+    return rows_delete_in_batches(closed, order_by="pk", batch_size=PRUNE_BATCH)
