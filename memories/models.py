@@ -18,7 +18,9 @@ class EngineMessage(models.Model):
     role = models.CharField(max_length=32)
     content = models.TextField()
     name = models.CharField(max_length=255, null=True, blank=True)
-    created_at = models.DateTimeField(db_index=True)
+    # Not indexed: every read orders a session's rows (engine_message_scope) by it, and
+    # nothing ranges over every session's by time (memories 0036 dropped its index).
+    created_at = models.DateTimeField()
 
     class Meta:
         # Plain indexes: `db_index` on a CharField also builds a varchar_pattern_ops twin
@@ -210,8 +212,9 @@ class IngestIntent(models.Model):
 
     class Meta:
         indexes = [
-            # Every user's open ones by age: the reconciler's and the /metrics gauge's.
-            models.Index(fields=["state", "created_at"]),
+            # Every user's open ones by age: the reconciler's and the /metrics gauge's. Only
+            # the open rows: nothing reads the closed ones by creation time (memories 0036).
+            models.Index(fields=["created_at"], condition=models.Q(state="open"), name="ingest_intent_open_created"),
             # A user's open ones (calls in flight), in pk order: what an erasure or clear-all
             # marks and its undo unmarks (`ingest_intents_supersede`). Only the open rows,
             # so it stays as small as the calls in flight (memories 0033).

@@ -79,7 +79,8 @@ EXPECTED = {
     IngestIntent: {
         "memories_ingestintent_pkey": "UNIQUE btree (id)",
         "ingest_intent_request_unique": "UNIQUE btree (request_id)",  # one intent per call
-        "memories_in_state_2de30d_idx": "btree (state, created_at)",  # the reconciler's open ones
+        # Every user's open ones by age: the reconciler and the /metrics gauge (memories 0036).
+        "ingest_intent_open_created": "btree (created_at) WHERE ((state)::text = 'open'::text)",
         # A user's open ones, in pk order: marked by their erasure or clear-all, unmarked by its undo.
         "ingest_intent_user_open": "btree (engine_user_id, id) WHERE ((state)::text = 'open'::text)",
         # A user's closed ones (their erasure), and every closed one by age (the prune).
@@ -90,7 +91,7 @@ EXPECTED = {
         "memories_enginemessage_pkey": "UNIQUE btree (id)",
         "engine_message_scope": "btree (session_scope)",
         "engine_message_user": "btree (user_id)",
-        "memories_enginemessage_created_at_12135435": "btree (created_at)",
+        # No created_at index: only a session's own rows are ordered by it (memories 0036).
     },
     RateWindow: {
         "memories_ratewindow_pkey": "UNIQUE btree (id)",
@@ -347,3 +348,47 @@ def test_a_users_intents_are_read_from_their_indexes_not_the_whole_table(alice_s
     plan = _sql_plan(batch)
     assert "ingest_intent_closed_at" in plan and "Index Cond: (closed_at < " in plan, plan
     assert "Seq Scan" not in plan and not WHOLE_SORT.search(plan), plan
+
+
+@pytest.fixture
+def intents_analysed(alice_scope):
+    """2,000 closed intents and 20 open ones (calls in flight), analysed: planned as a
+    table most of whose rows the reconciler and the gauge must not read."""
+    now = timezone.now()
+    IngestIntent.objects.bulk_create(
+        IngestIntent(
+            request_id=f"r-{n}",
+            engine_user_id=alice_scope.engine_user_id,
+            scope={},
+            call={},
+            state=IngestIntent.State.OPEN if n < 20 else (IngestIntent.State.DONE, IngestIntent.State.UNDONE)[n % 2],
+            created_at=now - timedelta(minutes=n),
+            closed_at=None if n < 20 else now - timedelta(minutes=n - 1),
+        )
+        for n in range(2020)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {IngestIntent._meta.db_table}")
+
+
+def test_every_users_open_intents_are_read_from_the_open_rows_index(intents_analysed):
+    """The reconciler (open ones past the lease) and the /metrics gauge (how many are open,
+    the oldest one's age) read the partial index of the open rows (memories 0036), never
+    the closed ones, which are most of the table."""
+    from memories.services import ingest_intents_reconcile
+    from memsite.observability import DatabaseCollector
+
+    with CaptureQueriesContext(connection) as reconcile:
+        # A lease longer than any intent's age: the query runs, nothing is closed.
+        assert ingest_intents_reconcile(older_than_s=86400.0) == {"completed": 0, "undone": 0}
+    (query,) = _intent_queries(reconcile.captured_queries, "SELECT")
+    plan = _sql_plan(query, priced_out=("seqscan",))  # the open rows past the lease, sorted by pk
+    assert "ingest_intent_open_created" in plan and "Index Cond: (created_at < " in plan, plan
+    assert "Seq Scan" not in plan, plan
+
+    with CaptureQueriesContext(connection) as scrape:
+        gauges = {family.name: family.samples[0].value for family in DatabaseCollector()._ingest_intents()}
+    assert gauges["memsite_ingest_intents_open"] == 20
+    (query,) = [q["sql"] for q in scrape.captured_queries if "memories_ingestintent" in q["sql"]]
+    plan = _sql_plan(query, priced_out=("seqscan",))
+    assert "ingest_intent_open_created" in plan and "Seq Scan" not in plan, plan
