@@ -261,7 +261,8 @@ class MemsiteProvider:
 
 class MemsiteAuthenticator(ClientAuthenticator):
     """Client authentication at /token and /revoke against the stored secret digest
-    (public clients — auth method none, every CIMD client — send no secret)."""
+    (public clients — auth method none, every CIMD client — send no secret, and are refused
+    if they send one)."""
 
     async def authenticate_request(self, request: Request) -> OAuthClientInformationFull:
         form = await request.form()
@@ -282,7 +283,10 @@ class MemsiteAuthenticator(ClientAuthenticator):
         row = await _in_thread(_client_lookup)(client_id)
         if row is None:
             raise AuthenticationError("Invalid client_id")
-        if not services.oauth_client_secret_matches(client=row, secret=secret if isinstance(secret, str) else None):
+        secret = secret if isinstance(secret, str) else None
+        if not services.oauth_client_secret_matches(client=row, secret=secret):
+            if secret and row.token_endpoint_auth_method == "none":  # noqa: S105
+                raise AuthenticationError("A public client (token_endpoint_auth_method none) sends no client_secret")
             raise AuthenticationError("Invalid client credentials")
         return _client_info(row)
 

@@ -206,8 +206,12 @@ def oauth_client_register(*, metadata: dict[str, Any], client_secret: str | None
 
 
 def oauth_client_secret_matches(*, client: OAuthClient, secret: str | None) -> bool:
+    """Whether `secret` authenticates the client. A public client (auth method none) has
+    none to present: it matches only no secret (an empty one is none, RFC 6749 §3.1). One
+    it sends anyway cannot be checked: refused (invalid_client), not ignored, so that a
+    client never believes it authenticated with a secret nothing verified."""
     if not client.secret_sha256:
-        return client.token_endpoint_auth_method == "none"  # noqa: S105
+        return client.token_endpoint_auth_method == "none" and not secret  # noqa: S105
     return bool(secret) and secrets.compare_digest(client.secret_sha256, _sha256(secret or ""))
 
 

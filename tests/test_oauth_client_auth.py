@@ -1,0 +1,107 @@
+"""Client authentication at /oauth/token and /oauth/revoke, against the live server.
+
+- A public client (auth method none) has no secret: one that presents a client_secret is
+  refused, 401 invalid_client (before, the secret was ignored)."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import pytest
+
+from tests.oauth_helpers import ScriptedUser, authorize_url, pkce, query_of
+from tests.test_oauth import CALLBACK, mcp_call
+
+MARK = "Zq7ClientText"  # a client's own text: never in an answer or the log
+
+
+@pytest.fixture
+def live(memsite_server_process, memsite_server):  # noqa: ARG001
+    return memsite_server_process
+
+
+def _register(base: str, method: str) -> tuple[str, str | None]:
+    answer = httpx.post(
+        f"{base}/oauth/register",
+        json={"client_name": f"App ({method})", "redirect_uris": [CALLBACK], "token_endpoint_auth_method": method},
+        timeout=30,
+    )
+    assert answer.status_code == 201, answer.text
+    return answer.json()["client_id"], answer.json().get("client_secret")
+
+
+def _code(base: str, user: ScriptedUser, client_id: str) -> tuple[str, str]:
+    """(code, code_verifier) of a fresh consent."""
+    verifier, challenge = pkce()
+    redirect = user.authorize(
+        authorize_url(
+            base, response_type="code", client_id=client_id, redirect_uri=CALLBACK, state="st",
+            code_challenge=challenge, code_challenge_method="S256",
+        )
+    )  # fmt: skip
+    return query_of(redirect)["code"], verifier
+
+
+def _code_form(code: str, verifier: str, **extra: str) -> dict[str, str]:
+    return {
+        "grant_type": "authorization_code",
+        "code": code,
+        "redirect_uri": CALLBACK,
+        "code_verifier": verifier,
+        **extra,
+    }
+
+
+def _basic(client_id: str, secret: str, *, scheme: str = "Basic") -> dict[str, str]:
+    return {"Authorization": f"{scheme} {base64.b64encode(f'{client_id}:{secret}'.encode()).decode()}"}
+
+
+def _post(base: str, path: str, form: dict[str, str], headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(f"{base}{path}", data=form, headers=headers, timeout=30)
+
+
+def _challenges(response: httpx.Response) -> list[str]:
+    return [value for name, value in response.headers.multi_items() if name.lower() == "www-authenticate"]
+
+
+def test_a_public_client_presenting_a_secret_is_refused(live, alice):  # noqa: ARG001
+    """A public client (token_endpoint_auth_method none, RFC 7591 §2: it has no secret)
+    presenting one is refused as a client whose authentication failed (RFC 6749 §5.2
+    invalid_client): the secret cannot be checked, so the request is not what it claims.
+    An empty client_secret is an omitted one (RFC 6749 §3.1)."""
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    client_id, secret = _register(base, "none")
+    assert secret is None
+    code, verifier = _code(base, user, client_id)
+    in_form = _post(base, "/oauth/token", _code_form(code, verifier, client_id=client_id, client_secret=MARK))
+    in_header = _post(base, "/oauth/token", _code_form(code, verifier), _basic(client_id, MARK))
+    for answer in (in_form, in_header):
+        assert answer.status_code == 401, answer.text
+        assert answer.json()["error"] == "invalid_client", answer.text
+        assert MARK not in answer.text
+    assert _challenges(in_form) == []
+    assert _challenges(in_header) == ['Basic realm="oauth", charset="UTF-8"']
+    issued = _post(base, "/oauth/token", _code_form(code, verifier, client_id=client_id, client_secret=""))
+    assert issued.status_code == 200, issued.text
+    access = issued.json()["access_token"]
+    refused = _post(base, "/oauth/revoke", {"token": access, "client_id": client_id, "client_secret": MARK})
+    assert refused.status_code == 401 and refused.json()["error"] == "invalid_client", refused.text
+    assert MARK not in refused.text
+    refreshed = _post(
+        base,
+        "/oauth/token",
+        {
+            "grant_type": "refresh_token",
+            "refresh_token": issued.json()["refresh_token"],
+            "client_id": client_id,
+            "client_secret": MARK,
+        },
+    )
+    assert refreshed.status_code == 401 and refreshed.json()["error"] == "invalid_client", refreshed.text
+    assert mcp_call(base, access, "list_memory", {}).status_code == 200
+    revoked = _post(base, "/oauth/revoke", {"token": access, "client_id": client_id})
+    assert revoked.status_code == 200, revoked.text
+    assert mcp_call(base, access, "list_memory", {}).status_code == 401
+    assert MARK not in live["log"].read_text()
