@@ -259,25 +259,54 @@ class MemsiteProvider:
         raise TokenError("unsupported_grant_type", "The JWT bearer grant is not supported")
 
 
+class _BasicCredentials(NamedTuple):
+    client_id: str
+    secret: str
+
+
+def _basic_scheme(headers: Headers) -> tuple[bool, str]:
+    """(whether the Authorization header uses the Basic scheme, its credentials). Scheme
+    names are case-insensitive (RFC 7235 §2.1, RFC 9110 §11.1): `basic` and `BASIC` are
+    `Basic`; one or more spaces separate the credentials."""
+    scheme, _, credentials = headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "basic", credentials.strip(" ")
+
+
+def _basic_credentials(headers: Headers) -> _BasicCredentials | None:
+    """The client credentials of an `Authorization: Basic` header (RFC 6749 §2.3.1: the
+    client_id and secret, each form-urlencoded, as user-id and password, RFC 7617), or None
+    when the header is not Basic. Raises ValueError for Basic credentials that cannot be
+    read (not base64, not UTF-8, no `:`); the message never holds them."""
+    is_basic, credentials = _basic_scheme(headers)
+    if not is_basic:
+        return None
+    try:
+        decoded = base64.b64decode(credentials, validate=True).decode()
+    except (ValueError, binascii.Error):
+        raise ValueError("Invalid Basic authentication header") from None
+    if ":" not in decoded:
+        raise ValueError("Invalid Basic authentication header")
+    client_id, _, secret = decoded.partition(":")
+    return _BasicCredentials(unquote(client_id), unquote(secret))
+
+
 class MemsiteAuthenticator(ClientAuthenticator):
     """Client authentication at /token and /revoke against the stored secret digest
     (public clients — auth method none, every CIMD client — send no secret, and are refused
-    if they send one)."""
+    if they send one). HTTP Basic credentials, when sent, name the client."""
 
     async def authenticate_request(self, request: Request) -> OAuthClientInformationFull:
         form = await request.form()
         client_id = form.get("client_id")
         secret = form.get("client_secret")
-        header = request.headers.get("Authorization", "")
-        if header.startswith("Basic "):
-            try:
-                basic_id, _, basic_secret = base64.b64decode(header[6:]).decode().partition(":")
-            except (ValueError, UnicodeDecodeError, binascii.Error) as error:
-                raise AuthenticationError("Invalid Basic authentication header") from error
-            client_id = client_id or unquote(basic_id)
-            if unquote(basic_id) != client_id:
+        try:
+            basic = _basic_credentials(request.headers)
+        except ValueError as error:
+            raise AuthenticationError(str(error)) from None
+        if basic is not None:
+            if client_id and client_id != basic.client_id:
                 raise AuthenticationError("Client ID mismatch in Basic auth")
-            secret = unquote(basic_secret)
+            client_id, secret = basic.client_id, basic.secret
         if not isinstance(client_id, str) or not client_id:
             raise AuthenticationError("Missing client_id")
         row = await _in_thread(_client_lookup)(client_id)
@@ -422,7 +451,7 @@ BASIC_CHALLENGE = 'Basic realm="oauth", charset="UTF-8"'
 def _basic_attempted(headers: Headers) -> bool:
     """Whether the client authenticated (or tried to) with the Authorization header's Basic
     scheme; auth-scheme names are case-insensitive (RFC 9110 §11.1)."""
-    return headers.get("authorization", "").partition(" ")[0].lower() == "basic"
+    return _basic_scheme(headers)[0]
 
 
 def _basic_challenged(app: Any) -> Any:

@@ -1,5 +1,8 @@
 """Client authentication at /oauth/token and /oauth/revoke, against the live server.
 
+- RFC 7235 §2.1 / RFC 9110 §11.1: the auth-scheme is case-insensitive, so `basic` and
+  `BASIC` credentials are read as `Basic` ones (before, they were not read at all: the
+  client was refused as one that sent no secret).
 - A public client (auth method none) has no secret: one that presents a client_secret is
   refused, 401 invalid_client (before, the secret was ignored)."""
 
@@ -53,8 +56,9 @@ def _code_form(code: str, verifier: str, **extra: str) -> dict[str, str]:
     }
 
 
-def _basic(client_id: str, secret: str, *, scheme: str = "Basic") -> dict[str, str]:
-    return {"Authorization": f"{scheme} {base64.b64encode(f'{client_id}:{secret}'.encode()).decode()}"}
+def _basic(client_id: str, secret: str, *, scheme: str = "Basic ") -> dict[str, str]:
+    """`scheme`: the scheme name and the spaces after it."""
+    return {"Authorization": f"{scheme}{base64.b64encode(f'{client_id}:{secret}'.encode()).decode()}"}
 
 
 def _post(base: str, path: str, form: dict[str, str], headers: dict[str, str] | None = None) -> httpx.Response:
@@ -63,6 +67,41 @@ def _post(base: str, path: str, form: dict[str, str], headers: dict[str, str] | 
 
 def _challenges(response: httpx.Response) -> list[str]:
     return [value for name, value in response.headers.multi_items() if name.lower() == "www-authenticate"]
+
+
+def test_the_basic_scheme_is_read_whatever_its_case(live, alice):  # noqa: ARG001
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    client_id, secret = _register(base, "client_secret_basic")
+    assert secret
+    for scheme in ("basic ", "BASIC ", "bAsIc ", "Basic  "):  # RFC 7235 §2.1: 1*SP after it
+        code, verifier = _code(base, user, client_id)
+        answer = _post(
+            base,
+            "/oauth/token",
+            _code_form(code, verifier, client_id=client_id),
+            _basic(client_id, secret, scheme=scheme),
+        )
+        assert answer.status_code == 200, (scheme, answer.text)
+    refreshed = _post(
+        base,
+        "/oauth/token",
+        {"grant_type": "refresh_token", "refresh_token": answer.json()["refresh_token"], "client_id": client_id},
+        _basic(client_id, secret, scheme="basic "),
+    )
+    assert refreshed.status_code == 200, refreshed.text
+    access = refreshed.json()["access_token"]
+    assert mcp_call(base, access, "list_memory", {}).status_code == 200
+    revoked = _post(
+        base, "/oauth/revoke", {"token": access, "client_id": client_id}, _basic(client_id, secret, scheme="BASIC ")
+    )
+    assert revoked.status_code == 200, revoked.text
+    assert mcp_call(base, access, "list_memory", {}).status_code == 401
+    # Still refused, and challenged, with a wrong secret under a lower-case scheme.
+    wrong = _post(base, "/oauth/revoke", {"token": "mso_at_x"}, _basic(client_id, "not-it", scheme="basic "))
+    assert wrong.status_code == 401 and wrong.json()["error"] == "invalid_client", wrong.text
+    assert _challenges(wrong) == ['Basic realm="oauth", charset="UTF-8"']
+    assert secret not in live["log"].read_text()
 
 
 def test_a_public_client_presenting_a_secret_is_refused(live, alice):  # noqa: ARG001
