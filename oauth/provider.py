@@ -293,7 +293,8 @@ def _basic_credentials(headers: Headers) -> _BasicCredentials | None:
 class MemsiteAuthenticator(ClientAuthenticator):
     """Client authentication at /token and /revoke against the stored secret digest
     (public clients — auth method none, every CIMD client — send no secret, and are refused
-    if they send one). HTTP Basic credentials, when sent, name the client."""
+    if they send one). HTTP Basic credentials, when sent, name the client; a form
+    client_id naming another one was refused before (`_basic_client_id_in_form`)."""
 
     async def authenticate_request(self, request: Request) -> OAuthClientInformationFull:
         form = await request.form()
@@ -419,6 +420,39 @@ def _client_secret_optional(
             # Starlette's Request.form() gives back the form it keeps here: the
             # authenticator and the SDK handler read this one.
             request._form = FormData([*params.multi_items(), ("client_secret", "")])
+        return await handler(request)
+
+    return handle
+
+
+def _basic_client_id_in_form(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A client authenticating with HTTP Basic names itself there (RFC 6749 §2.3.1) and may
+    leave client_id out of the form; the SDK's request models require it (a 400
+    "client_id: Field required"), and compare the code's or token's client with it. So a
+    request with readable Basic credentials and no client_id (or an empty one, RFC 6749
+    §3.1) reaches the SDK handler with the header's. One whose form client_id names another
+    client is malformed (RFC 6749 §5.2 invalid_request: it names two clients, the header's
+    and the form's), refused before the credentials are checked, naming neither.
+    Unreadable Basic credentials are left to the authenticator (401 invalid_client)."""
+
+    async def handle(request: Request) -> Response:
+        try:
+            basic = _basic_credentials(request.headers)
+        except ValueError:
+            basic = None
+        params = await _handler_params(request) if basic is not None else None
+        if basic is None or params is None:
+            return await handler(request)
+        named = params.get("client_id")
+        if named and named != basic.client_id:
+            description = "client_id in the form is not the client of the Authorization header"
+            return _oauth_error(400, "invalid_request", description)
+        if not named:
+            # As in _client_secret_optional: the authenticator and the SDK handler read this form.
+            items = [(name, value) for name, value in params.multi_items() if name != "client_id"]
+            request._form = FormData([*items, ("client_id", basic.client_id)])
         return await handler(request)
 
     return handle
@@ -713,11 +747,13 @@ def oauth_asgi_routes() -> dict[str, Any]:
             _metadata_url_prechecked(_redirects_only_to_consent(AuthorizationHandler(provider).handle)),
             ["GET", "POST"],
         ),
-        (TOKEN_PATH, TokenHandler(provider, authenticator).handle, ["POST"]),
+        (TOKEN_PATH, _basic_client_id_in_form(TokenHandler(provider, authenticator).handle), ["POST"]),
         (REGISTER_PATH, RegistrationHandler(provider, options=options).handle, ["POST"]),
         (
             REVOKE_PATH,
-            _client_refusal_named(_client_secret_optional(RevocationHandler(provider, authenticator).handle)),
+            _client_refusal_named(
+                _basic_client_id_in_form(_client_secret_optional(RevocationHandler(provider, authenticator).handle))
+            ),
             ["POST"],
         ),
     ]

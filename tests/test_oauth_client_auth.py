@@ -3,6 +3,10 @@
 - RFC 7235 §2.1 / RFC 9110 §11.1: the auth-scheme is case-insensitive, so `basic` and
   `BASIC` credentials are read as `Basic` ones (before, they were not read at all: the
   client was refused as one that sent no secret).
+- RFC 6749 §2.3.1: a client authenticating with HTTP Basic need not repeat its client_id
+  in the form (before, the SDK's request models refused the request, 400 "client_id:
+  Field required"); a form client_id naming another client than the header's is a
+  malformed request, 400 invalid_request.
 - A public client (auth method none) has no secret: one that presents a client_secret is
   refused, 401 invalid_client (before, the secret was ignored)."""
 
@@ -13,7 +17,7 @@ import base64
 import httpx
 import pytest
 
-from tests.oauth_helpers import ScriptedUser, authorize_url, pkce, query_of
+from tests.oauth_helpers import ScriptedUser, authorize_url, oauth_in_process, pkce, query_of
 from tests.test_oauth import CALLBACK, mcp_call
 
 MARK = "Zq7ClientText"  # a client's own text: never in an answer or the log
@@ -104,6 +108,77 @@ def test_the_basic_scheme_is_read_whatever_its_case(live, alice):  # noqa: ARG00
     assert secret not in live["log"].read_text()
 
 
+def test_a_basic_client_leaves_client_id_out_of_the_form(live, alice):  # noqa: ARG001
+    """RFC 6749 §2.3.1: the Basic user-id is the client_id. The authorization_code and
+    refresh_token grants and a revocation work without it in the form; an empty one is
+    the same as none (RFC 6749 §3.1)."""
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    client_id, secret = _register(base, "client_secret_basic")
+    assert secret
+    code, verifier = _code(base, user, client_id)
+    issued = _post(base, "/oauth/token", _code_form(code, verifier), _basic(client_id, secret))
+    assert issued.status_code == 200, issued.text
+    refreshed = _post(
+        base,
+        "/oauth/token",
+        {"grant_type": "refresh_token", "refresh_token": issued.json()["refresh_token"]},
+        _basic(client_id, secret),
+    )
+    assert refreshed.status_code == 200, refreshed.text
+    again = _post(
+        base,
+        "/oauth/token",
+        {"grant_type": "refresh_token", "refresh_token": refreshed.json()["refresh_token"], "client_id": ""},
+        _basic(client_id, secret),
+    )
+    assert again.status_code == 200, again.text
+    access = again.json()["access_token"]
+    assert mcp_call(base, access, "list_memory", {}).status_code == 200
+    revoked = _post(base, "/oauth/revoke", {"token": access}, _basic(client_id, secret))
+    assert revoked.status_code == 200, revoked.text
+    assert mcp_call(base, access, "list_memory", {}).status_code == 401
+    # Without the header the client_id is still required: nothing names the client.
+    code, verifier = _code(base, user, client_id)
+    unnamed = _post(base, "/oauth/token", _code_form(code, verifier))
+    assert unnamed.status_code == 401 and unnamed.json()["error"] == "invalid_client", unnamed.text
+    assert secret not in live["log"].read_text()
+
+
+def test_a_form_client_id_naming_another_client_than_basic_is_refused(live, alice):  # noqa: ARG001
+    """RFC 6749 §5.2 invalid_request: a request naming two clients is malformed, whatever
+    the credentials are worth; answered before they are checked, naming neither id."""
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    client_id, secret = _register(base, "client_secret_basic")
+    other_id, other_secret = _register(base, "client_secret_post")
+    assert secret and other_secret
+    code, verifier = _code(base, user, client_id)
+    refused = [
+        _post(base, "/oauth/token", _code_form(code, verifier, client_id=other_id), _basic(client_id, secret)),
+        _post(base, "/oauth/token", _code_form(code, verifier, client_id=other_id), _basic(client_id, "not-it")),
+        _post(
+            base,
+            "/oauth/token",
+            _code_form(code, verifier, client_id=other_id, client_secret=other_secret),
+            _basic(client_id, secret),
+        ),
+    ]
+    # The code was not spent: the request naming one client exchanges it.
+    issued = _post(base, "/oauth/token", _code_form(code, verifier, client_id=client_id), _basic(client_id, secret))
+    assert issued.status_code == 200, issued.text
+    access = issued.json()["access_token"]
+    refused.append(_post(base, "/oauth/revoke", {"token": access, "client_id": other_id}, _basic(client_id, secret)))
+    for answer in refused:
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"] == "invalid_request", answer.text
+        assert answer.headers["Cache-Control"] == "no-store"
+        assert _challenges(answer) == []
+        for text in (client_id, other_id, secret, other_secret):
+            assert text not in answer.text
+    assert mcp_call(base, access, "list_memory", {}).status_code == 200
+
+
 def test_a_public_client_presenting_a_secret_is_refused(live, alice):  # noqa: ARG001
     """A public client (token_endpoint_auth_method none, RFC 7591 §2: it has no secret)
     presenting one is refused as a client whose authentication failed (RFC 6749 §5.2
@@ -144,3 +219,21 @@ def test_a_public_client_presenting_a_secret_is_refused(live, alice):  # noqa: A
     assert revoked.status_code == 200, revoked.text
     assert mcp_call(base, access, "list_memory", {}).status_code == 401
     assert MARK not in live["log"].read_text()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_basic_client_id_no_client_has_is_refused_unquoted():
+    """The header's client_id, now handed to the SDK handler in the form, is refused as a
+    form one is: 401 invalid_client, never quoted (NUL text, longer than any client's, unknown)."""
+    form = {"grant_type": "refresh_token", "refresh_token": "mso_rt_x"}
+    answers = oauth_in_process(
+        *(
+            (method, path, {"data": data, "headers": _basic(client_id, MARK)})
+            for client_id in (f"{MARK}\x00", MARK * 100, f"{MARK}-unknown")
+            for method, path, data in (("POST", "/oauth/token", form), ("POST", "/oauth/revoke", {"token": "x"}))
+        )
+    )
+    for answer in answers:
+        assert answer.status_code == 401, answer.text
+        assert answer.json()["error"] == "invalid_client", answer.text
+        assert MARK not in answer.text
