@@ -12,10 +12,19 @@ from django.db import OperationalError, connection, transaction
 
 from core.errors import ErrorCode, ServiceError
 
+# A lock wait that timed out is a wait, not a conflict: `resource_busy`, retried after
+# this many seconds. Never `conflict`, which tells a client not to retry (a reused id).
+LOCK_RETRY_AFTER_S = 1
+
+
+def lock_busy(message: str) -> ServiceError:
+    """The answer to a lock wait that timed out: `resource_busy`, with `retry_after_s`."""
+    return ServiceError(ErrorCode.RESOURCE_BUSY, message, retry_after_s=LOCK_RETRY_AFTER_S)
+
 
 @contextmanager
 def advisory_lock(key: str, *, timeout_s: float | None = None) -> Iterator[None]:
-    """Hold a session-level advisory lock on `key`; `conflict` if it stays busy."""
+    """Hold a session-level advisory lock on `key`; `resource_busy` if it stays busy."""
     timeout_ms = int((timeout_s if timeout_s is not None else settings.MEMORY_LOCK_TIMEOUT_S) * 1000)
     try:
         # A short transaction scopes the lock_timeout; the session-level lock outlives it.
@@ -26,7 +35,7 @@ def advisory_lock(key: str, *, timeout_s: float | None = None) -> Iterator[None]
         # Only lock_timeout (55P03) means busy; a lost connection is backend_unavailable (503).
         if getattr(exc.__cause__, "sqlstate", None) != "55P03":
             raise
-        raise ServiceError(ErrorCode.CONFLICT, "Another change to this memory is in progress; retry.") from None
+        raise lock_busy("Another change to this memory is in progress; retry.") from None
     try:
         yield
     finally:
@@ -58,7 +67,7 @@ def advisory_xact_lock(
     then: tuple[str, Sequence[Any]] | None = None,
 ) -> tuple[Any, ...] | None:
     """Take transaction-level advisory locks on `keys` (released at commit or rollback);
-    `conflict` if one stays busy. Call inside `transaction.atomic()`: the locks then
+    `resource_busy` (`lock_busy`) if one stays busy. Call inside `transaction.atomic()`: the locks then
     cover exactly the writes they protect, and a crashed process cannot leak them.
 
     `shared` keys are taken in shared mode, before the exclusive ones: holders of a shared
@@ -102,7 +111,6 @@ def advisory_xact_lock(
         # Only lock_timeout (55P03) means busy; a lost connection is backend_unavailable (503).
         if getattr(exc.__cause__, "sqlstate", None) != "55P03":
             raise
-        raise ServiceError(
-            ErrorCode.CONFLICT,
-            "Another change to this memory, or to all your memories (a clear-all or erasure), is in progress; retry.",
+        raise lock_busy(
+            "Another change to this memory, or to all your memories (a clear-all or erasure), is in progress; retry."
         ) from None

@@ -664,7 +664,9 @@ class ClearAllOutput(BaseModel):
 class ErrorInfo(BaseModel):
     code: ErrorCode = Field(description="Stable machine-readable code.")
     message: str = Field(description="For humans; never holds memory content or secrets.")
-    retry_after_s: int | None = Field(default=None, description="Seconds to wait (rate_limited, backend_unavailable).")
+    retry_after_s: int | None = Field(
+        default=None, description="Seconds to wait before retrying (rate_limited, resource_busy, backend_unavailable)."
+    )
     details: Any = None
 
 

@@ -251,19 +251,20 @@ def test_writers_of_one_user_do_not_wait_for_each_other_but_an_erasure_waits_for
     first.result()
 
 
-def test_an_erasure_held_past_the_lock_timeout_is_a_conflict_with_nothing_written(alice, alice_scope, settings):
+def test_an_erasure_held_past_the_lock_timeout_is_resource_busy_with_nothing_written(alice, alice_scope, settings):
     settings.MEMORY_LOCK_TIMEOUT_S = 0.3
     with erasure_under_way(alice_scope):
         with pytest.raises(ServiceError) as raised:
             run(alice, "remember", {"memory": "Alice collects stamps"})
         with pytest.raises(ServiceError) as raised_decision:
             run(alice, "store_decision", {"key": "k", "value": "v"})
-    assert raised.value.code == ErrorCode.CONFLICT == raised_decision.value.code
+    for error in (raised.value, raised_decision.value):  # a wait: retry, not a conflict
+        assert (error.code, error.retry_after_s) == (ErrorCode.RESOURCE_BUSY, 1)
     assert not _texts(alice_scope)
     assert not ContentHash.objects.exists() and not Decision.objects.exists()
     for operation in ("remember", "store_decision"):
         row = AuditEvent.objects.get(operation=operation)
-        assert (row.outcome, row.error_code) == ("error", "conflict")
+        assert (row.outcome, row.error_code) == ("error", "resource_busy")
     assert not AuditEvent.objects.filter(outcome="ok").exists()
 
 

@@ -1,5 +1,6 @@
 """Transaction-level advisory locks (core.locks): every key held until the transaction ends,
-only the wait bounded by the lock timeout, a busy key answered with `conflict`."""
+only the wait bounded by the lock timeout, a busy key answered with `resource_busy` (retry
+after `retry_after_s`), never `conflict` (which tells a client not to retry)."""
 
 import psycopg
 import pytest
@@ -43,13 +44,13 @@ def test_only_the_wait_is_bounded_the_transactions_own_lock_timeout_comes_back()
         assert cursor.fetchone()[0] == "7s"
 
 
-def test_a_busy_key_is_a_conflict_and_the_transaction_rolls_back():
+def test_a_busy_key_is_resource_busy_and_the_transaction_rolls_back():
     other = _other_connection()
     try:
         other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", ["lock-test:busy"])
         with pytest.raises(ServiceError) as raised, transaction.atomic():
             advisory_xact_lock("lock-test:free", "lock-test:busy", timeout_s=0.2)
-        assert raised.value.code == ErrorCode.CONFLICT
+        assert (raised.value.code, raised.value.retry_after_s) == (ErrorCode.RESOURCE_BUSY, 1)
         assert "lock-test" not in raised.value.message  # no key in the message
         assert not _held_elsewhere(other, "lock-test:free")  # rolled back: released
     finally:
@@ -85,13 +86,13 @@ def test_shared_keys_admit_other_sharers_keep_out_an_exclusive_holder_and_go_fir
         other.close()
 
 
-def test_a_shared_key_held_exclusively_elsewhere_is_a_conflict_and_rolls_back():
+def test_a_shared_key_held_exclusively_elsewhere_is_resource_busy_and_rolls_back():
     other = _other_connection()
     try:
         other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", ["lock-test:erasing"])
         with pytest.raises(ServiceError) as raised, transaction.atomic():
             advisory_xact_lock("lock-test:mine", shared=["lock-test:erasing"], timeout_s=0.2)
-        assert raised.value.code == ErrorCode.CONFLICT
+        assert (raised.value.code, raised.value.retry_after_s) == (ErrorCode.RESOURCE_BUSY, 1)
         assert not _held_elsewhere(other, "lock-test:mine")
     finally:
         other.close()

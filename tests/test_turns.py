@@ -330,8 +330,10 @@ def test_after_turn_says_which_facts_it_left_out_or_shortened(alice, alice_scope
 
 def test_a_turn_in_flight_during_a_clear_all_stores_nothing_after_it(alice, alice_scope, monkeypatch, clean_vectors):
     """The clear-all commits while the turn's facts are extracted (its guard claimed):
-    the turn answers conflict and stores neither facts nor events; a retry is a new turn
-    after the clear. Memory ingest discards the same case (ingest_intents_supersede)."""
+    the turn answers conflict (reason memories_cleared: not resource_busy, which a client
+    would retry into storing after the clear what was said before it) and stores neither
+    facts nor events; the user's own resend is a new turn after the clear. Memory ingest
+    discards the same case (ingest_intents_supersede)."""
     from core.errors import ServiceError
     from memories.services import memory_clear_all
     from tests.conftest import internal_call
@@ -346,6 +348,7 @@ def test_a_turn_in_flight_during_a_clear_all_stores_nothing_after_it(alice, alic
     with pytest.raises(ServiceError) as refused:
         turn(alice, "s", "t1", "I am allergic to peanuts.")
     assert refused.value.code == "conflict" and "cleared" in refused.value.message
+    assert refused.value.details == {"reason": "memories_cleared"} and refused.value.retry_after_s is None
     assert facts_of(alice_scope) == [] and not SessionEvent.objects.exists()
     monkeypatch.setattr(turns, "facts_extract", extract)
     assert len(turn(alice, "s", "t1", "I am allergic to peanuts.")["fact_ids"]) == 1

@@ -34,7 +34,7 @@ from audit.models import AuditEvent, MemoryHistory
 from audit.services import audit_record, history_content_erase
 from core.choices import MemoryType, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
-from core.locks import advisory_xact_lock
+from core.locks import advisory_xact_lock, lock_busy
 from core.metrics import turn_compaction_record, turn_fact_write_record, turn_idempotency_conflict_record
 from core.scope import CallContext, MemoryScope
 from memories.call_record import call_succeeded
@@ -116,7 +116,7 @@ def _facts_written_record(tiers: dict[str, int]) -> None:
 
 
 def _busy(message: str) -> ServiceError:
-    return ServiceError(ErrorCode.RESOURCE_BUSY, message, retry_after_s=1)
+    return lock_busy(message)
 
 
 _USER_BUSY = "Your memory is being changed by another call (e.g. a clear-all or an erasure); retry."
@@ -124,13 +124,14 @@ _USER_BUSY = "Your memory is being changed by another call (e.g. a clear-all or 
 
 @contextmanager
 def _lock_wait(message: str) -> Iterator[None]:
-    """Around a lock wait of the lifecycle: one that times out (the advisory locks'
-    `conflict`) answers `resource_busy`, retryable with `retry_after_s` (seed 002 §7.3),
-    on every path alike. `conflict` stays for what a retry cannot fix (a reused turn id)."""
+    """Around a lock wait of the lifecycle: one that times out answers `resource_busy`,
+    retryable with `retry_after_s` (seed 002 §7.3, as `core.locks` answers every lock wait),
+    here worded for what the lifecycle waited for. `conflict` stays for what a retry
+    cannot fix (a reused turn id)."""
     try:
         yield
     except ServiceError as error:
-        if error.code != ErrorCode.CONFLICT:
+        if error.code != ErrorCode.RESOURCE_BUSY:
             raise
         raise _busy(message) from None
 
@@ -549,8 +550,8 @@ def _facts_store(
                 continue
             # An import stored the text meanwhile (it takes no text lock): as for a known text.
             existing = _hash_owner_memory(scope, digest=digest)
-            if existing is None:  # and it went again: the caller's retry stores it
-                raise ServiceError(ErrorCode.CONFLICT, "The same text was stored and removed meanwhile; retry.")
+            if existing is None:  # and it went again: a race, not a conflict; the retry stores it
+                raise _busy("The same text was stored and removed meanwhile; retry.")
         # The row is locked (the hash owner): one update, its history attributed to this call.
         project_tagged = _project_tag_added(existing.attrs.tags, project=project)
         said = existing.attrs if project_tagged is None else replace(existing.attrs, tags=project_tagged)
@@ -660,9 +661,13 @@ def turn_after(
             _session_lock(scope, project=project, session_id=session_id)
             current = TurnGuard.objects.select_for_update().filter(pk=guard.pk).first()
             if current is None:  # an erasure or a clear-all deleted the guard during the slow work
+                # `conflict`, not `resource_busy`: no wait to retry after. What was said before
+                # a clear-all must not come back after it, as a client's automatic retry would
+                # store it; resending it is the user's choice (it is then a new turn).
                 raise ServiceError(
                     ErrorCode.CONFLICT,
                     "Your memories were cleared or erased while this turn was processed; nothing was stored.",
+                    details={"reason": "memories_cleared"},
                 )
             # Taken over past our lease by a call with other items: theirs are the turn's.
             _guard_content_check(current, content_sha256=content)
@@ -678,6 +683,7 @@ def turn_after(
                     ErrorCode.CONFLICT,
                     "This turn's input, kept by memory_run_turn, was deleted while the turn was processed; "
                     "nothing was stored. Send the turn again with its input_items.",
+                    details={"reason": "turn_input_deleted"},
                 )
             stored = session_events_append(
                 scope, session_id=session_id, project=project, turn_id=turn_id, items=[*input_items, *output_items]
@@ -1187,11 +1193,10 @@ def turn_maintenance_run(
     except OperationalError as exc:
         # Every step takes the user's locks first, so this is rare (e.g. two runs' row
         # locks meeting a third writer's); the step rolled back, whatever committed stays.
+        # A transient race, and maintenance is safe to re-run: `resource_busy`, retry.
         if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED:
             raise
-        raise ServiceError(
-            ErrorCode.CONFLICT, "Another change to your memories ran at the same time as this maintenance; retry."
-        ) from None
+        raise _busy("Another change to your memories ran at the same time as this maintenance; retry.") from None
     result = {
         "ok": True,
         "sessions": len(sessions),

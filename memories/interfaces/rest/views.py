@@ -131,7 +131,9 @@ def _errors(*codes: int) -> dict[int, OpenApiResponse]:
         "someone a user key may not act for: `forbidden`.",
         404: "No memory with that id (a foreign id answers the same), or a service key's `X-Memory-Subject` "
         "names no user of its tenant: `not_found`.",
-        409: "Conflicting concurrent change: `conflict`.",
+        409: "A real conflict (e.g. another memory's text), not to be retried as is: `conflict`; or a lock "
+        "wait that timed out (e.g. during a clear-all or erasure): `resource_busy`, with `retry_after_s` and a "
+        "Retry-After header.",
         413: "An argument or the body is too large: `payload_too_large`.",
         421: "The Host header names a host this server does not serve (`ALLOWED_HOSTS`): `forbidden`.",
         429: "Rate limited: `rate_limited`, with `retry_after_s` and a Retry-After header.",

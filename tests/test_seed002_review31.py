@@ -1,0 +1,95 @@
+"""Review 31 of the turn lifecycle (seed 002) and its neighbours.
+
+F1: a lock wait that timed out is a wait, not a conflict: `resource_busy` with
+`retry_after_s` on every path and surface. Before, `remember` and `store_decision` (and
+every writer outside the turn lifecycle) answered `conflict` on the user's erasure lock
+held past MEMORY_LOCK_TIMEOUT_S, which tells a client not to retry; so did a deadlock in
+maintenance and a fact text stored and removed by others while a turn stored it.
+A turn whose guard a clear-all deleted keeps `conflict` (the clear wins: a client's
+automatic retry would store after it what was said before it), now with a reason."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+from audit.models import AuditEvent
+from core.errors import ErrorCode
+from memories.models import ContentHash, SessionEvent, TurnGuard
+from memories.toolkit.models import Decision
+from memories.turns import services as turns
+from tests.test_turns import facts_of, fails, turn, user_msg
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+
+@contextlib.contextmanager
+def erasure_held(scope) -> Iterator[None]:
+    """The user's erasure lock held exclusively by another connection (a clear-all or
+    erasure under way)."""
+    params = connection.get_connection_params()
+    other = psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory", "context")})
+    try:
+        other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [f"clear_all:{scope.engine_user_id}"])
+        yield
+    finally:
+        other.close()
+
+
+def test_remember_and_store_decision_over_mcp_answer_resource_busy_during_an_erasure(
+    alice, alice_scope, alice_key, mcp_as
+):
+    """The live server waits MEMORY_LOCK_TIMEOUT_S (its default) for the erasure lock."""
+    memory = mcp_as(alice_key)
+    toolkit = mcp_as(alice_key)
+    toolkit.url = toolkit.url.replace("/engines/memory/mcp", "/engines/memory-toolkit/mcp")
+    with erasure_held(alice_scope):
+        remembered = memory.error("remember", {"memory": "Alice collects stamps"})
+        decided = json.loads(toolkit.call("store_decision", {"key": "k", "value": "v"}).content[0].text)
+    assert (remembered["code"], remembered["retry_after_s"]) == ("resource_busy", 1), remembered
+    assert (decided["code"], decided["retry_after_s"]) == ("resource_busy", 1), decided  # seed 003's shape
+    assert not ContentHash.objects.exists() and not Decision.objects.exists()
+    # The retry the answer asks for goes through once the erasure is over.
+    assert memory.ok("remember", {"memory": "Alice collects stamps"})["duplicate"] is False
+    assert toolkit.call("store_decision", {"key": "k", "value": "v"}).is_error is False
+
+
+@override_settings(MEMORY_LOCK_TIMEOUT_S=0.3)
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/memories", {"memory": "Alice collects stamps"}), ("/v1/memory", {"content": "Alice collects stamps"})],
+    ids=["rest", "seed001"],
+)
+def test_remember_over_rest_answers_resource_busy_with_retry_after_during_an_erasure(
+    alice, alice_scope, alice_key, api_client, path, body
+):
+    client = api_client(alice_key)
+    with erasure_held(alice_scope):
+        response = client.post(path, body, format="json")
+    assert response.status_code == 409, response.content
+    error = response.json()["error"]
+    assert (error["code"], error["retry_after_s"], response["Retry-After"]) == ("resource_busy", 1, "1")
+    assert not ContentHash.objects.exists()
+    assert AuditEvent.objects.get(outcome="error").error_code == "resource_busy"
+    assert client.post(path, body, format="json").status_code in (200, 201)
+
+
+def test_a_fact_text_stored_and_removed_meanwhile_is_resource_busy(alice, alice_scope, monkeypatch):
+    """An import stored the text between the hash claim and the insert, and it went
+    again before the turn could find it: a race, retried into a stored fact."""
+    insert = turns._text_insert_claimed
+    monkeypatch.setattr(turns, "_text_insert_claimed", lambda *args, **kwargs: None)
+    error = fails(
+        alice, "memory_after_turn", session_id="s", turn_id="t", input_items=[user_msg("I prefer tea over coffee.")]
+    )
+    assert (error.code, error.retry_after_s) == (ErrorCode.RESOURCE_BUSY, 1), error.message
+    assert not TurnGuard.objects.exists() and not SessionEvent.objects.exists()  # nothing half-stored
+    monkeypatch.setattr(turns, "_text_insert_claimed", insert)
+    assert len(turn(alice, "s", "t", "I prefer tea over coffee.")["fact_ids"]) == 1
+    assert len(facts_of(alice_scope)) == 1
