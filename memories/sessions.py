@@ -217,15 +217,19 @@ SESSION_LOGS_FORMAT = "memsite.session_logs"
 
 def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[str]:
     """Every session log the user has, as JSONL lines to stream (the web UI's "Your data"):
-    a header with the counts, then one `session` line per session (its summary), one
-    `event` line per raw item in order, and one `archive` line per compacted run of items.
+    a header with the counts, then one `session` line per session (its summaries: the
+    abstract and overview, and `context_summary`, what before_turn shows), one `event`
+    line per raw item in order, one `archive` line per compacted run of items, and one
+    `pending_input` line per input `memory_run_turn` keeps for a turn not committed yet
+    (an expired one too, until it is pruned: everything stored of the user is theirs to
+    download). Version 1 still: later keys and line kinds were only added, never changed.
     Audited with the counts before the first line (a refusal too); rate limited, not
     billed. The file is read in one snapshot from its header to its last line, so the
     header's counts are exactly its lines whatever agents write meanwhile, and a download
     cut short is told by them. (The audit row's counts are from the call's start.)"""
     from audit.services import audit_record
     from core.choices import Operation
-    from memories.models import SessionArchive, SessionState
+    from memories.models import SessionArchive, SessionState, TurnPending
     from memories.rate_limits import rate_limit_consume_audited
 
     rate_limit_consume_audited(scope, operation=Operation.EXPORT_SESSION_LOGS, call=call)
@@ -234,7 +238,17 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
     states = SessionState.objects.filter(**owned).order_by("project", "session_id")
     events = SessionEvent.objects.filter(**owned).order_by("project", "session_id", "id")
     archives = SessionArchive.objects.filter(**owned).order_by("project", "session_id", "first_event_id")
-    counts = {"sessions": states.count(), "events": events.count(), "archives": archives.count()}
+    pending = TurnPending.objects.filter(**owned).order_by("project", "session_id", "created_at", "id")
+
+    def counted() -> dict[str, int]:
+        return {
+            "sessions": states.count(),
+            "events": events.count(),
+            "archives": archives.count(),
+            "pending_inputs": pending.count(),
+        }
+
+    counts = counted()
     with transaction.atomic():
         audit_record(scope, call=call, operation=Operation.EXPORT_SESSION_LOGS, detail=counts)
     header = {"format": SESSION_LOGS_FORMAT, "version": 1, "exported_at": timezone.now().isoformat(), **counts}
@@ -247,8 +261,7 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
             yield from snapshot_lines()
 
     def snapshot_lines() -> Iterator[str]:
-        counted = {"sessions": states.count(), "events": events.count(), "archives": archives.count()}
-        yield json.dumps({**header, **counted}, ensure_ascii=False) + "\n"
+        yield json.dumps({**header, **counted()}, ensure_ascii=False) + "\n"
         for state in states.iterator(chunk_size=500):
             yield line(
                 "session",
@@ -257,6 +270,8 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
                     "session_id": state.session_id,
                     "abstract": state.abstract,
                     "overview": state.overview,
+                    "context_summary": state.context_summary,
+                    "summary_updated_at": state.summary_updated_at,
                     "created_at": state.created_at,
                     "last_active_at": state.last_active_at,
                 },
@@ -280,6 +295,17 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
                     "session_id": archive.session_id,
                     "created_at": archive.created_at,
                     "items": archive.items,
+                },
+            )
+        for kept in pending.iterator(chunk_size=50):
+            yield line(
+                "pending_input",
+                {
+                    "project": kept.project,
+                    "session_id": kept.session_id,
+                    "operation_token": kept.token,
+                    "created_at": kept.created_at,
+                    "items": kept.items,
                 },
             )
 

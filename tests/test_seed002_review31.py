@@ -6,7 +6,11 @@ every writer outside the turn lifecycle) answered `conflict` on the user's erasu
 held past MEMORY_LOCK_TIMEOUT_S, which tells a client not to retry; so did a deadlock in
 maintenance and a fact text stored and removed by others while a turn stored it.
 A turn whose guard a clear-all deleted keeps `conflict` (the clear wins: a client's
-automatic retry would store after it what was said before it), now with a reason."""
+automatic retry would store after it what was said before it), now with a reason.
+
+F4: the session-log download (Your data) left out stored data of the user: the input
+memory_run_turn keeps for a turn not committed yet, and the summary before_turn shows
+(`context_summary`). Both are in it now, as new keys and a new line kind only."""
 
 from __future__ import annotations
 
@@ -93,3 +97,57 @@ def test_a_fact_text_stored_and_removed_meanwhile_is_resource_busy(alice, alice_
     monkeypatch.setattr(turns, "_text_insert_claimed", insert)
     assert len(turn(alice, "s", "t", "I prefer tea over coffee.")["fact_ids"]) == 1
     assert len(facts_of(alice_scope)) == 1
+
+
+# --- F4: the session-log download holds run_turn's kept inputs and before_turn's summary ------------
+def test_the_session_log_download_holds_kept_inputs_and_the_context_summary_of_mine_only(
+    alice, alice_scope, bob, bob_scope, client
+):
+    """Everything stored of the user is theirs to download: the input memory_run_turn
+    keeps for a turn not committed yet, and the summary before_turn shows. Another
+    user's, in a session of the same id, never appears."""
+    from memories.models import SessionState
+    from tests.test_turns import run
+
+    mine = run(alice, "memory_run_turn", session_id="s", current_input=[user_msg("alice-kept-input")])
+    run(bob, "memory_run_turn", session_id="s", current_input=[user_msg("bob-kept-secret")])
+    for scope, summary in ((alice_scope, "alice-context-summary"), (bob_scope, "bob-summary-secret")):
+        SessionState.objects.update_or_create(
+            engine_user_id=scope.engine_user_id, project="", session_id="s", defaults={"context_summary": summary}
+        )
+    client.force_login(alice)
+    response = client.post("/data/export/session-logs/")
+    assert response.status_code == 200
+    body = b"".join(response.streaming_content).decode()
+    header, *rest = [json.loads(line) for line in body.splitlines()]
+    # The keys an older reader knows are all still there, as they were.
+    assert (header["format"], header["version"], header["sessions"], header["events"], header["archives"]) == (
+        "memsite.session_logs",
+        1,
+        1,
+        0,
+        0,
+    )
+    assert header["pending_inputs"] == 1
+    (session,) = [line["session"] for line in rest if "session" in line]
+    assert session["context_summary"] == "alice-context-summary"
+    assert {"abstract", "overview", "created_at", "last_active_at"} <= set(session)
+    (kept,) = [line["pending_input"] for line in rest if "pending_input" in line]
+    assert (kept["session_id"], kept["operation_token"]) == ("s", mine["operation_token"])
+    assert "alice-kept-input" in json.dumps(kept["items"])
+    assert "bob-kept-secret" not in body and "bob-summary-secret" not in body
+    audited = AuditEvent.objects.get(operation="export_session_logs").detail
+    assert audited == {"sessions": 1, "events": 0, "archives": 0, "pending_inputs": 1}
+
+
+def test_a_session_log_download_given_to_the_memories_import_is_refused_whole(alice, alice_scope, client):
+    """No import reads the session-log file: the memories import refuses it by its
+    header's format, and nothing of it is stored."""
+    from tests.test_turns import run
+
+    run(alice, "memory_run_turn", session_id="s", current_input=[user_msg("I live in Porto.")])
+    client.force_login(alice)
+    body = b"".join(client.post("/data/export/session-logs/").streaming_content)
+    error = fails(alice, "import_memories", data=body, source="memsite")
+    assert error.code == ErrorCode.INVALID_ARGUMENT and "memsite.memories header" in error.message
+    assert not ContentHash.objects.exists() and not facts_of(alice_scope)
