@@ -10,7 +10,9 @@ automatic retry would store after it what was said before it), now with a reason
 
 F4: the session-log download (Your data) left out stored data of the user: the input
 memory_run_turn keeps for a turn not committed yet, and the summary before_turn shows
-(`context_summary`). Both are in it now, as new keys and a new line kind only."""
+(`context_summary`). Both are in it now, as new keys and a new line kind only.
+
+F5: memory_list_dir_with_abstract's tier stats took two statements per tier (six); one."""
 
 from __future__ import annotations
 
@@ -151,3 +153,30 @@ def test_a_session_log_download_given_to_the_memories_import_is_refused_whole(al
     error = fails(alice, "import_memories", data=body, source="memsite")
     assert error.code == ErrorCode.INVALID_ARGUMENT and "memsite.memories header" in error.message
     assert not ContentHash.objects.exists() and not facts_of(alice_scope)
+
+
+# --- F5: the tree's tier stats in one statement ------------------------------------------------------
+def test_the_trees_tier_stats_are_one_statement_for_all_tiers(alice, alice_scope, bob, django_assert_num_queries):
+    from memories.turns.selectors import _Tree, fact_counts_by_tier
+
+    turn(alice, "s", "t1", "Today I am working from the cafe.")  # l1
+    turn(alice, "s", "t2", "I prefer tea over coffee.")  # long-term
+    turn(alice, "other", "t1", "I prefer green tea over black tea.", project="p")
+    turn(bob, "s", "t1", "I prefer coffee over tea.")  # bob's: never counted for alice
+    expected = fact_counts_by_tier(alice_scope)
+    with django_assert_num_queries(1):
+        stats = _Tree(scope=alice_scope, project="", session_id="", limit=100).tier_stats()
+    assert {tier: n for tier, (n, _) in stats.items()} == expected == {"l1": 1, "l2": 0, "long_term": 2}
+    assert stats["l2"][1] is None and stats["l1"][1] is not None and stats["long_term"][1] is not None
+    projected = _Tree(scope=alice_scope, project="p", session_id="", limit=100).tier_stats()
+    assert {tier: n for tier, (n, _) in projected.items()} == {"l1": 0, "l2": 0, "long_term": 1}
+    narrowed = _Tree(scope=alice_scope, project="", session_id="other", limit=100).tier_stats()
+    assert narrowed["long_term"][0] == 1 and narrowed["l1"][0] == 0
+    entries = {e["path"]: e for e in run_tree(alice)}
+    assert entries["/memory_tiers"]["abstract"] == "3 live facts by tier: l1 1, l2 0, long_term 2."
+
+
+def run_tree(user) -> list[dict]:
+    from tests.test_turns import run
+
+    return run(user, "memory_list_dir_with_abstract")["summaries"]

@@ -15,7 +15,7 @@ from django.db.models.functions import Substr
 from django.utils.dateparse import parse_datetime
 
 from core.scope import MemoryScope
-from memories.engine import attrs_containment, engine_memory_of, engine_rows_owned
+from memories.engine import attrs_condition, attrs_containment, engine_memory_of, engine_rows_owned
 from memories.keyset import KeysetPage, Seek, queryset_page
 from memories.models import SessionArchive, SessionEvent, SessionState
 from memories.turns.extraction import FACT_TAG, TIERS, project_tag, tier_tag
@@ -295,17 +295,24 @@ class _Tree:
         )
 
     def tier_stats(self) -> dict[str, tuple[int, Any]]:
-        """Per tier: how many live facts, and when the newest was made."""
+        """Per tier: how many live facts, and when the newest was made. One statement for
+        all tiers: the live facts (of the project, of the session) counted per tier, with
+        their newest `created` (the engine's creation time, text that orders as the
+        instants it names)."""
         if self._tier_stats is None:
-            self._tier_stats = {}
-            for tier in TIERS:
-                tags = [FACT_TAG, tier_tag(tier)] + ([project_tag(self.project)] if self.project else [])
-                containment = attrs_containment(tags=tags, session_id=self.session_id or None)
-                rows = engine_rows_owned(self.scope, containment=containment)
-                top = rows.order_by("-created").first()  # type: ignore[misc]
-                created = engine_memory_of(top).created_at if top is not None else None
-                newest = parse_datetime(created) if created else None
-                self._tier_stats[tier] = (rows.count(), newest)
+            tags = [FACT_TAG] + ([project_tag(self.project)] if self.project else [])
+            facts = engine_rows_owned(
+                self.scope, containment=attrs_containment(tags=tags, session_id=self.session_id or None)
+            )
+            of_tier = {tier: attrs_condition(attrs_containment(tags=[tier_tag(tier)])) for tier in TIERS}
+            found = facts.aggregate(
+                **{f"n_{tier}": Count("id", filter=of_tier[tier]) for tier in TIERS},
+                **{f"newest_{tier}": Max("created", filter=of_tier[tier]) for tier in TIERS},
+            )
+            self._tier_stats = {
+                tier: (found[f"n_{tier}"], parse_datetime(found[f"newest_{tier}"]) if found[f"newest_{tier}"] else None)
+                for tier in TIERS
+            }
         return self._tier_stats
 
 
