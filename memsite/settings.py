@@ -633,7 +633,7 @@ RRF_K = env_int("RRF_K", 60, minimum=1)
 CACHE_SIMILARITY_THRESHOLD = env_float("CACHE_SIMILARITY_THRESHOLD", 0.95, minimum=0.0)
 CACHE_TTL_SECONDS = env_int("CACHE_TTL_SECONDS", 3600, minimum=1)
 # At most this many cached entries per user, expired ones not purged yet included: a store
-# beyond it evicts the user's entries that expire first. store_cache's rate limit alone
+# beyond it evicts the user's other entries that expire first (never the one it stores). store_cache's rate limit alone
 # bounded a cache (off or raised, it grew without end), and check_cache and cache_invalidate
 # read every entry of the user. Above what the default limit lets an hour's TTL hold
 # (120/minute for 60 minutes, plus the 10 minutes between purges: 8,400).

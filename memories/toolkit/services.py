@@ -635,7 +635,8 @@ def toolkit_cache_store(scope: MemoryScope, *, query: str, response: str, call: 
     """Cache a query/response pair for CACHE_TTL_SECONDS (expired rows are hidden at
     once and deleted by `toolkit.cache_purge_expired`). The user keeps at most
     CACHE_MAX_ENTRIES_PER_USER entries: beyond it, those that expire first go (expired
-    ones before live ones), counted on the audit row as `evicted`."""
+    ones before live ones; never the entry just stored), counted on the audit row as
+    `evicted`."""
     rate_limit_consume(scope, operation=Operation.STORE_CACHE)
     embedder, vector = _embed_query(query)
     with transaction.atomic():
@@ -650,7 +651,7 @@ def toolkit_cache_store(scope: MemoryScope, *, query: str, response: str, call: 
             embedder=embedder,
             expires_at=timezone.now() + timedelta(seconds=settings.CACHE_TTL_SECONDS),
         )
-        evicted = _cache_evicted(scope)
+        evicted = _cache_evicted(scope, stored=entry)
         call_succeeded(
             scope,
             call=call,
@@ -665,13 +666,19 @@ def toolkit_cache_store(scope: MemoryScope, *, query: str, response: str, call: 
     return {"cache_id": str(entry.id)}
 
 
-def _cache_evicted(scope: MemoryScope) -> int:
+def _cache_evicted(scope: MemoryScope, *, stored: CacheEntry) -> int:
     """Delete the user's entries beyond CACHE_MAX_ENTRIES_PER_USER, those that expire
     first (the (user, expires_at) index read backwards, from the last to expire); how
-    many. Only ever the scope's own rows."""
-    own = CacheEntry.objects.filter(user_id=scope.user_pk)
-    beyond = own.order_by("-expires_at", "-id").values("id")[settings.CACHE_MAX_ENTRIES_PER_USER :]
-    return own.filter(id__in=beyond).delete()[0]
+    many. Only ever the scope's own rows, and never `stored`, the entry this store made:
+    it is what the caller was just answered (and billed for), and an older entry may
+    expire after it (CACHE_TTL_SECONDS lowered since, or this process's clock behind),
+    which evicted the new one and left check_cache to miss it. Among the others, the one
+    that can be served for the shortest time more is the least useful (an expired one
+    not at all): the cache counts no hits, and with one TTL that is the oldest."""
+    others = CacheEntry.objects.filter(user_id=scope.user_pk).exclude(id=stored.id)
+    keep = settings.CACHE_MAX_ENTRIES_PER_USER - 1  # and `stored`
+    beyond = others.order_by("-expires_at", "-id").values("id")[keep:]
+    return others.filter(id__in=beyond).delete()[0]
 
 
 def _caseless(text: str) -> str:
