@@ -465,6 +465,22 @@ def _turn_fact_durable_attrs(attrs: MemoryAttrs) -> MemoryAttrs | None:
     )
 
 
+def _turn_fact_owned(existing: EngineMemory, *, durable: bool, call: CallContext) -> EngineMemory | None:
+    """A turn fact whose text its owner stores again (`remember`, a human message of the
+    toolkit's `store_memory`) becomes theirs. An expiring one is made durable when
+    `durable` (`_turn_fact_durable_attrs`), and returned as it is now; otherwise nothing
+    changes but this call's history row, which says the fact is the owner's, so
+    consolidation never trashes it (turns `_owner_kept`). None for that, and for any
+    other memory (an owner's own expiring memory is their choice: left alone). No
+    embedding: in the caller's transaction, with `existing` row-locked (`_hash_owner_memory`)."""
+    if FACT_TAG not in existing.attrs.tags:
+        return None
+    durable_attrs = _turn_fact_durable_attrs(existing.attrs) if durable else None
+    with _attributed(call):
+        kept = engine_update_row(existing.id, embedded=None, metadata=None, attrs=durable_attrs or existing.attrs)
+    return kept if durable_attrs is not None else None
+
+
 def _turn_fact_owner_edited_attrs(
     current: MemoryAttrs, edited: MemoryAttrs, *, fields: Mapping[str, Any]
 ) -> MemoryAttrs | None:
@@ -590,16 +606,7 @@ def memory_remember(
             if existing is not None:
                 # Remembering a text an expiring turn fact holds keeps it (unless this
                 # remember itself asks for an expiry): same transaction, same audit row.
-                durable_attrs = _turn_fact_durable_attrs(existing.attrs) if attrs.expires_at is None else None
-                durable = None
-                if durable_attrs is not None:
-                    with _attributed(call):
-                        durable = engine_update_row(existing.id, embedded=None, metadata=None, attrs=durable_attrs)
-                elif FACT_TAG in existing.attrs.tags:
-                    # Nothing to change, but the fact is now the owner's: this call's history
-                    # row says so, and consolidation never trashes it (turns `_owner_kept`).
-                    with _attributed(call):
-                        engine_update_row(existing.id, embedded=None, metadata=None, attrs=existing.attrs)
+                durable = _turn_fact_owned(existing, durable=attrs.expires_at is None, call=call)
                 call_succeeded(
                     scope,
                     call=call,

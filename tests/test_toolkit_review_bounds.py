@@ -4,14 +4,20 @@ decisions are capped (DECISION_MAX_PER_USER)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from billing.models import UsageEvent
 from memories.auth import Principal
 from memories.operations import operation_execute
+from memories.selectors import memory_get_owned
 from memories.toolkit.models import CacheEntry
+from memories.turns import services as turns
 from tests.conftest import internal_call
+from tests.test_turns import facts_of, turn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -72,3 +78,52 @@ def test_store_cache_at_a_cap_of_one_keeps_only_the_new_entry(alice, bob, settin
         stored["cache_id"]
     ]
     assert queries(bob) == ["Bob's question"]
+
+
+# --- 2: store_memory left a message's only long-term copy expiring ---------------------------------
+CAFE = "Today I am working from the cafe."  # an L1 turn fact: it expires in a day
+
+
+def test_store_memory_of_a_text_an_expiring_turn_fact_holds_makes_the_fact_durable(
+    alice, alice_scope, bob, bob_scope, monkeypatch
+):
+    """store_memory skipped the human message's long-term candidate because the user 'has'
+    the text, and left the turn fact that holds it expiring: two days later maintenance
+    deleted it and nothing long-term of the message was left. The fact is made durable,
+    as remember does, in the same call (named on its audit row); bob's fact of the same
+    text is not touched."""
+    fact = turn(alice, "s", "t1", CAFE)["fact_ids"][0]
+    bobs = turn(bob, "s", "t1", CAFE)["fact_ids"][0]
+    assert facts_of(alice_scope)[0].payload["attrs"].get("expires_at")
+
+    said_twice = [{"role": "human", "content": CAFE}, {"role": "human", "content": CAFE}]
+    stored = run(alice, "store_memory", {"conversation_id": "c-1", "messages": said_twice})
+
+    assert stored["count"] == 2
+    (row,) = facts_of(alice_scope)
+    assert str(row.id) == fact and row.payload["attrs"].get("expires_at") is None
+    audit = AuditEvent.objects.filter(operation="store_memory").latest("id")
+    assert audit.detail["made_durable"] == [fact] and audit.detail["ltm_candidates"] == 0
+    assert audit.memory_ids == [*stored["stm_ids"], fact]
+    (bobs_row,) = facts_of(bob_scope)
+    assert str(bobs_row.id) == bobs and bobs_row.payload["attrs"].get("expires_at")
+
+    monkeypatch.setattr(turns, "_now", lambda: timezone.now() + timedelta(days=2))
+    principal = Principal(user=alice, method="api_key")
+    result = operation_execute(principal, "memory_run_maintenance", {"session_id": "s"}, call=internal_call())
+    assert result["expired_facts"] == 0
+    assert [str(item.id) for item in facts_of(alice_scope)] == [fact]
+    assert memory_get_owned(alice_scope, memory_id=fact).text == CAFE
+
+
+def test_store_memory_leaves_an_owners_own_expiring_memory_of_the_text_alone(alice, alice_scope):
+    """An expiry the owner set on their memory is their choice: store_memory of the same
+    text makes no candidate (the user has the text) and changes nothing of it."""
+    kept = run(alice, "remember", {"memory": CAFE, "ttl_days": 3})["id"]
+    before = memory_get_owned(alice_scope, memory_id=kept)
+    assert before.attrs.expires_at
+    run(alice, "store_memory", {"conversation_id": "c-1", "messages": [{"role": "human", "content": CAFE}]})
+    after = memory_get_owned(alice_scope, memory_id=kept)
+    assert after.attrs.expires_at == before.attrs.expires_at
+    audit = AuditEvent.objects.filter(operation="store_memory").latest("id")
+    assert "made_durable" not in audit.detail and kept not in audit.memory_ids

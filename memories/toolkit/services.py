@@ -64,12 +64,13 @@ from memories.services import (
     STORE_MEMORY_SOURCE,
     _attributed,
     _engine_errors,
-    _hash_owner,
+    _hash_owner_memory,
     _live,
     _pairs,
     _system_metadata,
     _text_insert_claimed,
     _text_lock_key,
+    _turn_fact_owned,
     content_sha256,
     erasure_lock_key,
     ingest_intents_supersede,
@@ -83,6 +84,7 @@ from memories.toolkit.models import CacheEntry, Decision
 from memories.toolkit.selectors import cache_entry_list, decision_list
 from memories.toolkit.tasks import enrich_memories as enrich_memories_task
 from memories.toolkit.websearch import WebSearchUnavailable, web_search_provider
+from memories.turns.extraction import FACT_TAG
 
 HUMAN_ROLES = frozenset({"human", "user"})
 LTM_MIN_CHARS = 30  # seed 003: human messages longer than this become long-term candidates
@@ -120,8 +122,11 @@ def toolkit_memory_store(
     """One short-term memory per message (expiring after STM_TTL_HOURS); human messages
     over 30 characters also become long-term candidates (`enrichment_status: pending`),
     enriched by a background task after commit. A candidate whose text the user already
-    has as a memory is not made again (the one dedupe rule). Embeddings are computed
-    before the transaction; all rows, hashes, the usage event and audit row commit together."""
+    has as a memory is not made again (the one dedupe rule); when that memory is a turn
+    fact it is kept as `remember` keeps one (`_turn_fact_owned`: the owner's, and made
+    durable if it expires), named on the audit row (its memory ids; `made_durable` for
+    the expiring ones). Embeddings are computed before the transaction; all rows, hashes,
+    the usage event and audit row commit together."""
     rate_limit_consume(scope, operation=Operation.STORE_MEMORY)
     embedded = {}
     with _engine_errors():
@@ -132,6 +137,8 @@ def toolkit_memory_store(
     stm_expires = engine_timestamp(datetime.now(UTC) + timedelta(hours=settings.STM_TTL_HOURS))
     stm_ids: list[str] = []
     ltm_ids: list[str] = []
+    facts_kept: list[str] = []  # turn facts holding a message's text (each once)
+    made_durable: list[str] = []  # those of them that were expiring
     candidates = {
         content_sha256(m["content"].strip())
         for m in messages
@@ -154,7 +161,16 @@ def toolkit_memory_store(
             if message["role"] not in HUMAN_ROLES or len(text) <= LTM_MIN_CHARS:
                 continue
             digest = content_sha256(text)
-            if _hash_owner(scope, digest=digest) is not None:
+            holder = _hash_owner_memory(scope, digest=digest)
+            if holder is not None:
+                # The user has the text: no candidate. When a turn fact holds it, the fact
+                # is the message's long-term copy now, kept as `remember` keeps it: made
+                # durable if it expires (memory_after_turn's L1 facts go in a day, and
+                # nothing long-term of the message would be left), the owner's either way.
+                if FACT_TAG in holder.attrs.tags and holder.id not in facts_kept:
+                    facts_kept.append(holder.id)
+                    if _turn_fact_owned(holder, durable=True, call=call) is not None:
+                        made_durable.append(holder.id)
                 continue
             candidate = {**base, TIER_KEY: "ltm", ENRICHMENT_KEY: "pending", STM_LINK_KEY: stm_id}
             with _attributed(call):
@@ -172,9 +188,14 @@ def toolkit_memory_store(
             scope,
             call=call,
             operation=Operation.STORE_MEMORY,
-            memory_ids=stm_ids + ltm_ids,
+            memory_ids=stm_ids + ltm_ids + facts_kept,
             after={"messages": [audit_text(m["content"]) for m in messages]},
-            detail={"conversation_id": conversation_id, "stm": len(stm_ids), "ltm_candidates": len(ltm_ids)},
+            detail={
+                "conversation_id": conversation_id,
+                "stm": len(stm_ids),
+                "ltm_candidates": len(ltm_ids),
+                **({"made_durable": made_durable} if made_durable else {}),
+            },
         )
         if ltm_ids:
             transaction.on_commit(lambda: _enrichment_enqueue(ltm_ids))
