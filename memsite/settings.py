@@ -638,6 +638,10 @@ CACHE_TTL_SECONDS = env_int("CACHE_TTL_SECONDS", 3600, minimum=1)
 # read every entry of the user. Above what the default limit lets an hour's TTL hold
 # (120/minute for 60 minutes, plus the 10 minutes between purges: 8,400).
 CACHE_MAX_ENTRIES_PER_USER = env_int("CACHE_MAX_ENTRIES_PER_USER", 10_000, minimum=1)
+# At most this many decisions per user: store_decision refuses a new key beyond it
+# (payload_too_large; an update of a key the user has is always taken). Only its rate
+# limit bounded them, and the "Your data" export holds all of them at once.
+DECISION_MAX_PER_USER = env_int("DECISION_MAX_PER_USER", 10_000, minimum=1)
 # search_web: off unless a provider key is set. Results are never stored as memories.
 WEB_SEARCH_PROVIDER = env_choice("WEB_SEARCH_PROVIDER", "tavily", ("tavily",))
 TAVILY_API_KEY = env_str("TAVILY_API_KEY", "")

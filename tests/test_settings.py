@@ -70,6 +70,7 @@ def test_bad_port_is_refused():
     [
         ("PORT", "70000", "PORT must be <= 65535"),
         ("IMPORT_MAX_BYTES", "-1", "IMPORT_MAX_BYTES must be >= 1"),
+        ("DECISION_MAX_PER_USER", "0", "DECISION_MAX_PER_USER must be >= 1"),
         ("OAUTH_ACCESS_TOKEN_TTL_S", "0", "OAUTH_ACCESS_TOKEN_TTL_S must be >= 1"),
         ("OIDC_TENANT_MAP", "acme", "OIDC_TENANT_MAP must look like key:value"),
         ("LOGIN_FAILURES_PER_USERNAME", "0", "LOGIN_FAILURES_PER_USERNAME must be >= 1"),

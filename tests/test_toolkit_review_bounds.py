@@ -4,17 +4,24 @@ decisions are capped (DECISION_MAX_PER_USER)."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from audit.models import AuditEvent
 from billing.models import UsageEvent
+from core.errors import ErrorCode, ServiceError
+from core.scope import MemoryScope
 from memories.auth import Principal
 from memories.operations import operation_execute
 from memories.selectors import memory_get_owned
-from memories.toolkit.models import CacheEntry
+from memories.toolkit import services as toolkit_services
+from memories.toolkit.models import CacheEntry, Decision
+from memories.toolkit.services import toolkit_data_export
 from memories.turns import services as turns
 from tests.conftest import internal_call
 from tests.test_turns import facts_of, turn
@@ -127,3 +134,83 @@ def test_store_memory_leaves_an_owners_own_expiring_memory_of_the_text_alone(ali
     assert after.attrs.expires_at == before.attrs.expires_at
     audit = AuditEvent.objects.filter(operation="store_memory").latest("id")
     assert "made_durable" not in audit.detail and kept not in audit.memory_ids
+
+
+# --- 3: decisions had no per-user bound -------------------------------------------------------------
+def fails(user, name: str, arguments: dict) -> ServiceError:
+    with pytest.raises(ServiceError) as caught:
+        run(user, name, arguments)
+    return caught.value
+
+
+def keys(user) -> list[str]:
+    return sorted(Decision.objects.filter(user=user).values_list("key", flat=True))
+
+
+def test_store_decision_refuses_a_new_key_past_the_cap_and_still_updates_one(alice, bob, settings):
+    """Every new key was kept (only the rate limit bounded them), and the "Your data"
+    export holds them all at once. Past DECISION_MAX_PER_USER a new key is refused with
+    a stable code and nothing changes; an update of a key the user has is taken; bob's
+    cap is his own."""
+    settings.DECISION_MAX_PER_USER = 3
+    for n in range(3):
+        run(alice, "store_decision", {"key": f"k{n}", "value": "v"})
+    usage = UsageEvent.objects.filter(operation="store_decision", user_id=str(alice.pk)).count()
+
+    refused = fails(alice, "store_decision", {"key": "k3", "value": "v"})
+
+    assert refused.code == ErrorCode.PAYLOAD_TOO_LARGE and refused.http_status == 413
+    assert "3 decisions" in refused.message and "Nothing was changed" in refused.message
+    assert keys(alice) == ["k0", "k1", "k2"]
+    assert UsageEvent.objects.filter(operation="store_decision", user_id=str(alice.pk)).count() == usage
+    row = AuditEvent.objects.filter(operation="store_decision", subject_user_id=alice.pk).latest("id")
+    assert row.outcome == AuditEvent.Outcome.ERROR and row.error_code == "payload_too_large"
+    assert run(alice, "store_decision", {"key": "k1", "value": "changed"})["action"] == "updated"
+    assert run(alice, "recall_decision", {"key": "k1"})["decision"]["value"] == "changed"
+    for n in range(3):
+        assert run(bob, "store_decision", {"key": f"k{n}", "value": "bob"})["action"] == "created"
+    assert fails(bob, "store_decision", {"key": "b3", "value": "v"}).code == ErrorCode.PAYLOAD_TOO_LARGE
+    # Room made by the owner (a delete, or a decision that expired) takes a new key again.
+    Decision.objects.filter(user=alice, key="k0").delete()
+    assert run(alice, "store_decision", {"key": "k3", "value": "v"})["action"] == "created"
+    Decision.objects.filter(user=alice, key="k1").update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert run(alice, "store_decision", {"key": "k4", "value": "v"})["action"] == "created"
+    assert keys(alice) == ["k2", "k3", "k4"] and keys(bob) == ["k0", "k1", "k2"]
+    document = toolkit_data_export(MemoryScope.for_user(alice), call=internal_call())
+    assert [d["key"] for d in document["decisions"]] == ["k2", "k3", "k4"]
+
+
+def test_two_new_keys_stored_at_once_at_one_below_the_cap_keep_the_cap(alice, settings, monkeypatch):
+    """Each store held only its key's lock: two new keys at cap - 1 could both see room
+    and both be stored. Here the first to find room waits (bounded) for the other to find
+    room too: with the user's lock the other cannot, and is refused once the first commits."""
+    settings.DECISION_MAX_PER_USER = 3
+    for n in range(2):
+        run(alice, "store_decision", {"key": f"k{n}", "value": "v"})
+    barrier = threading.Barrier(2)
+    room = toolkit_services._decision_room
+
+    def room_then_wait_for_the_other(scope, **kwargs):
+        room(scope, **kwargs)
+        # Broken after the timeout when the other store waits for our lock: we go on alone.
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=3)
+
+    monkeypatch.setattr(toolkit_services, "_decision_room", room_then_wait_for_the_other)
+    outcomes: dict[str, object] = {}
+
+    def store(key: str) -> None:
+        try:
+            outcomes[key] = run(alice, "store_decision", {"key": key, "value": "v"})["action"]
+        except ServiceError as error:
+            outcomes[key] = error.code
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=store, args=(key,)) for key in ("new-a", "new-b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(map(str, outcomes.values())) == ["created", "payload_too_large"]
+    assert Decision.objects.filter(user=alice).count() == 3

@@ -814,10 +814,13 @@ def toolkit_decision_store(
     scope: MemoryScope, *, key: str, value: str, ttl_days: int | None = None, call: CallContext
 ) -> dict[str, Any]:
     """Upsert by (user, key): `created` for a new key (or one whose decision had
-    expired), `updated` otherwise. `ttl_days` sets the expiry; omitted, none."""
+    expired), `updated` otherwise. `ttl_days` sets the expiry; omitted, none. A new key
+    beyond DECISION_MAX_PER_USER is refused (`_decision_room`); an update never is."""
     rate_limit_consume(scope, operation=Operation.STORE_DECISION)
     with transaction.atomic():
-        user_write_locks(scope, f"decision:{scope.user_pk}:{key}")
+        # The user's stores one at a time (a lock per key let two new keys both take the
+        # cap's last place); they are short, few and rate limited.
+        user_write_locks(scope, f"decision:{scope.user_pk}")
         existing = Decision.objects.select_for_update().filter(user_id=scope.user_pk, key=key).first()
         # The time is read once the key is ours: a store that held it while this one waited
         # wrote a later time, which an earlier reading would have moved back.
@@ -832,6 +835,7 @@ def toolkit_decision_store(
         else:
             if existing is not None:
                 existing.delete()  # expired: as if it were gone
+            _decision_room(scope, now=now)
             Decision.objects.create(
                 user_id=scope.user_pk, key=key, value=value, created_at=now, updated_at=now, expires_at=expires_at
             )
@@ -845,6 +849,27 @@ def toolkit_decision_store(
             detail={"key": key, "action": action, "ttl_days": ttl_days},
         )
     return {"key": key, "action": action, "user_id": _user_label(scope, call=call)}
+
+
+def _decision_room(scope: MemoryScope, *, now: datetime) -> None:
+    """Refuse a new decision when the user has DECISION_MAX_PER_USER already (their rows,
+    expired ones the purge has not deleted yet included: the bound is on what is kept).
+    At the cap the expired ones go first: gone for every reader already, they must not
+    take a live one's place, nor refuse a store the user cannot make room for. In the
+    store's transaction, under the user's decision lock (a refusal undoes it all)."""
+    cap = settings.DECISION_MAX_PER_USER
+    own = Decision.objects.filter(user_id=scope.user_pk)
+    if own[:cap].count() < cap:
+        return
+    own.filter(expires_at__lte=now).delete()
+    if own[:cap].count() < cap:
+        return
+    raise ServiceError(
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        f"You have {cap} decisions, the most one account keeps; delete one to store a new key "
+        "(a key you have can still be updated). Nothing was changed.",
+        details={"limit": cap},
+    )
 
 
 def toolkit_decision_recall(scope: MemoryScope, *, key: str, call: CallContext) -> dict[str, Any]:
@@ -883,7 +908,8 @@ def toolkit_data_export(scope: MemoryScope, *, call: CallContext) -> dict[str, A
     """Everything the toolkit keeps about the person besides memories: their live
     decisions and cached answers, as one JSON document (the web UI's "Your data"
     download; the memory export covers memories). Audited with the counts (a refusal too),
-    rate limited, not billed."""
+    rate limited, not billed. Held in memory: bounded by CACHE_MAX_ENTRIES_PER_USER and
+    DECISION_MAX_PER_USER."""
     rate_limit_consume_audited(scope, operation=Operation.EXPORT_DECISIONS_AND_CACHE, call=call)
     user = _user_label(scope, call=call)
     # Each list in one statement: a count read first missed a row when another request
