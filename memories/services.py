@@ -26,7 +26,7 @@ from core.batched import rows_delete_in_batches
 from core.choices import ALL_PERMISSIONS, Channel, Operation, Permission, Role
 from core.errors import ErrorCode, ServiceError, backend_unavailable, not_found
 from core.inputs import text_problem
-from core.locks import advisory_xact_lock
+from core.locks import LOCK_RETRY_AFTER_S, advisory_xact_lock
 from core.scope import CallContext, MemoryScope
 from core.snapshots import read_only_snapshot
 from memories.call_record import call_succeeded, failures_audited
@@ -1209,7 +1209,12 @@ def memory_update(
                 detail=_derived_answers_forgotten(scope) if text_changed else None,
             )
         return memory_view(updated)
-    raise ServiceError(ErrorCode.CONFLICT, "The memory kept changing while this update waited for it; retry.")
+    # A race that outlasted the re-reads, not a conflict of the caller's: retryable.
+    raise ServiceError(
+        ErrorCode.RESOURCE_BUSY,
+        "The memory kept changing while this update waited for it; retry.",
+        retry_after_s=LOCK_RETRY_AFTER_S,
+    )
 
 
 def _moved_to(current: MemoryAttrs, fields: Mapping[str, Any] | None) -> dict[str, str] | None:
@@ -2391,7 +2396,7 @@ def _import_write(
             # waits for the import (or it for them), but the user's other writes go on
             # during a long import. No lock per text (thousands of advisory locks would
             # overflow the lock table): a racing `remember` or import of the same text meets
-            # the hash's unique constraint, and the whole import answers `conflict` (retry).
+            # the hash's unique constraint, and the whole import answers `resource_busy` (retry).
             user_write_locks(scope)
             owned = _hash_owner_rows(scope, digests=list(wanted))
             writing = {digest: group for digest, group in wanted.items() if digest not in owned}
@@ -2437,7 +2442,11 @@ def _import_write(
                 },
             )
     except IntegrityError:
+        # A concurrent store of one of the file's texts: the whole import rolled back, and a
+        # retry finds that text stored (a duplicate, skipped). Retryable, not a conflict.
         raise ServiceError(
-            ErrorCode.CONFLICT, "The same text was stored meanwhile; nothing was imported. Retry the import."
+            ErrorCode.RESOURCE_BUSY,
+            "The same text was stored meanwhile; nothing was imported. Retry the import.",
+            retry_after_s=LOCK_RETRY_AFTER_S,
         ) from None
     return created
