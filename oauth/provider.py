@@ -294,7 +294,10 @@ class MemsiteAuthenticator(ClientAuthenticator):
     """Client authentication at /token and /revoke against the stored secret digest
     (public clients — auth method none, every CIMD client — send no secret, and are refused
     if they send one). HTTP Basic credentials, when sent, name the client; a form
-    client_id naming another one was refused before (`_basic_client_id_in_form`)."""
+    client_id naming another one was refused before (`_basic_client_id_in_form`), as was a
+    form client_secret beside them (`_one_client_authentication`). Either method serves a
+    client with a secret, whichever it registered (see docs/architecture.md: enforcing the
+    registered method would refuse real clients)."""
 
     async def authenticate_request(self, request: Request) -> OAuthClientInformationFull:
         form = await request.form()
@@ -453,6 +456,36 @@ def _basic_client_id_in_form(
             # As in _client_secret_optional: the authenticator and the SDK handler read this form.
             items = [(name, value) for name, value in params.multi_items() if name != "client_id"]
             request._form = FormData([*items, ("client_id", basic.client_id)])
+        return await handler(request)
+
+    return handle
+
+
+# The refusal of a request using two client authentication methods: fixed, it names
+# neither the client nor its credentials.
+TWO_METHODS_MESSAGE = (
+    "the client authenticated with more than one method (HTTP Basic and client_secret in the form): "
+    "use one (RFC 6749 §2.3)"
+)
+
+
+def _one_client_authentication(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A client MUST NOT use more than one authentication method in a request (RFC 6749
+    §2.3): one sending HTTP Basic credentials and a form client_secret was authenticated by
+    the header, the form's secret silently ignored. That is a malformed request (RFC 6749
+    §5.2 lists it under invalid_request): 400, refused before the credentials are read or
+    checked (unreadable Basic credentials too: the client tried Basic, `_basic_attempted`),
+    so no code is spent and no token rotated or revoked; a fixed message naming neither the client nor
+    its credentials. An empty client_secret is none (RFC 6749 §3.1), as is one
+    `_client_secret_optional` adds."""
+
+    async def handle(request: Request) -> Response:
+        if _basic_attempted(request.headers):
+            params = await _handler_params(request)
+            if params is not None and params.get("client_secret"):
+                return _oauth_error(400, "invalid_request", TWO_METHODS_MESSAGE)
         return await handler(request)
 
     return handle
@@ -747,12 +780,18 @@ def oauth_asgi_routes() -> dict[str, Any]:
             _metadata_url_prechecked(_redirects_only_to_consent(AuthorizationHandler(provider).handle)),
             ["GET", "POST"],
         ),
-        (TOKEN_PATH, _basic_client_id_in_form(TokenHandler(provider, authenticator).handle), ["POST"]),
+        (
+            TOKEN_PATH,
+            _one_client_authentication(_basic_client_id_in_form(TokenHandler(provider, authenticator).handle)),
+            ["POST"],
+        ),
         (REGISTER_PATH, RegistrationHandler(provider, options=options).handle, ["POST"]),
         (
             REVOKE_PATH,
             _client_refusal_named(
-                _basic_client_id_in_form(_client_secret_optional(RevocationHandler(provider, authenticator).handle))
+                _one_client_authentication(
+                    _basic_client_id_in_form(_client_secret_optional(RevocationHandler(provider, authenticator).handle))
+                )
             ),
             ["POST"],
         ),

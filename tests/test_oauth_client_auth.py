@@ -8,7 +8,12 @@
   Field required"); a form client_id naming another client than the header's is a
   malformed request, 400 invalid_request.
 - A public client (auth method none) has no secret: one that presents a client_secret is
-  refused, 401 invalid_client (before, the secret was ignored)."""
+  refused, 401 invalid_client (before, the secret was ignored).
+- RFC 6749 §2.3: one authentication method per request. HTTP Basic and a form
+  client_secret together are 400 invalid_request (RFC 6749 §5.2), before the credentials
+  are checked (before, Basic won and the form's secret was ignored). Either method alone
+  serves a client with a secret, whichever one it registered (not enforced: see
+  docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -237,3 +242,84 @@ def test_a_basic_client_id_no_client_has_is_refused_unquoted():
         assert answer.status_code == 401, answer.text
         assert answer.json()["error"] == "invalid_client", answer.text
         assert MARK not in answer.text
+
+
+def _assert_two_methods_refused(answer: httpx.Response, client_id: str, secret: str) -> None:
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "invalid_request", answer.text
+    assert answer.headers["Cache-Control"] == "no-store"
+    assert _challenges(answer) == []
+    for text in (client_id, secret, MARK):
+        assert text not in answer.text
+
+
+def test_basic_and_a_form_client_secret_together_are_refused(live, alice):  # noqa: ARG001
+    """RFC 6749 §2.3: a client MUST NOT use more than one authentication method in a
+    request; §5.2 lists it under invalid_request. Refused whatever the credentials are
+    worth (before they are checked), spending no code, rotating or revoking no token,
+    naming neither id nor secret, with no challenge (a 400, not a failed authentication)."""
+    base = live["url"]
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    client_id, secret = _register(base, "client_secret_basic")
+    post_id, post_secret = _register(base, "client_secret_post")
+    assert secret and post_secret
+    code, verifier = _code(base, user, client_id)
+    refused = [
+        _post(base, "/oauth/token", _code_form(code, verifier, client_secret=secret), _basic(client_id, secret)),
+        _post(
+            base,
+            "/oauth/token",
+            _code_form(code, verifier, client_id=client_id, client_secret=secret),
+            _basic(client_id, secret, scheme="basic "),
+        ),
+        _post(base, "/oauth/token", _code_form(code, verifier, client_secret=MARK), _basic(client_id, secret)),
+        _post(base, "/oauth/token", _code_form(code, verifier, client_secret=secret), _basic(client_id, MARK)),
+        _post(
+            base,
+            "/oauth/token",
+            _code_form(code, verifier, client_id=client_id, client_secret=secret),
+            {"Authorization": f"Basic {MARK}!"},  # unreadable: still a second method
+        ),
+    ]
+    for answer in refused:
+        _assert_two_methods_refused(answer, client_id, secret)
+    # The code was not spent: Basic alone, with an empty client_secret (none, RFC 6749 §3.1).
+    issued = _post(base, "/oauth/token", _code_form(code, verifier, client_secret=""), _basic(client_id, secret))
+    assert issued.status_code == 200, issued.text
+    refresh, access = issued.json()["refresh_token"], issued.json()["access_token"]
+    refused = [
+        _post(
+            base,
+            "/oauth/token",
+            {"grant_type": "refresh_token", "refresh_token": refresh, "client_id": client_id, "client_secret": secret},
+            _basic(client_id, secret),
+        ),
+        _post(base, "/oauth/revoke", {"token": access, "client_secret": secret}, _basic(client_id, secret)),
+    ]
+    for answer in refused:
+        _assert_two_methods_refused(answer, client_id, secret)
+    assert mcp_call(base, access, "list_memory", {}).status_code == 200
+    # The refresh token was not rotated: Basic alone uses it.
+    refreshed = _post(
+        base, "/oauth/token", {"grant_type": "refresh_token", "refresh_token": refresh}, _basic(client_id, secret)
+    )
+    assert refreshed.status_code == 200, refreshed.text
+    # Not the method refused, the two at once: this client_secret_basic client may revoke
+    # with its secret in the form.
+    access = refreshed.json()["access_token"]
+    revoked = _post(base, "/oauth/revoke", {"token": access, "client_id": client_id, "client_secret": secret})
+    assert revoked.status_code == 200, revoked.text
+    assert mcp_call(base, access, "list_memory", {}).status_code == 401
+
+    # The same for a client_secret_post client; HTTP Basic alone serves it too.
+    code, verifier = _code(base, user, post_id)
+    both = _post(
+        base, "/oauth/token", _code_form(code, verifier, client_id=post_id, client_secret=post_secret),
+        _basic(post_id, post_secret),
+    )  # fmt: skip
+    _assert_two_methods_refused(both, post_id, post_secret)
+    issued = _post(base, "/oauth/token", _code_form(code, verifier), _basic(post_id, post_secret))
+    assert issued.status_code == 200, issued.text
+    log = live["log"].read_text()
+    for text in (secret, post_secret, MARK):
+        assert text not in log
