@@ -624,6 +624,62 @@ def _staff_call(staff_user: Any, call: CallContext) -> CallContext:
     return replace(call, staff_user_id=staff_user.pk, staff_username=staff_user.get_username())
 
 
+# The admin token API (`/v1/admin/tokens`) reads and rewrites any user's upstream (where
+# their prompts and memories are sent). Each method needs the key's own permission
+# (issue 12, as on every surface) and the staff account's Django model permission on
+# TokenConfig (the admin's role model: granted through groups; a superuser holds all).
+TOKEN_ADMIN_ACCESS: dict[str, tuple[str, str]] = {
+    "GET": (Permission.READ, "view"),
+    "POST": (Permission.WRITE, "add"),
+    "PUT": (Permission.WRITE, "change"),
+    "PATCH": (Permission.WRITE, "change"),
+    "DELETE": (Permission.DELETE, "delete"),
+}
+
+
+def token_admin_unauthenticated(*, call: CallContext, credential_presented: bool) -> None:
+    """A 401 at the admin token API: counted per client address with one sampled audit
+    row, as on every surface."""
+    auth_failure_record(call=call, credential_presented=credential_presented)
+
+
+def token_config_admin_authorize(
+    principal: Principal, *, method: str, call: CallContext, creates: bool = False
+) -> None:
+    """May this credential use the admin token API with `method`? Refused: 403 `forbidden`,
+    audited as denied under the caller's own scope (nothing is read or changed). As in the
+    admin, `change` also lets a staff account view; a `PUT` that creates a configuration
+    (`creates`) needs `add` as well."""
+    key_permission, action = TOKEN_ADMIN_ACCESS[method]
+    user = principal.user
+    needed = [f"proxy.{action}_tokenconfig"] + (["proxy.add_tokenconfig"] if creates else [])
+    missing = [name for name in needed if not user.has_perm(name)]
+    if action == "view" and user.has_perm("proxy.change_tokenconfig"):
+        missing = []
+    if not user.is_staff:
+        message = "Admin routes need a staff user's key."
+    elif key_permission not in principal.permissions:
+        message = f"This credential lacks the {key_permission} permission this admin route needs."
+    elif missing:
+        message = f"This staff account lacks the {' and '.join(missing)} permission{'s' if len(missing) > 1 else ''}."
+    else:
+        return
+    error = ProxyError(403, "forbidden", message)
+    call = replace(
+        call,
+        actor_username=principal.acting_user.get_username(),
+        actor_auth=principal.method,
+        actor_user_id=principal.acting_user.pk,
+        actor_role=principal.role,
+        actor_credential=principal.credential,
+    )
+    with transaction.atomic():
+        audit_failure(
+            principal.scope(), call=call, operation=Operation.PROXY_TOKEN_CONFIG, error=error.as_service_error()
+        )
+    raise error
+
+
 _CONFIG_OPTIONAL_FIELDS = frozenset(
     {"extra_body", "memory_llm", "memory_prompt", "memory_limit", "session_window_size"}
 )

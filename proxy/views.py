@@ -180,9 +180,7 @@ def _prepare(
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
-        response = JsonResponse({"error": {"message": "Use POST.", "type": "memsite_error"}}, status=405)
-        response["Allow"] = "POST"
-        return response
+        return _method_not_allowed("POST")
     call = call_context_from_request(request, channel=Channel.PROXY)
     holder: dict[str, Any] = {}
     try:
@@ -485,12 +483,21 @@ class _noop:
 
 
 # --- admin API: /v1/admin/tokens (staff credentials only) ------------------------------
-def _admin_principal(request: HttpRequest):
-    principal = authenticate_bearer(request.headers.get("Authorization"))
+def _method_not_allowed(allowed: str) -> JsonResponse:
+    response = _error_response(ProxyError(405, "method_not_allowed", f"Use {allowed.replace(', ', ' or ')}."))
+    response["Allow"] = allowed
+    return response
+
+
+def _admin_principal(request: HttpRequest, *, call: CallContext):
+    """The caller, authorized for the request's method (services.token_config_admin_authorize:
+    a staff account, the key's permission and the staff account's model permission)."""
+    authorization = request.headers.get("Authorization")
+    principal = authenticate_bearer(authorization)
     if principal is None:
+        services.token_admin_unauthenticated(call=call, credential_presented=bool(authorization))
         raise ProxyError(401, "invalid_api_key", "A valid bearer token is required.")
-    if not principal.user.is_staff:
-        raise ProxyError(403, "forbidden", "Admin routes need a staff user's key.")
+    services.token_config_admin_authorize(principal, method=request.method or "", call=call)
     return principal
 
 
@@ -521,29 +528,35 @@ def _key_or_404(key_id: Any) -> ApiKey:
     return api_key
 
 
-def _admin(handler):
-    @csrf_exempt
-    def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        try:
-            principal = _admin_principal(request)
-            call = call_context_from_request(request, channel=Channel.REST)
-            return handler(request, principal, call, *args, **kwargs)
-        except ProxyError as error:
-            return _error_response(error)
-        except ServiceError as error:
-            status = 409 if error.code == ErrorCode.CONFLICT else 422  # seed 004: bad fields are 422
-            return _error_response(ProxyError(status, error.code.value, error.message))
+def _admin(allowed: str):
+    """`allowed`: the route's methods, as its `Allow` header lists them. Another method
+    is 405 before anything else is read."""
 
-    return view
+    def wrap(handler):
+        @csrf_exempt
+        def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in allowed.split(", "):
+                return _method_not_allowed(allowed)
+            try:
+                call = call_context_from_request(request, channel=Channel.REST)
+                principal = _admin_principal(request, call=call)
+                return handler(request, principal, call, *args, **kwargs)
+            except ProxyError as error:
+                return _error_response(error)
+            except ServiceError as error:
+                status = 409 if error.code == ErrorCode.CONFLICT else 422  # seed 004: bad fields are 422
+                return _error_response(ProxyError(status, error.code.value, error.message))
+
+        return view
+
+    return wrap
 
 
-@_admin
+@_admin("GET, POST")
 def admin_tokens(request: HttpRequest, principal, call: CallContext) -> HttpResponse:
     if request.method == "GET":
         rows = TokenConfig.objects.select_related("api_key__user").order_by("id")
         return JsonResponse({"tokens": [selectors.token_config_view(row) for row in rows]})
-    if request.method != "POST":
-        return JsonResponse({"error": {"message": "Use GET or POST."}}, status=405)
     data = _json_body(request)
     api_key = _key_or_404(data.pop("key_id", None))
     row = services.token_config_save(
@@ -552,7 +565,7 @@ def admin_tokens(request: HttpRequest, principal, call: CallContext) -> HttpResp
     return JsonResponse(selectors.token_config_view(row), status=201)
 
 
-@_admin
+@_admin("GET, PUT, PATCH, DELETE")
 def admin_token(request: HttpRequest, principal, call: CallContext, key_id: str) -> HttpResponse:
     api_key = _key_or_404(key_id)
     row = TokenConfig.objects.filter(api_key=api_key).select_related("api_key__user").first()
@@ -564,6 +577,8 @@ def admin_token(request: HttpRequest, principal, call: CallContext, key_id: str)
         partial = request.method == "PATCH"
         if partial and row is None:
             raise ProxyError(404, "not_found", "This token has no configuration.")
+        if row is None:  # PUT creates it: the staff account needs `add` too
+            services.token_config_admin_authorize(principal, method="PUT", call=call, creates=True)
         row = services.token_config_save(
             api_key=api_key, fields=_json_body(request), partial=partial, call=call, staff_user=principal.user
         )
@@ -572,4 +587,4 @@ def admin_token(request: HttpRequest, principal, call: CallContext, key_id: str)
         if not services.token_config_delete(api_key=api_key, call=call, staff_user=principal.user):
             raise ProxyError(404, "not_found", "This token has no configuration.")
         return HttpResponse(status=204)
-    return JsonResponse({"error": {"message": "Use GET, PUT, PATCH or DELETE."}}, status=405)
+    raise AssertionError(request.method)  # _admin answered any other method

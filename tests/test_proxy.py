@@ -498,6 +498,7 @@ def test_two_creates_of_one_keys_configuration_give_one_row_and_one_conflict(ali
 
 def test_admin_api_staff_only_crud_and_secret_never_shown(proxy_url, alice, bob, alice_key, bob_key):
     alice.is_staff = True
+    alice.is_superuser = True  # every TokenConfig permission (tests/test_proxy_admin_access.py)
     alice.save()
     bob_key_id = bob.api_keys.get().key_id
     url = f"{proxy_url}/v1/admin/tokens"

@@ -601,6 +601,7 @@ def test_a_recording_failure_withholds_the_answer_and_is_audited(proxy_url, upst
 @pytest.fixture
 def staff_key(alice, alice_key):
     alice.is_staff = True
+    alice.is_superuser = True  # every TokenConfig permission (tests/test_proxy_admin_access.py)
     alice.save()
     return alice_key
 
