@@ -555,7 +555,10 @@ def _config_validate(fields: dict[str, Any], *, partial: bool) -> dict[str, Any]
     for name, value in fields.items():
         if name == "upstream_base_url":
             if not isinstance(value, str) or not _url_usable(value):
-                raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_base_url must be an http(s) URL.")
+                raise ServiceError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    "upstream_base_url must be an http(s) URL with a host and, if given, a port from 1 to 65535.",
+                )
             if len(value) > 500:
                 raise ServiceError(ErrorCode.INVALID_ARGUMENT, "upstream_base_url: at most 500 characters.")
             if not _host_may_be_public(urlsplit(value).hostname or ""):
@@ -609,15 +612,19 @@ def _host_may_be_public(host: str) -> bool:
 
 def _url_usable(value: str) -> bool:
     """An http(s) URL the upstream client can call: no invalid characters or whitespace
-    (a NUL is a database error, a space an httpx error at every chat call)."""
+    (a NUL is a database error, a space an httpx error at every chat call), a host (no
+    percent-escapes: no name or address has one) and, if given, a port from 1 to 65535
+    (else every chat call fails to connect)."""
     if not value or text_problem(value) or any(c.isspace() for c in value):
         return False
     try:
         parts = urlsplit(value)
+        port = parts.port  # ValueError when out of 0-65535
         httpx.URL(value)
     except (httpx.InvalidURL, ValueError):
         return False
-    return parts.scheme in ("http", "https") and bool(parts.netloc)
+    host = parts.hostname or ""
+    return parts.scheme in ("http", "https") and bool(host) and "%" not in host and port != 0
 
 
 def _staff_call(staff_user: Any, call: CallContext) -> CallContext:

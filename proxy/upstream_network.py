@@ -68,10 +68,23 @@ class PublicAddressBackend(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        address = await public_address(host, port, timeout=timeout)
-        return await self._backend.connect_tcp(
-            address, port, timeout=timeout, local_address=local_address, socket_options=socket_options
-        )
+        # httpcore maps the errors of its own connect only: a name that does not resolve
+        # (socket.gaierror from our lookup), a resolver that does not answer in time, or
+        # a port anyio refuses (an ExceptionGroup around OverflowError) would leave httpx
+        # as raw exceptions, and the view as a 500 with no audit row. Each is a connection
+        # that could not be made (502 `upstream_unreachable`); a refused address stays
+        # UpstreamAddressRefused.
+        try:
+            address = await public_address(host, port, timeout=timeout)
+            return await self._backend.connect_tcp(
+                address, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+            )
+        except (httpcore.ConnectError, httpcore.ConnectTimeout):
+            raise
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout("the upstream host was not resolved or connected in time") from exc
+        except (OSError, OverflowError, ValueError, ExceptionGroup) as exc:
+            raise httpcore.ConnectError("the upstream host could not be connected to") from exc
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
