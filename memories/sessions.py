@@ -119,6 +119,20 @@ def session_events_recent(scope: MemoryScope, *, session_id: str, project: str =
     return items
 
 
+def session_item_hashes_recent(scope: MemoryScope, *, session_id: str, project: str = "", limit: int) -> list[str]:
+    """The hashes (`session_item_hash`) of the session's last `limit` items, oldest first:
+    what a writer compares a request with, without reading the items themselves."""
+    if limit <= 0:
+        return []
+    hashes = list(
+        _session_events(scope, session_id=session_id, project=project)
+        .order_by("-id")
+        .values_list("item_hash", flat=True)[:limit]
+    )
+    hashes.reverse()
+    return hashes
+
+
 def session_data_erase(scope: MemoryScope) -> int:
     """Erasure (wipe_user_data): every session-log row of the scope's user (raw events,
     summaries, archives, turn guards, run_turn's kept inputs), and what apps above this one keep for the user

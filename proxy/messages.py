@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.inputs import InputError, json_depth_check
+from memories.sessions import session_item_hash
 from proxy.errors import invalid_messages, request_too_large, upstream_answer_too_large, upstream_error
 
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
@@ -216,9 +217,13 @@ def history_messages(
 ) -> list[dict[str, Any]]:
     """Session items back as chat messages. `repeated`: the request's own items
     (`turn_items`); the history's last items that the request repeats (a client resending
-    the whole conversation, the usual pattern) are left out, or the upstream would see
-    them twice. `messages_enrich` then keeps only the tool calls that are answered."""
-    items = items[: len(items) - _repeated_tail(items, repeated or [])]
+    the whole conversation, the usual pattern: `conversation_overlap`) are left out, or the
+    upstream would see them twice. `messages_enrich` then keeps only the tool calls that
+    are answered."""
+    covered, _ = conversation_overlap(
+        [session_item_hash(item) for item in items], [session_item_hash(item) for item in repeated or []]
+    )
+    items = items[: len(items) - covered]
     messages: list[dict[str, Any]] = []
     for item in items:
         kind = item.get("type")
@@ -244,16 +249,49 @@ def history_messages(
     return messages
 
 
-def _repeated_tail(items: list[dict[str, Any]], request: list[dict[str, Any]]) -> int:
-    """How many of the history's last items appear, in order and contiguous, in the
-    request. Bounded by the history window times the request's length."""
-    best = 0
-    for end in range(len(request)):
-        length = 0
-        while length < len(items) and length <= end and items[-1 - length] == request[end - length]:
-            length += 1
-        best = max(best, length)
-    return best
+# The request's positions holding the log's last item that are tried, latest first: the
+# request's own end is where a resent conversation meets the log, so this bounds the work
+# on a request of thousands of repeated items without missing it.
+_OVERLAP_ANCHORS = 64
+
+
+def conversation_overlap(log: list[str], request: list[str]) -> tuple[int, int]:
+    """Where a request meets the session log (both as `session_item_hash`es, oldest first):
+    `(covered, end)`: the request stands for the log's last `covered` items, and
+    `request[end:]` is new. (0, 0) when the request does not hold the log's last item (a
+    client sending only its new messages): all of it is new, the whole log is history.
+    Walking back from that item, a request item the log skipped as a duplicate (one seen
+    earlier in the request: `session_events_append`'s window) is passed over, so "continue"
+    said twice does not hide the rest. A request that runs out first (a client keeping a
+    shorter window, or sending an answered tool call again) stands for what it matched: the
+    older log is history. One that parts from the log before it runs out carries its own
+    version of the conversation (edited, regenerated, retried): it stands for the whole log,
+    which is then not replayed, or the upstream would see the conversation twice."""
+    if not log or not request:
+        return 0, 0
+    first_at: dict[str, int] = {}
+    for at, digest in enumerate(request):
+        first_at.setdefault(digest, at)
+    anchors = [at for at in range(len(request) - 1, -1, -1) if request[at] == log[-1]][:_OVERLAP_ANCHORS]
+    best: tuple[int, bool, int] = (0, False, 0)  # matched, parted, anchor
+    for anchor in anchors:
+        matched, at, parted = 0, anchor, False
+        while at >= 0 and matched < len(log):
+            digest = request[at]
+            if digest == log[-1 - matched]:
+                matched += 1
+            elif first_at[digest] >= at:
+                parted = True  # an item the log would hold: the two conversations differ here
+                break
+            at -= 1
+        if matched > best[0]:
+            best = (matched, parted, anchor)
+        if matched == len(log):
+            break
+    matched, parted, anchor = best
+    if not matched:
+        return 0, 0
+    return (len(log) if parted else matched), anchor + 1
 
 
 def messages_enrich(

@@ -36,11 +36,19 @@ from memories.call_record import failures_audited
 from memories.models import ApiKey, IngestIntent
 from memories.operations import principal_effective
 from memories.rate_limits import rate_limit_consume
+from memories.schemas import INGEST_MAX_MESSAGES, INGEST_MAX_TOTAL_CHARS
 from memories.services import api_key_authenticate, memory_ingest, user_write_locks
-from memories.sessions import session_events_append, session_events_recent, session_logs_delete, sessions_replayed
+from memories.sessions import (
+    session_events_append,
+    session_events_recent,
+    session_item_hash,
+    session_item_hashes_recent,
+    session_logs_delete,
+    sessions_replayed,
+)
 from proxy.crypto import secret_encrypt
 from proxy.errors import ProxyError, unauthenticated
-from proxy.messages import turn_items
+from proxy.messages import conversation_overlap, turn_items
 from proxy.models import ProxyTurn, TokenConfig
 from proxy.selectors import UpstreamConfig, token_config_effective
 from proxy.tasks import turn_extract as turn_extract_task
@@ -178,9 +186,10 @@ def chat_call_finish(
     stopped_by_client: bool = False,
 ) -> int | None:
     """After the upstream answered. One transaction: the audit row (content as hashes),
-    and for a 2xx answer the usage event, the turn in the session log (duplicates
-    skipped) and the extraction outbox row. Returns that row's pk: the caller enqueues
-    it off the answer's path (`proxy_turn_enqueue`); the sweep enqueues any it missed.
+    and for a 2xx answer the usage event, the turn in the session log (`_turn_new_items`)
+    and the extraction outbox row with the turn's messages (`_extraction_messages`).
+    Returns that row's pk: the caller enqueues it off the answer's path
+    (`proxy_turn_enqueue`); the sweep enqueues any it missed.
     `failure`: a 2xx whose answer was unusable or cut off (upstream_error/_timeout):
     audited as an error with the same detail, not billed, no turn stored.
     `stopped_by_client`: the client left mid-stream; what it received is the turn (as
@@ -226,17 +235,27 @@ def chat_call_finish(
         # The turn's rows (session log, extraction outbox) are the user's: an erasure under
         # way is waited for, so it cannot miss them (see memories.services.user_write_locks).
         user_write_locks(scope)
-        new_messages = [*request_messages, *([answer] if answer else [])]
+        turn_new, to_store, held = _turn_new_items(
+            scope,
+            session_id=session_id,
+            request_messages=request_messages,
+            answer_items=turn_items([answer]) if answer else [],
+        )
         stored = session_events_append(
             scope,
             session_id=session_id,
-            items=turn_items(new_messages),
+            items=to_store,
             turn_id=call.turn_id or call.request_id,
-            dedupe_window=settings.PROXY_DEDUPE_WINDOW,
             replayed=True,  # the next call sends it upstream as the conversation so far
         )
         detail["session_items_stored"] = stored
-        extract = [m for m in turn_items(new_messages) if m.get("type") == "message"]
+        if held:
+            detail["session_items_held"] = held
+        extract, extract_left_out = _extraction_messages(turn_new)
+        if extract_left_out:
+            # Nothing dropped unsaid: the turn's older new messages are in the session log,
+            # only not handed to this extraction (INGEST_MAX_*, what an ingest call takes).
+            detail["extraction_messages_left_out"] = extract_left_out
         turn_pk = None
         if extract:
             turn = ProxyTurn.objects.create(
@@ -250,12 +269,68 @@ def chat_call_finish(
                 actor_auth=call.actor_auth,
                 actor_role=call.actor_role,
                 actor_credential=call.actor_credential,
-                messages=[{"role": m["role"], "content": _plain(m["content"])} for m in extract[-2:]],
+                messages=extract,
             )
             turn_pk = turn.pk
         usage_event_record(scope, operation=Operation.CHAT_COMPLETION, call=call)
         audit_record(scope, call=call, operation=Operation.CHAT_COMPLETION, memory_ids=memory_ids, detail=detail)
     return turn_pk
+
+
+def _turn_new_items(
+    scope: MemoryScope, *, session_id: str, request_messages: list[dict[str, Any]], answer_items: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """`(turn, stored, held)`: the turn's items (the request's past the part the session
+    log already holds, then the answer's), those of them the log stores, and how many of
+    the request's the log held already or skipped.
+    A client resending the whole conversation (`conversation_overlap` finds the log's last
+    items in it): what follows them is the turn, stored as sent, a message said twice
+    included, so the log stays the conversation and the next call finds it again however
+    long it grew. A request that does not hold the log's last item (a client sending only
+    its new messages, a retry, a first call carrying earlier history) is the turn whole;
+    the log skips what duplicates its last PROXY_DEDUPE_WINDOW items (or an earlier item
+    of the turn), the seed's rule, so a retry is not stored twice."""
+    items = turn_items(request_messages)
+    digests = [session_item_hash(item) for item in items]
+    window = settings.PROXY_DEDUPE_WINDOW
+    log = session_item_hashes_recent(scope, session_id=session_id, limit=max(window, len(items)))
+    covered, end = conversation_overlap(log, digests)
+    turn = [*items[end:], *answer_items]
+    if covered:
+        return turn, turn, end
+    seen = set(log[len(log) - window :]) if window > 0 else set()
+    stored: list[dict[str, Any]] = []
+    for item in turn:
+        digest = session_item_hash(item)
+        if window > 0 and digest in seen:
+            continue
+        seen.add(digest)
+        stored.append(item)
+    return turn, stored, len(turn) - len(stored)
+
+
+def _extraction_messages(items: list[dict[str, Any]]) -> tuple[list[dict[str, str]], int]:
+    """What the turn hands to extraction: its user/assistant messages as plain text (seed
+    004: the turn's messages go to `MemoryManager.add`), the answer last. Bounded as
+    an `ingest` call is (INGEST_MAX_MESSAGES, INGEST_MAX_TOTAL_CHARS): past that the newest
+    are kept, the last user message and the answer always; returns how many were left out."""
+    messages = [
+        {"role": item["role"], "content": _plain(item["content"])}
+        for item in items
+        if item.get("type") == "message" and item.get("role") in ("user", "assistant")
+    ]
+    kept: list[dict[str, str]] = []
+    chars = 0
+    for at, message in enumerate(reversed(messages)):
+        always = at < 2  # as before: the last message and the one before it
+        if not always and (
+            len(kept) >= INGEST_MAX_MESSAGES or chars + len(message["content"]) > INGEST_MAX_TOTAL_CHARS
+        ):
+            break
+        kept.append(message)
+        chars += len(message["content"])
+    kept.reverse()
+    return kept, len(messages) - len(kept)
 
 
 def _plain(content: Any) -> str:

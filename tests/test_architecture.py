@@ -224,6 +224,9 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
         sessions: {
             "session_events_recent": lambda: sessions.session_events_recent(alice_scope, session_id="s1", limit=5),
             "sessions_replayed": lambda: sessions.sessions_replayed(alice_scope),
+            "session_item_hashes_recent": lambda: sessions.session_item_hashes_recent(
+                alice_scope, session_id="s1", limit=5
+            ),
         },
         oauth_selectors: {
             "oauth_grants_connected": lambda: oauth_selectors.oauth_grants_connected(user=alice),
