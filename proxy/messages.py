@@ -297,21 +297,28 @@ def conversation_overlap(log: list[str], request: list[str]) -> tuple[int, int]:
 def messages_enrich(
     messages: list[dict[str, Any]], *, memory_block: str | None, history: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """[system + memory block] [history] [the request's other messages]."""
+    """[system + memory block] [history] [the request's other messages] (seed 004). The
+    request's leading instructions (its first messages with a system or developer role,
+    the newer name of the same thing) are the "system" part: the memory block is appended
+    to the first of them, the history goes after the last. A request that does not start
+    with one gets the memory block as its own system message first; a system message
+    further down stays where the client put it."""
     enriched = [dict(m) for m in messages]
-    system_at = next((i for i, m in enumerate(enriched) if m.get("role") == "system"), None)
+    leading = 0
+    while leading < len(enriched) and enriched[leading].get("role") in SYSTEM_ROLES:
+        leading += 1
     if memory_block:
-        if system_at is None:
+        if not leading:
             enriched.insert(0, {"role": "system", "content": memory_block})
-            system_at = 0
+            leading = 1
         else:
-            system = enriched[system_at]
+            system = enriched[0]
             content = system.get("content")
             if isinstance(content, list):
                 system["content"] = [*content, {"type": "text", "text": memory_block}]
             else:
                 system["content"] = f"{content}\n\n{memory_block}" if content else memory_block
-    insert_at = 0 if system_at is None else system_at + 1
+    insert_at = leading
     rest = enriched[insert_at:]
     return [*enriched[:insert_at], *_answered_tool_calls_only(history, then=rest), *rest]
 

@@ -1,6 +1,6 @@
 """Review of seed 004 (the chat proxy): every new message of a turn reaches extraction,
 the upstream sees the conversation once (a message said twice, a conversation longer
-than the dedupe window)."""
+than the dedupe window), and a request's leading developer message is its instructions."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from audit.models import AuditEvent
 from core.choices import Operation
 from memories.models import SessionEvent
 from memories.schemas import INGEST_MAX_MESSAGES
+from memories.services import memory_remember
+from proxy.messages import messages_enrich
 from proxy.models import ProxyTurn
-from tests.conftest import serve_in_thread
+from tests.conftest import internal_call, serve_in_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
 
@@ -125,3 +127,41 @@ def test_a_client_sending_only_new_messages_still_gets_its_history(proxy_url, up
     # A repeat the client sends alone is the seed's duplicate (a retry looks the same): the
     # log skips it, the upstream still gets it, once.
     assert [m["content"] for m in sent[2]] == ["hello", "Answer 0", "continue", "Answer 1", "continue"]
+
+
+# --- 3. a leading developer message is the request's instructions ----------------------
+def test_a_leading_developer_message_gets_the_memories_and_the_history_after_it(
+    proxy_url, upstream, alice_key, alice_scope
+):
+    memory_remember(alice_scope, memory="Alice likes tea", call=internal_call())
+    post(proxy_url, alice_key, [{"role": "user", "content": "first tea"}], "dev")
+    request = [{"role": "developer", "content": "You are terse."}, {"role": "user", "content": "tea again?"}]
+    post(proxy_url, alice_key, request, "dev")
+    sent = upstream.requests[-1]["json"]["messages"]
+    assert [m["role"] for m in sent] == ["developer", "user", "assistant", "user"]
+    assert sent[0]["content"].startswith("You are terse.\n\n## What you remember about the user")
+    assert "- Alice likes tea" in sent[0]["content"]
+    assert [m["content"] for m in sent[1:]] == ["first tea", "Hello from upstream.", "tea again?"]
+
+
+def test_history_goes_after_all_leading_instructions():
+    history = [{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "reply"}]
+    request = [
+        {"role": "system", "content": "sys"},
+        {"role": "developer", "content": "dev"},
+        {"role": "user", "content": "now"},
+    ]
+    sent = messages_enrich(request, memory_block="MEM", history=history)
+    assert sent == [
+        {"role": "system", "content": "sys\n\nMEM"},
+        {"role": "developer", "content": "dev"},
+        *history,
+        {"role": "user", "content": "now"},
+    ]
+    # A system message further down is the client's, where it put it; the memories go first.
+    late = [{"role": "user", "content": "now"}, {"role": "system", "content": "late"}]
+    assert messages_enrich(late, memory_block="MEM", history=history) == [
+        {"role": "system", "content": "MEM"},
+        *history,
+        *late,
+    ]
