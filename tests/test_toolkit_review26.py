@@ -203,7 +203,9 @@ def test_export_keeps_every_row_when_another_request_writes_meanwhile(alice, bob
     _written_before_the_list_is_read(
         monkeypatch, "cache_entry_list", lambda: run(alice, "store_cache", {"query": "newer", "response": "newer"})
     )
-    document = toolkit_services.toolkit_data_export(MemoryScope.for_user(alice), call=internal_call())
+    document = json.loads(
+        "".join(toolkit_services.toolkit_data_export(MemoryScope.for_user(alice), call=internal_call()))
+    )
     assert [d["key"] for d in document["decisions"]] == ["a-lang", "b-theme"]
     assert [c["query"] for c in document["cached_answers"]] == ["newer", "older question"]
     row = AuditEvent.objects.get(operation="export_decisions_and_cache")

@@ -5,6 +5,7 @@ decisions are capped (DECISION_MAX_PER_USER)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from datetime import timedelta
 
@@ -176,7 +177,7 @@ def test_store_decision_refuses_a_new_key_past_the_cap_and_still_updates_one(ali
     Decision.objects.filter(user=alice, key="k1").update(expires_at=timezone.now() - timedelta(seconds=1))
     assert run(alice, "store_decision", {"key": "k4", "value": "v"})["action"] == "created"
     assert keys(alice) == ["k2", "k3", "k4"] and keys(bob) == ["k0", "k1", "k2"]
-    document = toolkit_data_export(MemoryScope.for_user(alice), call=internal_call())
+    document = json.loads("".join(toolkit_data_export(MemoryScope.for_user(alice), call=internal_call())))
     assert [d["key"] for d in document["decisions"]] == ["k2", "k3", "k4"]
 
 

@@ -5,6 +5,7 @@ downloads the decisions and cached answers."""
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from datetime import timedelta
@@ -14,10 +15,11 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from billing.models import UsageEvent
+from core.scope import MemoryScope
 from memories.auth import Principal
 from memories.interfaces.web import toolkit_views
 from memories.operations import operation_execute
-from memories.toolkit.models import CacheEntry
+from memories.toolkit.models import CacheEntry, Decision
 from tests.conftest import internal_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
@@ -27,6 +29,11 @@ def cache(user, query: str, response: str) -> str:
     principal = Principal(user=user, method="api_key", client_app="cache-agent")
     arguments = {"query": query, "response": response}
     return operation_execute(principal, "store_cache", arguments, call=internal_call())["cache_id"]
+
+
+def decide(user, key: str, value: str) -> None:
+    now = timezone.now()
+    Decision.objects.create(user=user, key=key, value=value, created_at=now, updated_at=now)
 
 
 def test_the_page_shows_only_my_live_cached_answers(alice, bob, client):
@@ -121,14 +128,132 @@ def test_your_data_downloads_my_decisions_and_cached_answers_only(alice, bob, cl
     assert "/data/export/decisions-and-cache/" in client.get("/data/").content.decode()
     response = client.post("/data/export/decisions-and-cache/")
     assert response.status_code == 200 and "attachment" in response["Content-Disposition"]
-    document = response.json()
+    assert response.streaming and response["Content-Type"] == "application/json"
+    body = b"".join(response.streaming_content).decode()
+    document = json.loads(body)
     assert document["format"] == "memsite.decisions_and_cache" and document["version"] == 1
     assert [(d["key"], d["value"]) for d in document["decisions"]] == [("tone", "short-answers")]
     assert [(c["query"], c["response"]) for c in document["cached_answers"]] == [("When is the dentist?", "Tuesday")]
-    assert "bob" not in response.content.decode()
+    assert "bob" not in body
     row = AuditEvent.objects.get(operation="export_decisions_and_cache")
     assert row.actor_user_id == alice.pk and row.detail == {"decisions": 1, "cached_answers": 1}
     assert UsageEvent.objects.count() == billed
+
+
+def test_the_streamed_download_is_the_json_document_it_was(alice, bob, client, settings):
+    """Streamed in pieces, the file is still the one JSON document (its bytes as
+    `json.dumps(..., indent=1)` gives them): lists empty or not, text beyond ASCII."""
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "store_cache": (0, 60)}
+    client.force_login(alice)
+    empty = b"".join(client.post("/data/export/decisions-and-cache/").streaming_content).decode()
+    assert json.loads(empty)["decisions"] == [] and json.loads(empty)["cached_answers"] == []
+    assert empty == json.dumps(json.loads(empty), ensure_ascii=False, indent=1)
+    for key, value in (("b-ton", "kurz, «bitte»"), ("a-lang", 'say "no"\nthen stop')):
+        decide(alice, key, value)
+    decide(bob, "bobs-key", "bob-decision")
+    cache(alice, "Où est la gare ?", "Tout droit 🚉")
+    cache(alice, "second question", "second answer")
+    cache(bob, "bob's question", "bob-answer")
+    body = b"".join(client.post("/data/export/decisions-and-cache/").streaming_content).decode()
+    document = json.loads(body)
+    assert body == json.dumps(document, ensure_ascii=False, indent=1)
+    assert list(document) == ["format", "version", "exported_at", "decisions", "cached_answers"]
+    assert [(d["key"], d["value"], d["user_id"]) for d in document["decisions"]] == [
+        ("a-lang", 'say "no"\nthen stop', "alice"),
+        ("b-ton", "kurz, «bitte»", "alice"),
+    ]
+    assert [c["response"] for c in document["cached_answers"]] == ["second answer", "Tout droit 🚉"]
+    assert "bob" not in body
+
+
+def test_the_export_streams_its_rows_a_chunk_at_a_time(alice, bob, settings, monkeypatch):
+    """The export held every decision and cached answer (and JsonResponse a copy): up to
+    ~420 M characters at the caps. It is an iterator now, reading rows from server-side
+    cursors a chunk at a time: the first rows are written before the rest are loaded."""
+    from django.db import connection
+
+    from memories.toolkit import services as toolkit_services
+
+    monkeypatch.setattr(toolkit_services, "EXPORT_DECISIONS_CHUNK", 2)
+    monkeypatch.setattr(toolkit_services, "EXPORT_CACHED_ANSWERS_CHUNK", 2)
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "store_cache": (0, 60)}
+    for n in range(7):
+        decide(alice, f"k{n}", f"v{n}")
+    for n in range(5):
+        cache(alice, f"question {n}", f"answer {n}")
+    decide(bob, "bobs", "bob-decision")
+    cache(bob, "bob's question", "bob-answer")
+    loaded: list[tuple[str, int]] = []
+    for model in (Decision, CacheEntry):
+        from_db = model.from_db
+
+        def counted(cls, db, field_names, values, from_db=from_db):
+            row = from_db.__func__(cls, db, field_names, values)
+            loaded.append((cls.__name__, row.user_id))
+            return row
+
+        monkeypatch.setattr(model, "from_db", classmethod(counted))
+
+    pieces = toolkit_services.toolkit_data_export(MemoryScope.for_user(alice), call=internal_call())
+    assert not isinstance(pieces, dict) and iter(pieces) is pieces
+    produced = []
+    while '"key": "k0"' not in "".join(produced):
+        produced.append(next(pieces))
+    assert loaded == [("Decision", alice.pk)]  # one of seven
+    with connection.cursor() as cursor:  # the rest wait in the snapshot's cursor
+        cursor.execute("SELECT count(*) FROM pg_cursors WHERE statement LIKE '%toolkit_decision%'")
+        assert cursor.fetchone()[0] == 1
+    while '"query": "question 4"' not in produced[-1]:
+        produced.append(next(pieces))
+    assert [m for m, _ in loaded].count("CacheEntry") == 1  # one of five
+    document = json.loads("".join(produced) + "".join(pieces))
+    assert len(document["decisions"]) == 7 and len(document["cached_answers"]) == 5
+    assert {user for _, user in loaded} == {alice.pk}  # bob's rows are never read
+
+
+def test_the_download_streams_under_asgi_in_batches(alice, bob, client, monkeypatch):
+    """Under ASGI the pieces are sent in batches as they are read, not read whole first."""
+    from memories.interfaces import downloads
+    from tests.conftest import asgi_post, lines_counted
+
+    monkeypatch.setattr(downloads, "DOWNLOAD_BATCH_LINES", 4)
+    for n in range(12):
+        decide(alice, f"k{n:02}", f"alice-{n}")
+    decide(bob, "bobs", "bob-secret")
+    produced = lines_counted(monkeypatch, toolkit_views, "toolkit_data_export")
+    client.force_login(alice)
+    status, body, sent_at = asgi_post(
+        "/data/export/decisions-and-cache/", {}, session=client.cookies["sessionid"].value, produced=produced
+    )
+    document = json.loads(body)
+    assert status == 200 and [d["value"] for d in document["decisions"]] == [f"alice-{n}" for n in range(12)]
+    assert b"bob-secret" not in body and body.decode() == "".join(produced)
+    assert sent_at[0] <= 4 < len(produced) and len(sent_at) >= len(produced) // 4
+
+
+def test_the_export_is_one_snapshot_from_its_first_piece(alice):
+    """Another request writing while the file downloads: the file is the data as of its
+    first piece, whole (the audit row's counts are those at the call's start)."""
+    from memories.toolkit.services import toolkit_data_export
+    from tests.conftest import elsewhere
+
+    principal = Principal(user=alice, method="api_key", client_app="cache-agent")
+    operation_execute(principal, "store_decision", {"key": "before", "value": "v"}, call=internal_call())
+    cache(alice, "asked before", "r")
+    pieces = toolkit_data_export(MemoryScope.for_user(alice), call=internal_call())
+    head = next(pieces)  # the snapshot starts here
+
+    def written_meanwhile():
+        operation_execute(principal, "store_decision", {"key": "meanwhile", "value": "v"}, call=internal_call())
+        Decision.objects.filter(user=alice, key="before").delete()
+        cache(alice, "asked meanwhile", "r")
+
+    elsewhere(written_meanwhile)
+    document = json.loads(head + "".join(pieces))
+    assert [d["key"] for d in document["decisions"]] == ["before"]
+    assert [c["query"] for c in document["cached_answers"]] == ["asked before"]
+    row = AuditEvent.objects.get(operation="export_decisions_and_cache")
+    assert row.detail == {"decisions": 1, "cached_answers": 1}
 
 
 def test_clear_all_memories_drops_the_cached_answers_too(alice, bob):
@@ -145,7 +270,8 @@ def test_clear_all_memories_drops_the_cached_answers_too(alice, bob):
 def test_the_decisions_and_cache_download_is_rate_limited(alice, client, settings):
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "export_decisions_and_cache": (1, 60)}
     client.force_login(alice)
-    assert client.post("/data/export/decisions-and-cache/").status_code == 200
+    allowed = client.post("/data/export/decisions-and-cache/")
+    assert allowed.status_code == 200 and json.loads(b"".join(allowed.streaming_content))["decisions"] == []
     refused = client.post("/data/export/decisions-and-cache/", follow=True)
     assert (
         refused.redirect_chain[-1][0] == "/data/"

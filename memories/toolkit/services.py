@@ -9,11 +9,12 @@ memory model's `expires_at` (hidden at once, purged by `memories.purge_due`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import unicodedata
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,6 +31,7 @@ from core.choices import Channel, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
 from core.locks import advisory_lock_try, advisory_xact_lock
 from core.scope import CallContext, MemoryScope
+from core.snapshots import read_only_snapshot
 from memories import schemas
 from memories.call_record import call_succeeded
 from memories.engine import (
@@ -902,43 +904,74 @@ def toolkit_decision_delete(scope: MemoryScope, *, key: str, call: CallContext) 
 
 
 AGENT_DATA_FORMAT = "memsite.decisions_and_cache"
+# Rows read per fetch from the export's server-side cursors: a decision is at most ~8,000
+# characters, a cached answer ~34,000, so one chunk holds a few million at the most.
+EXPORT_DECISIONS_CHUNK = 500
+EXPORT_CACHED_ANSWERS_CHUNK = 100
 
 
-def toolkit_data_export(scope: MemoryScope, *, call: CallContext) -> dict[str, Any]:
+def toolkit_data_export(scope: MemoryScope, *, call: CallContext) -> Iterator[str]:
     """Everything the toolkit keeps about the person besides memories: their live
-    decisions and cached answers, as one JSON document (the web UI's "Your data"
-    download; the memory export covers memories). Audited with the counts (a refusal too),
-    rate limited, not billed. Held in memory: bounded by CACHE_MAX_ENTRIES_PER_USER and
-    DECISION_MAX_PER_USER."""
+    decisions and cached answers, as one JSON document streamed in pieces (the web UI's
+    "Your data" download; the memory export covers memories), the bytes `json.dumps`
+    with `indent=1` would give for the whole document. Audited with the counts before
+    the first piece (a refusal too), rate limited, not billed, as session_logs_export.
+    The document is read in one snapshot from its first piece to its last, a chunk of
+    rows at a time, so the rows held stay bounded however many the user keeps (up to
+    CACHE_MAX_ENTRIES_PER_USER and DECISION_MAX_PER_USER). A download cut short is not
+    valid JSON. (The audit row's counts are from the call's start.)"""
     rate_limit_consume_audited(scope, operation=Operation.EXPORT_DECISIONS_AND_CACHE, call=call)
     user = _user_label(scope, call=call)
-    # Each list in one statement: a count read first missed a row when another request
-    # wrote one meanwhile (the new one took an existing one's place in the limit).
-    decisions = [decision_as_dict(d, user=user) for d in decision_list(scope)]
-    cached = [
-        {
+    decisions = decision_list(scope)
+    cached = cache_entry_list(scope)
+    counts = {"decisions": decisions.count(), "cached_answers": cached.count()}
+    with transaction.atomic():
+        audit_record(scope, call=call, operation=Operation.EXPORT_DECISIONS_AND_CACHE, detail=counts)
+
+    def cached_as_dict(entry: CacheEntry) -> dict[str, Any]:
+        return {
             "id": str(entry.id),
             "query": entry.query,
             "response": entry.response,
             "created_at": _iso(entry.created_at),
             "expires_at": _iso(entry.expires_at),
         }
-        for entry in cache_entry_list(scope)
-    ]
-    with transaction.atomic():
-        audit_record(
-            scope,
-            call=call,
-            operation=Operation.EXPORT_DECISIONS_AND_CACHE,
-            detail={"decisions": len(decisions), "cached_answers": len(cached)},
+
+    def pieces() -> Iterator[str]:
+        with read_only_snapshot():
+            yield from snapshot_pieces()
+
+    def snapshot_pieces() -> Iterator[str]:
+        # The snapshot is taken by the block's first statement: one here, so that the file
+        # is the data as of its first piece (the head is yielded before any row is read).
+        decisions.exists()
+        head = {"format": AGENT_DATA_FORMAT, "version": 1, "exported_at": timezone.now().astimezone(UTC).isoformat()}
+        yield _json_indented(head)[:-2] + ",\n"  # the object left open after its last field
+        yield ' "decisions": '
+        yield from _json_array_pieces(
+            decision_as_dict(d, user=user) for d in decisions.iterator(chunk_size=EXPORT_DECISIONS_CHUNK)
         )
-    return {
-        "format": AGENT_DATA_FORMAT,
-        "version": 1,
-        "exported_at": timezone.now().astimezone(UTC).isoformat(),
-        "decisions": decisions,
-        "cached_answers": cached,
-    }
+        yield ',\n "cached_answers": '
+        yield from _json_array_pieces(
+            cached_as_dict(entry) for entry in cached.iterator(chunk_size=EXPORT_CACHED_ANSWERS_CHUNK)
+        )
+        yield "\n}"
+
+    return pieces()
+
+
+def _json_indented(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=1)
+
+
+def _json_array_pieces(items: Iterator[dict[str, Any]]) -> Iterator[str]:
+    """A JSON array one item a piece, as a member of a top-level object (two levels in)
+    with `indent=1`. An encoded string holds no raw newline, so each line can be indented."""
+    first = True
+    for item in items:
+        yield ("[\n  " if first else ",\n  ") + _json_indented(item).replace("\n", "\n  ")
+        first = False
+    yield "[]" if first else "\n ]"
 
 
 # --- search_web -----------------------------------------------------------------------------

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from core.choices import Operation
+from core.choices import Channel, Operation
 from core.errors import ErrorCode, ServiceError
+from core.metrics import lines_observed
+from memories.interfaces.downloads import streaming_download
 from memories.interfaces.web.paging import Listing, page_read, pager_of
 from memories.interfaces.web.views import _execute, _scope, ui_call_observed, web_call
 from memories.toolkit.schemas import DECISION_KEY_MAX_CHARS
@@ -95,17 +96,21 @@ def cache_entries_clear(request):
 @login_required
 @require_POST
 def decisions_and_cache_export(request):
-    """The "Your data" page's second download: decisions and cached answers as JSON. A
-    POST with the CSRF token, so another site cannot spend the user's export limit."""
+    """The "Your data" page's second download: decisions and cached answers as one JSON
+    document, streamed. A POST with the CSRF token, so another site cannot spend the
+    user's export limit."""
     try:
-        with ui_call_observed(Operation.EXPORT_DECISIONS_AND_CACHE):
-            document = toolkit_data_export(_scope(request), call=web_call(request))
+        pieces = lines_observed(
+            operation=Operation.EXPORT_DECISIONS_AND_CACHE,
+            channel=Channel.UI,
+            start=lambda: toolkit_data_export(_scope(request), call=web_call(request)),
+        )
     except ServiceError as exc:
         messages.error(request, exc.message)
         return redirect("web-data")
-    response = JsonResponse(document, json_dumps_params={"ensure_ascii": False, "indent": 1})
-    response["Content-Disposition"] = 'attachment; filename="decisions-and-cached-answers.json"'
-    return response
+    return streaming_download(
+        request, pieces, content_type="application/json", filename="decisions-and-cached-answers.json"
+    )
 
 
 @login_required
