@@ -85,3 +85,26 @@ def ingest_intent_retention_check(app_configs: Any = None, **kwargs: Any) -> lis
             id="memsite.E003",
         )
     ]
+
+
+@register()
+def chat_upstream_url_check(app_configs: Any = None, **kwargs: Any) -> list[Error]:  # noqa: ARG001 - Django API
+    """The deployment's chat upstream serves every key without its own. A URL the upstream
+    client cannot call (a port outside 1-65535, no host, whitespace) fails every such chat
+    call: some as a 500 (an ExceptionGroup from the connection), none as an answer. The
+    same rule as a key's upstream on save; empty means no default upstream. The URL may
+    carry credentials: never quoted."""
+    from proxy.services import upstream_url_usable
+
+    url = settings.CHAT_UPSTREAM_BASE_URL
+    if not url or upstream_url_usable(url):
+        return []
+    return [
+        Error(
+            "CHAT_UPSTREAM_BASE_URL is not a usable http(s) URL: it needs a host and, if given, "
+            "a port from 1 to 65535, and no spaces or control characters.",
+            hint="Set it to the upstream's base URL, e.g. https://api.openai.com, or leave it empty "
+            "for no default upstream (keys then need their own).",
+            id="memsite.E004",
+        )
+    ]

@@ -629,7 +629,7 @@ def _config_validate(fields: dict[str, Any], *, partial: bool) -> dict[str, Any]
     clean: dict[str, Any] = {}
     for name, value in fields.items():
         if name == "upstream_base_url":
-            if not isinstance(value, str) or not _url_usable(value):
+            if not isinstance(value, str) or not upstream_url_usable(value):
                 raise ServiceError(
                     ErrorCode.INVALID_ARGUMENT,
                     "upstream_base_url must be an http(s) URL with a host and, if given, a port from 1 to 65535.",
@@ -685,11 +685,12 @@ def _host_may_be_public(host: str) -> bool:
         return True
 
 
-def _url_usable(value: str) -> bool:
+def upstream_url_usable(value: str) -> bool:
     """An http(s) URL the upstream client can call: no invalid characters or whitespace
     (a NUL is a database error, a space an httpx error at every chat call), a host (no
     percent-escapes: no name or address has one) and, if given, a port from 1 to 65535
-    (else every chat call fails to connect)."""
+    (else every chat call fails to connect). A key's URL on save; the deployment's
+    CHAT_UPSTREAM_BASE_URL at start-up (memsite.checks)."""
     if not value or text_problem(value) or any(c.isspace() for c in value):
         return False
     try:

@@ -116,3 +116,34 @@ def test_the_admin_api_refuses_an_unusable_port_with_a_422(proxy_url, alice, ali
     assert response.status_code == 422, response.text
     assert response.json()["error"]["code"] == "invalid_argument"
     assert not TokenConfig.objects.exists()
+
+
+# --- the deployment's default upstream: refused at start-up -------------------------------------
+
+
+@pytest.mark.parametrize("url", [*BAD_URLS, "http://api.example.com /v1", "ftp://api.example.com"])
+def test_an_unusable_default_upstream_stops_the_start(settings, url):
+    """CHAT_UPSTREAM_BASE_URL serves every key without its own upstream: http://1.1.1.1:99999/
+    gave an ExceptionGroup (a 500) on every such chat call. The system checks, which
+    `manage.py migrate` runs before the launcher serves, now refuse it, without quoting it
+    (a URL may hold credentials)."""
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    from memsite.checks import chat_upstream_url_check
+
+    settings.CHAT_UPSTREAM_BASE_URL = url
+    (error,) = chat_upstream_url_check()
+    assert error.id == "memsite.E004" and "CHAT_UPSTREAM_BASE_URL is not a usable" in error.msg
+    assert url not in error.msg + (error.hint or "")
+    with pytest.raises(SystemCheckError, match="memsite.E004"):
+        call_command("check")
+
+
+@pytest.mark.parametrize("url", ["", "https://api.openai.com", "http://127.0.0.1:8001/v1", "http://upstream:80"])
+def test_a_usable_or_no_default_upstream_passes_the_checks(settings, url):
+    """The deployment's own upstream may be private or loopback (only a key's is restricted)."""
+    from memsite.checks import chat_upstream_url_check
+
+    settings.CHAT_UPSTREAM_BASE_URL = url
+    assert chat_upstream_url_check() == []
