@@ -107,3 +107,15 @@ def token_config_view(row: TokenConfig) -> dict[str, Any]:
         "session_window_size": row.session_window_size,
         "updated_at": row.updated_at.isoformat(),
     }
+
+
+def token_configs_of_live_keys() -> list[TokenConfig]:
+    """Every configuration the admin API lists: those of keys not revoked. A revoked key's
+    configuration is 404 at /v1/admin/tokens/<key_id> for every method (it can never be
+    used again), so the list does not offer it either."""
+    rows = TokenConfig.objects.filter(api_key__revoked_at__isnull=True).select_related("api_key__user")
+    return list(rows.order_by("id"))
+
+
+def token_config_of_key(*, api_key: ApiKey) -> TokenConfig | None:
+    return TokenConfig.objects.filter(api_key=api_key).select_related("api_key__user").first()

@@ -50,7 +50,12 @@ from proxy.crypto import secret_encrypt
 from proxy.errors import ProxyError, unauthenticated
 from proxy.messages import conversation_overlap, turn_items
 from proxy.models import ProxyTurn, TokenConfig
-from proxy.selectors import UpstreamConfig, token_config_effective
+from proxy.selectors import (
+    UpstreamConfig,
+    token_config_effective,
+    token_config_of_key,
+    token_configs_of_live_keys,
+)
 from proxy.tasks import turn_extract as turn_extract_task
 
 logger = logging.getLogger(__name__)
@@ -748,7 +753,19 @@ def token_config_admin_authorize(
     else:
         return
     error = ProxyError(403, "forbidden", message)
-    call = replace(
+    with transaction.atomic():
+        audit_failure(
+            principal.scope(),
+            call=_caller_call(principal, call),
+            operation=Operation.PROXY_TOKEN_CONFIG,
+            error=error.as_service_error(),
+        )
+    raise error
+
+
+def _caller_call(principal: Principal, call: CallContext) -> CallContext:
+    """The call as the authenticated caller's own (a refusal recorded under their scope)."""
+    return replace(
         call,
         actor_username=principal.acting_user.get_username(),
         actor_auth=principal.method,
@@ -756,11 +773,66 @@ def token_config_admin_authorize(
         actor_role=principal.role,
         actor_credential=principal.credential,
     )
+
+
+def token_admin_refused(
+    principal: Principal, *, call: CallContext, error: ServiceError, api_key: ApiKey | None = None
+) -> None:
+    """A refusal at the admin token API after its caller was authorized (404, 409, 413,
+    422): one audit row, as on every surface. Once the call named a key that exists
+    (`api_key`), under its owner, the staff account as actor, as the change would have
+    been: an attempt on their settings shows on their Activity. Before that (an unknown or
+    revoked key, a body that is not JSON), under the caller's own scope, as a 403."""
+    try:
+        with transaction.atomic():
+            if api_key is None:
+                audit_failure(
+                    principal.scope(),
+                    call=_caller_call(principal, call),
+                    operation=Operation.PROXY_TOKEN_CONFIG,
+                    error=error,
+                )
+            else:
+                # audit_failure's row, naming the key tried.
+                audit_record(
+                    MemoryScope.for_user(api_key.user),
+                    call=_staff_call(principal.user, call),
+                    operation=Operation.PROXY_TOKEN_CONFIG,
+                    outcome=AuditEvent.Outcome.DENIED if error.denied else AuditEvent.Outcome.ERROR,
+                    error_code=error.code.value,
+                    detail={"key_id": api_key.key_id, "message": error.message},
+                )
+    except Exception:  # never hide the caller's error behind an audit failure, but say so
+        logger.exception("could not write the audit row for a refused admin token call")
+
+
+def token_configs_admin_list(*, call: CallContext, staff_user: Any) -> list[TokenConfig]:
+    """Staff reading the upstream settings of every live key (the admin API's list): the
+    read is audited, one row per user whose settings it showed (under that user, the
+    staff account as actor, with the key ids), in the read's transaction; not billed (a
+    staff surface, as the admin's views). Nothing shown, nothing to record."""
     with transaction.atomic():
-        audit_failure(
-            principal.scope(), call=call, operation=Operation.PROXY_TOKEN_CONFIG, error=error.as_service_error()
-        )
-    raise error
+        rows = token_configs_of_live_keys()
+        shown: dict[int, tuple[Any, list[str]]] = {}
+        for row in rows:
+            shown.setdefault(row.api_key.user_id, (row.api_key.user, []))[1].append(row.api_key.key_id)
+        staff_call = _staff_call(staff_user, call)
+        for user, key_ids in shown.values():
+            detail = {"action": "list", "key_ids": key_ids}
+            audit_record(
+                MemoryScope.for_user(user), call=staff_call, operation=Operation.PROXY_TOKEN_CONFIG, detail=detail
+            )
+    return rows
+
+
+def token_config_admin_get(*, api_key: ApiKey, call: CallContext, staff_user: Any) -> TokenConfig | None:
+    """Staff reading one key's upstream settings (the admin API's show): audited under the
+    key's owner, as the list; not billed. None: the key has no configuration."""
+    with transaction.atomic():
+        row = token_config_of_key(api_key=api_key)
+        if row is not None:
+            _config_audit(api_key, call=call, staff_user=staff_user, action="view", changed=[])
+    return row
 
 
 _CONFIG_OPTIONAL_FIELDS = frozenset(

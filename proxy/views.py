@@ -53,7 +53,6 @@ from proxy.messages import (
     messages_enrich,
     turn_items,
 )
-from proxy.models import TokenConfig
 from proxy.templates import memory_block_render
 from proxy.upstream_network import public_only_transport, upstream_address_is_refused
 
@@ -516,7 +515,9 @@ def _json_body(request: HttpRequest) -> dict[str, Any]:
     return data
 
 
-def _key_or_404(key_id: Any) -> ApiKey:
+def _key_or_404(key_id: Any, target: dict[str, Any]) -> ApiKey:
+    """The live key `key_id` names (a revoked one is 404); kept in `target`, so a refusal
+    from here on is audited under its owner."""
     api_key = (
         ApiKey.objects.select_related("user").filter(key_id=key_id, revoked_at__isnull=True).first()
         # A NUL would reach the database as a DataError: no key has one.
@@ -525,25 +526,36 @@ def _key_or_404(key_id: Any) -> ApiKey:
     )
     if api_key is None:
         raise ProxyError(404, "not_found", "No such token.")
+    target["api_key"] = api_key
     return api_key
 
 
 def _admin(allowed: str):
     """`allowed`: the route's methods, as its `Allow` header lists them. Another method
-    is 405 before anything else is read."""
+    is 405 before anything else is read. After authorization, every refusal (404, 409,
+    413, 422) leaves its audit row, as the 401 and 403 do (services.token_admin_refused)."""
 
     def wrap(handler):
         @csrf_exempt
         def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if request.method not in allowed.split(", "):
                 return _method_not_allowed(allowed)
+            principal = None
+            target: dict[str, Any] = {}
             try:
                 call = call_context_from_request(request, channel=Channel.REST)
                 principal = _admin_principal(request, call=call)
-                return handler(request, principal, call, *args, **kwargs)
+                return handler(request, principal, call, target, *args, **kwargs)
             except ProxyError as error:
+                # A 403 is audited where it is decided (token_config_admin_authorize).
+                if principal is not None and error.status != 403:
+                    services.token_admin_refused(
+                        principal, call=call, error=error.as_service_error(), api_key=target.get("api_key")
+                    )
                 return _error_response(error)
             except ServiceError as error:
+                if principal is not None:
+                    services.token_admin_refused(principal, call=call, error=error, api_key=target.get("api_key"))
                 status = 409 if error.code == ErrorCode.CONFLICT else 422  # seed 004: bad fields are 422
                 return _error_response(ProxyError(status, error.code.value, error.message))
 
@@ -553,12 +565,12 @@ def _admin(allowed: str):
 
 
 @_admin("GET, POST")
-def admin_tokens(request: HttpRequest, principal, call: CallContext) -> HttpResponse:
+def admin_tokens(request: HttpRequest, principal, call: CallContext, target: dict[str, Any]) -> HttpResponse:
     if request.method == "GET":
-        rows = TokenConfig.objects.select_related("api_key__user").order_by("id")
+        rows = services.token_configs_admin_list(call=call, staff_user=principal.user)
         return JsonResponse({"tokens": [selectors.token_config_view(row) for row in rows]})
     data = _json_body(request)
-    api_key = _key_or_404(data.pop("key_id", None))
+    api_key = _key_or_404(data.pop("key_id", None), target)
     row = services.token_config_save(
         api_key=api_key, fields=data, partial=False, call=call, staff_user=principal.user, must_create=True
     )
@@ -566,18 +578,21 @@ def admin_tokens(request: HttpRequest, principal, call: CallContext) -> HttpResp
 
 
 @_admin("GET, PUT, PATCH, DELETE")
-def admin_token(request: HttpRequest, principal, call: CallContext, key_id: str) -> HttpResponse:
-    api_key = _key_or_404(key_id)
-    row = TokenConfig.objects.filter(api_key=api_key).select_related("api_key__user").first()
+def admin_token(
+    request: HttpRequest, principal, call: CallContext, target: dict[str, Any], key_id: str
+) -> HttpResponse:
+    api_key = _key_or_404(key_id, target)
     if request.method == "GET":
+        row = services.token_config_admin_get(api_key=api_key, call=call, staff_user=principal.user)
         if row is None:
             raise ProxyError(404, "not_found", "This token has no configuration.")
         return JsonResponse(selectors.token_config_view(row))
     if request.method in ("PUT", "PATCH"):
         partial = request.method == "PATCH"
-        if partial and row is None:
+        exists = selectors.token_config_of_key(api_key=api_key) is not None
+        if partial and not exists:
             raise ProxyError(404, "not_found", "This token has no configuration.")
-        if row is None:  # PUT creates it: the staff account needs `add` too
+        if not exists:  # PUT creates it: the staff account needs `add` too
             services.token_config_admin_authorize(principal, method="PUT", call=call, creates=True)
         row = services.token_config_save(
             api_key=api_key, fields=_json_body(request), partial=partial, call=call, staff_user=principal.user

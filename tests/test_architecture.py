@@ -11,7 +11,7 @@ from memories import selectors
 from memories.auth import Principal
 from memories.interfaces.mcp.registry import TOOLSETS
 from memories.operations import OPERATIONS, operation_execute
-from memories.services import memory_remember
+from memories.services import api_key_issue, memory_remember
 from tests.conftest import internal_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
@@ -196,6 +196,7 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
     sessions.session_events_append(
         alice_scope, session_id="s1", items=[{"type": "message", "role": "user", "content": "hi"}]
     )
+    alice_key_row, _ = api_key_issue(user=alice)
     calls = {
         turns_selectors: {
             "sessions_of_user": lambda: turns_selectors.sessions_of_user(alice_scope),
@@ -237,6 +238,8 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
         proxy_selectors: {
             "chat_memories_find": lambda: proxy_selectors.chat_memories_find(alice_scope, query="garden", limit=5),
             "token_config_effective": lambda: proxy_selectors.token_config_effective(api_key=None),
+            "token_configs_of_live_keys": lambda: proxy_selectors.token_configs_of_live_keys(),
+            "token_config_of_key": lambda: proxy_selectors.token_config_of_key(api_key=alice_key_row),
         },
     }
     # Helpers that are pure functions of their arguments (no database) need no guard.
