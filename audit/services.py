@@ -20,6 +20,7 @@ from django.utils.crypto import salted_hmac
 
 from audit.crypto import Sealer
 from audit.models import AuditEvent, AuthFailureWindow, LoginFailure, MemoryHistory
+from core.batched import rows_delete_in_batches
 from core.calls import call_context_from_request
 from core.choices import Channel, Operation
 from core.errors import ErrorCode, ServiceError
@@ -205,9 +206,17 @@ def auth_failure_record(
     return count
 
 
+# Rows deleted per statement by the two prunes below: a flood of failed calls or
+# sign-ins (a row per address per minute, a row per failure) must not make one long one.
+AUTH_FAILURE_PRUNE_BATCH = 5000
+
+
 def auth_failure_windows_prune(*, older_than_days: int = 30) -> int:
+    """Failure windows older than `older_than_days`, oldest first from their index, in
+    batches; then the login throttle's aged-out failures."""
     cutoff = timezone.now() - timedelta(days=older_than_days)
-    deleted, _ = AuthFailureWindow.objects.filter(window_start__lt=cutoff).delete()
+    windows = AuthFailureWindow.objects.filter(window_start__lt=cutoff)
+    deleted = rows_delete_in_batches(windows, order_by="window_start", batch_size=AUTH_FAILURE_PRUNE_BATCH)
     return deleted + login_failures_prune()
 
 
@@ -301,9 +310,11 @@ def login_attempt_succeeded(attempt: LoginAttempt) -> None:
 
 
 def login_failures_prune() -> int:
+    """Failures out of the throttle's window, in batches in id order (the primary key; the
+    only index on `at` starts with the key, and ids grow with `at`)."""
     cutoff = timezone.now() - timedelta(seconds=settings.LOGIN_FAILURE_WINDOW_S)
-    deleted, _ = LoginFailure.objects.filter(at__lte=cutoff).delete()
-    return deleted
+    aged_out = LoginFailure.objects.filter(at__lte=cutoff)
+    return rows_delete_in_batches(aged_out, order_by="pk", batch_size=AUTH_FAILURE_PRUNE_BATCH)
 
 
 def _login_throttle_keys(*, username: str, ip: str | None) -> list[tuple[str, str, int]]:

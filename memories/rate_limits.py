@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
+from core.batched import rows_delete_in_batches
 from core.db_errors import is_foreign_key_violation
 from core.errors import ErrorCode, ServiceError
 from core.metrics import rate_limit_rejection_record
@@ -135,8 +136,17 @@ def _sliding_consume(user_pk: int, *, operation: str, shown: str, limit: int, wi
     RateEvent.objects.create(user_id=user_pk, operation=operation, at=at)
 
 
+# Rows deleted per statement by `rate_windows_prune`: short transactions.
+RATE_PRUNE_BATCH = 5000
+
+
 def rate_windows_prune(*, older_than: timedelta = timedelta(days=2)) -> int:
+    """Fixed windows and sliding-window calls older than `older_than`; returns how many.
+    Both tables take rows per call, so in batches: windows oldest first from
+    rate_window_recent (read backwards), calls in id order (the primary key; no index
+    starts with `at`, and ids grow with it, so the old calls come first)."""
     cutoff = datetime.now(UTC) - older_than
-    deleted, _ = RateWindow.objects.filter(window_start__lt=cutoff).delete()
-    events, _ = RateEvent.objects.filter(at__lt=cutoff).delete()
-    return deleted + events
+    windows = RateWindow.objects.filter(window_start__lt=cutoff)
+    deleted = rows_delete_in_batches(windows, order_by="window_start", batch_size=RATE_PRUNE_BATCH)
+    events = RateEvent.objects.filter(at__lt=cutoff)
+    return deleted + rows_delete_in_batches(events, order_by="pk", batch_size=RATE_PRUNE_BATCH)

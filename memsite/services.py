@@ -68,6 +68,15 @@ def worker_heartbeat_record(*, token: str) -> WorkerHeartbeat:
     return heartbeat
 
 
+# Consumed broker messages deleted per statement by `broker_messages_cleanup`.
+BROKER_CLEANUP_BATCH = 5000
+_BROKER_CLEANUP_BATCH_SQL = """
+DELETE FROM kombu_message WHERE id IN (
+    SELECT id FROM kombu_message WHERE visible = false AND timestamp <= %s ORDER BY timestamp LIMIT %s
+)
+"""
+
+
 def broker_messages_cleanup(*, older_than_s: int | None = None) -> int:
     """Delete consumed messages of kombu's SQLAlchemy transport, which never deletes
     them itself. Returns how many rows went. A no-op on any other broker."""
@@ -80,8 +89,15 @@ def broker_messages_cleanup(*, older_than_s: int | None = None) -> int:
         cursor.execute("SELECT to_regclass('kombu_message') IS NOT NULL")
         if not cursor.fetchone()[0]:
             return 0
-        cursor.execute("DELETE FROM kombu_message WHERE visible = false AND timestamp <= %s", [cutoff])
-        return cursor.rowcount
+        # A message per task sent: in batches (the helper takes a model; this table is
+        # kombu's), oldest first from kombu's index on the timestamp, each statement its own
+        # commit outside a transaction.
+        deleted = 0
+        while True:
+            cursor.execute(_BROKER_CLEANUP_BATCH_SQL, [cutoff, BROKER_CLEANUP_BATCH])
+            if not cursor.rowcount:
+                return deleted
+            deleted += cursor.rowcount
 
 
 # --- the erasure ledger ----------------------------------------------------------------------

@@ -27,6 +27,7 @@ from django.utils import timezone
 from pgvector.django import CosineDistance
 
 from audit.services import audit_failure, audit_record, audit_text, subject_content_erase
+from core.batched import rows_delete_in_batches
 from core.choices import Channel, Operation
 from core.errors import ErrorCode, ServiceError, backend_unavailable
 from core.locks import advisory_lock_try, advisory_xact_lock
@@ -788,10 +789,17 @@ def toolkit_cache_user_drop(scope: MemoryScope) -> int:
     return CacheEntry.objects.filter(user_id=scope.user_pk).delete()[0]
 
 
+# Expired cache entries deleted per statement by `toolkit_expired_purge`: short transactions.
+CACHE_PURGE_BATCH = 5000
+
+
 def toolkit_expired_purge(*, now: datetime | None = None) -> dict[str, int]:
-    """The periodic purge of expired cache entries and decisions (hidden already)."""
+    """The periodic purge of expired cache entries and decisions (hidden already). Cache
+    entries come a row per stored answer: in batches, soonest expired first from their
+    index. Decisions are capped per user (DECISION_MAX_PER_USER): one statement."""
     now = now or timezone.now()
-    cache, _ = CacheEntry.objects.filter(expires_at__lte=now).delete()
+    expired = CacheEntry.objects.filter(expires_at__lte=now)
+    cache = rows_delete_in_batches(expired, order_by="expires_at", batch_size=CACHE_PURGE_BATCH)
     decisions, _ = Decision.objects.filter(expires_at__lte=now).delete()
     return {"cache": cache, "decisions": decisions}
 
