@@ -245,7 +245,7 @@ class DatabaseCollector(Collector):
         pending, oldest = self._pending(table=table, status="state", since="created_at")
         with connection.cursor() as cursor:
             # Given up with their messages kept (a clear-all blanks them): a re-queue can
-            # still extract them. The (state, created_at) index finds the failed rows.
+            # still extract them. The partial proxy_turn_failed finds the failed rows.
             cursor.execute(
                 f"SELECT count(*) FROM {table} WHERE state = 'failed' AND messages <> '[]'::jsonb"  # noqa: S608
             )

@@ -77,7 +77,14 @@ class ProxyTurn(models.Model):
 
     class Meta:
         indexes = [
-            models.Index(fields=["state", "created_at"], name="proxy_turn_due"),
+            # Partial on the few rows still owed work or a person (proxy 0008): the sweep
+            # (pending ones by age), the /metrics gauges and the admin's state filter never
+            # walk the extracted turns, which are most of the table (that filter's "done"
+            # reads proxy_turn_recent, where nearly every row matches).
+            models.Index(fields=["-created_at", "-id"], condition=models.Q(state="pending"), name="proxy_turn_pending"),
+            models.Index(fields=["-created_at", "-id"], condition=models.Q(state="failed"), name="proxy_turn_failed"),
+            # The prune: closed turns oldest closed first, past the retention.
+            models.Index(fields=["closed_at"], condition=~models.Q(state="pending"), name="proxy_turn_closed_at"),
             # The admin's unfiltered list, newest first (the admin adds the id).
             models.Index(fields=["-created_at", "-id"], name="proxy_turn_recent"),
         ]

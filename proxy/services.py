@@ -939,7 +939,8 @@ def proxy_turns_prune(*, now: datetime | None = None) -> int:
     """Closed chat turns (extracted or cleared, their messages blanked; or given up, with
     their messages) older than PROXY_TURN_RETENTION_DAYS: the audit trail and the session
     log keep what they recorded. Pending turns are never pruned (the sweep still owes
-    them an extraction). In batches, so the table is never locked long."""
+    them an extraction). In batches, so the table is never locked long, oldest closed
+    first from proxy_turn_closed_at: no batch walks the pending and recent turns."""
     cutoff = (now or timezone.now()) - timedelta(days=settings.PROXY_TURN_RETENTION_DAYS)
     closed = ProxyTurn.objects.exclude(state=ProxyTurn.State.PENDING).filter(closed_at__lt=cutoff)
-    return rows_delete_in_batches(closed, order_by="pk", batch_size=PRUNE_BATCH)
+    return rows_delete_in_batches(closed, order_by="closed_at", batch_size=PRUNE_BATCH)

@@ -14,6 +14,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Q
@@ -73,7 +74,11 @@ EXPECTED = {
         "proxy_proxyturn_request_id_key": "UNIQUE btree (request_id)",
         # The user's turns: their erasure and Django's ON DELETE CASCADE from auth_user.
         "proxy_proxyturn_user_id_872eb225": "btree (user_id)",
-        "proxy_turn_due": "btree (state, created_at)",
+        # Partial on the turns owed work or a person, and the closed ones by close time
+        # for the prune (proxy 0008).
+        "proxy_turn_pending": "btree (created_at DESC, id DESC) WHERE ((state)::text = 'pending'::text)",
+        "proxy_turn_failed": "btree (created_at DESC, id DESC) WHERE ((state)::text = 'failed'::text)",
+        "proxy_turn_closed_at": "btree (closed_at) WHERE (NOT ((state)::text = 'pending'::text))",
         "proxy_turn_recent": "btree (created_at DESC, id DESC)",
     },
     IngestIntent: {
@@ -392,3 +397,76 @@ def test_every_users_open_intents_are_read_from_the_open_rows_index(intents_anal
     (query,) = [q["sql"] for q in scrape.captured_queries if "memories_ingestintent" in q["sql"]]
     plan = _sql_plan(query, priced_out=("seqscan",))
     assert "ingest_intent_open_created" in plan and "Seq Scan" not in plan, plan
+
+
+@pytest.fixture
+def turns_analysed(alice):
+    """2,000 extracted chat turns, 20 pending and 20 given up, analysed: planned as a table
+    most of whose rows the sweep, the gauges and the admin's state filter must not read.
+    The oldest 500 extracted ones are past the retention."""
+    now = timezone.now()
+    retention = timedelta(days=settings.PROXY_TURN_RETENTION_DAYS)
+
+    def state(n: int) -> str:
+        return ProxyTurn.State.PENDING if n < 20 else ProxyTurn.State.FAILED if n < 40 else ProxyTurn.State.DONE
+
+    ProxyTurn.objects.bulk_create(
+        ProxyTurn(
+            request_id=f"turn-{n}", user=alice, tenant="default", session_id="s", state=state(n),
+            messages=[{"role": "user", "content": "x"}] if n < 40 else [],
+            closed_at=None if n < 20 else now - (retention + timedelta(days=1) if n >= 1540 else timedelta(minutes=n)),
+        )
+        for n in range(2040)
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {ProxyTurn._meta.db_table}")
+
+
+def _turn_queries(captured, verb: str) -> list[str]:
+    return [q["sql"] for q in captured if q["sql"].startswith(verb) and ProxyTurn._meta.db_table in q["sql"]]
+
+
+def test_pending_and_failed_turns_are_read_from_their_partial_indexes(turns_analysed, admin_client):
+    """The sweep (pending turns past their delay, oldest first), the /metrics gauges (how
+    many pending, the oldest one's age; how many given up) and the admin's state filter
+    read the partial index of those rows (proxy 0008), never the extracted turns."""
+    from memsite.observability import DatabaseCollector
+    from proxy.services import proxy_turns_sweep
+
+    with CaptureQueriesContext(connection) as sweep:
+        assert proxy_turns_sweep(older_than_s=86400.0) == 0  # none that old: the query runs only
+    (query,) = _turn_queries(sweep.captured_queries, "SELECT")
+    plan = _sql_plan(query)
+    assert "proxy_turn_pending" in plan and "Index Cond: (created_at < " in plan, plan
+    assert "Seq Scan" not in plan and not WHOLE_SORT.search(plan), plan
+
+    with CaptureQueriesContext(connection) as scrape:
+        gauges = {family.name: family.samples[0].value for family in DatabaseCollector()._proxy_turns()}
+    assert (gauges["memsite_proxy_turns_pending"], gauges["memsite_proxy_turns_failed"]) == (20, 20)
+    pending, failed = _turn_queries(scrape.captured_queries, "SELECT")
+    for query, index in ((pending, "proxy_turn_pending"), (failed, "proxy_turn_failed")):
+        plan = _sql_plan(query, priced_out=("seqscan",))
+        assert index in plan and "Seq Scan" not in plan, plan
+
+    for state, index in (("pending", "proxy_turn_pending"), ("failed", "proxy_turn_failed")):
+        page = admin_client.get("/admin/proxy/proxyturn/", {"state__exact": state})
+        assert page.status_code == 200
+        changelist = page.context["cl"]
+        assert {turn.state for turn in changelist.result_list} == {state}
+        plan = _sql_plan(changelist.queryset[: changelist.list_per_page])
+        assert f"Index Scan using {index}" in plan and "Seq Scan" not in plan and not WHOLE_SORT.search(plan), plan
+
+
+def test_the_turn_prune_reads_closed_turns_by_close_time(turns_analysed, monkeypatch):
+    """Each batch of the prune reads the oldest closed turns from proxy_turn_closed_at (proxy
+    0008), not the primary key from the start through pending and recent turns."""
+    from proxy import services
+
+    monkeypatch.setattr(services, "PRUNE_BATCH", 200)
+    with CaptureQueriesContext(connection) as prune:
+        assert services.proxy_turns_prune() == 500
+    assert ProxyTurn.objects.filter(state=ProxyTurn.State.PENDING).count() == 20
+    batch = _turn_queries(prune.captured_queries, "SELECT")[0]
+    plan = _sql_plan(batch)
+    assert "proxy_turn_closed_at" in plan and "Index Cond: (closed_at < " in plan, plan
+    assert "Seq Scan" not in plan and not WHOLE_SORT.search(plan), plan
