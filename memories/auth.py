@@ -14,7 +14,7 @@ from django.conf import settings
 
 from core.choices import ALL_PERMISSIONS, Role
 from core.inputs import text_problem
-from core.scope import MemoryScope, user_tenant
+from core.scope import CallContext, MemoryScope, user_tenant
 from memories.services import api_key_authenticate
 from oauth.services import ACCESS_TOKEN_PREFIX as OAUTH_ACCESS_TOKEN_PREFIX
 from oauth.services import oauth_access_token_authenticate
@@ -59,6 +59,19 @@ class Principal:
         if user is None or not user.is_authenticated or user.pk is None:
             raise PermissionError("a MemoryScope needs an authenticated user")
         return int(user.pk)
+
+    def call_attributed(self, call: CallContext) -> CallContext:
+        """`call` naming this principal as its actor, as audit rows record it: the
+        authenticated user (the service account when delegating), how it authenticated,
+        its role and credential."""
+        return replace(
+            call,
+            actor_username=self.acting_user.get_username(),
+            actor_auth=self.method,
+            actor_user_id=self.acting_user.pk,
+            actor_role=self.role,
+            actor_credential=self.credential,
+        )
 
     def acting_for(self, subject: Any, *, tenant: str) -> Principal:
         """The same credential acting for `subject` (resolved by `memories.tenancy`)."""

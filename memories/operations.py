@@ -452,12 +452,7 @@ def _call_of(
     if not claim and claimed_scope:  # only then: the caller's tenant may cost a query
         claim = subject_claim_of(claimed_scope, tenant=principal.tenant_name, username=principal.user.get_username())
     return replace(
-        call,
-        actor_username=principal.acting_user.get_username(),
-        actor_auth=principal.method,
-        actor_user_id=principal.acting_user.pk,
-        actor_role=principal.role,
-        actor_credential=principal.credential,
+        principal.call_attributed(call),
         turn_id=call.turn_id or _turn_id(arguments),
         narrowed_to=_narrowed_to(claimed_scope),
         # Whom the call claims to act for, on its audit row even when refused: the header,

@@ -133,15 +133,7 @@ def chat_caller_authorize(caller: ChatCaller, *, subject: str | None) -> ChatCal
 def chat_call_context(call: CallContext, *, caller: ChatCaller) -> CallContext:
     """The call as the dispatcher records it: the authenticated actor (the service account
     when delegating), its method and role; the scope is the subject's."""
-    principal = caller.principal
-    return replace(
-        call,
-        actor_username=principal.acting_user.get_username(),
-        actor_auth=principal.method,
-        actor_user_id=principal.acting_user.pk,
-        actor_role=principal.role,
-        actor_credential=principal.credential,
-    )
+    return caller.principal.call_attributed(call)
 
 
 def session_id_clean(value: str | None, *, caller: ChatCaller) -> str:
@@ -765,14 +757,7 @@ def token_config_admin_authorize(
 
 def _caller_call(principal: Principal, call: CallContext) -> CallContext:
     """The call as the authenticated caller's own (a refusal recorded under their scope)."""
-    return replace(
-        call,
-        actor_username=principal.acting_user.get_username(),
-        actor_auth=principal.method,
-        actor_user_id=principal.acting_user.pk,
-        actor_role=principal.role,
-        actor_credential=principal.credential,
-    )
+    return principal.call_attributed(call)
 
 
 def token_admin_refused(

@@ -5,7 +5,6 @@ usage. Server-rendered; every memory action goes through the same operation disp
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from datetime import date, timedelta
 
 from django.conf import settings
@@ -64,15 +63,7 @@ def web_call(request) -> CallContext:
     """The call context of a web UI change made outside the dispatcher (API keys, the
     chat proxy's key settings, decisions): the signed-in user as the actor, as
     operation_execute records it for the UI's other calls."""
-    principal = _principal(request)
-    return replace(
-        call_context_from_request(request, channel=Channel.UI),
-        actor_username=request.user.get_username(),
-        actor_auth=principal.method,
-        actor_user_id=request.user.pk,
-        actor_role=principal.role,
-        actor_credential=principal.credential,
-    )
+    return _principal(request).call_attributed(call_context_from_request(request, channel=Channel.UI))
 
 
 def ui_call_observed(operation: str) -> AbstractContextManager[CallObservation]:
