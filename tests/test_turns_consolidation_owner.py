@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from memories.engine import engine_trashed
 from memories.turns import services as turns
+from tests.conftest import InThread
 from tests.test_turns import facts_of, run, turn
 
 pytestmark = pytest.mark.django_db
@@ -105,3 +106,64 @@ def test_an_expiry_set_on_a_pinned_fact_is_kept_by_retention(alice, alice_scope,
     assert run(alice, "memory_run_maintenance", session_id="s")["expired_facts"] == 1
     assert facts_of(alice_scope) == []
     assert engine_trashed(alice_scope) == []
+
+
+# --- 4: the kept copy changed between the read and the lock -----------------------------------------
+def _meanwhile(monkeypatch, change) -> None:
+    """Run `change` on another connection after consolidation read the facts and before it
+    locks them, as an owner's call committing at that moment would."""
+    real_lock = turns.engine_lock_owned_many
+
+    def change_then_lock(scope, *, memory_ids):
+        InThread(change).result()
+        return real_lock(scope, memory_ids=memory_ids)
+
+    monkeypatch.setattr(turns, "engine_lock_owned_many", change_then_lock)
+
+
+@pytest.mark.django_db(transaction=True)  # the owner's call runs on a connection of its own
+def test_a_fact_whose_kept_twin_was_rewritten_meanwhile_stays(alice, alice_scope, monkeypatch, clean_vectors):
+    older = turn(alice, "s", "t1", MORNING)["fact_ids"][0]
+    newer = turn(alice, "s", "t2", MORNING_AGAIN)["fact_ids"][0]
+    _meanwhile(monkeypatch, lambda: run(alice, "update_memory", memory_id=newer, memory="I switched to coffee only."))
+    # The tea fact now lives only in `older`: nothing is a duplicate any more.
+    assert maintenance(alice, session_id="s") == 0
+    assert live_ids(alice_scope) == {older, newer}
+    assert engine_trashed(alice_scope) == []
+
+
+@pytest.mark.django_db(transaction=True)  # the owner's call runs on a connection of its own
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda user, memory_id: run(user, "delete_memory", memory_id=memory_id), id="deleted"),
+        pytest.param(
+            lambda user, memory_id: run(user, "update_memory", memory_id=memory_id, session_id="s2"), id="moved"
+        ),
+    ],
+)
+def test_a_fact_whose_kept_twin_left_meanwhile_stays(alice, alice_scope, monkeypatch, clean_vectors, change):
+    older = turn(alice, "s", "t1", MORNING)["fact_ids"][0]
+    newer = turn(alice, "s", "t2", MORNING_AGAIN)["fact_ids"][0]
+    _meanwhile(monkeypatch, lambda: change(alice, newer))
+    assert maintenance(alice, session_id="s") == 0
+    assert older in live_ids(alice_scope)
+    assert older not in {m.id for m in engine_trashed(alice_scope)}
+
+
+def test_a_fact_whose_kept_twin_is_unchanged_still_goes(alice, alice_scope, monkeypatch, clean_vectors):
+    # The re-check is no blanket pass: a twin left as it was still has the older copy trashed.
+    older = turn(alice, "s", "t1", MORNING)["fact_ids"][0]
+    newer = turn(alice, "s", "t2", MORNING_AGAIN)["fact_ids"][0]
+    locked: list[list[str]] = []
+    real_lock = turns.engine_lock_owned_many
+
+    def recording_lock(scope, *, memory_ids):
+        locked.append(sorted(memory_ids))
+        return real_lock(scope, memory_ids=memory_ids)
+
+    monkeypatch.setattr(turns, "engine_lock_owned_many", recording_lock)
+    assert maintenance(alice, session_id="s") == 1
+    assert locked == [sorted([older, newer])]  # the kept copy is locked with the doomed one
+    assert live_ids(alice_scope) == {newer}
+    assert [m.id for m in engine_trashed(alice_scope)] == [older]

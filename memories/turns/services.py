@@ -1083,45 +1083,74 @@ def _fact_group(fact: EngineMemory) -> _Group:
     return tier, project_tags(attrs.tags), attrs.session_id, attrs.agent_id, attrs.memory_type
 
 
+def _consolidation_doomed(facts: list[EngineMemory]) -> dict[str, str]:
+    """Which of `facts` (newest first) go, each with the fact it duplicates (the copy kept
+    in its stead): a near-duplicate (`_near_duplicate`, same `_fact_group`) of a fact kept
+    before it. The owner's facts (`_owner_kept`) are kept first; a restored one stays and
+    is compared with no other fact."""
+    owned = _owner_kept(facts)
+    restored = _restored(facts) - owned
+    # The owner's facts first (sorted is stable: newest first within each part).
+    ordered = sorted(facts, key=lambda fact: fact.id not in owned)
+    kept: list[tuple[str, _Group, _Words]] = []
+    doomed: dict[str, str] = {}
+    for fact in ordered:
+        if fact.id in restored:  # stays, and is compared with no other fact
+            continue
+        group, words = _fact_group(fact), _words(fact.text)
+        survivor = None
+        if fact.id not in owned:
+            survivor = next(
+                (
+                    other_id
+                    for other_id, other_group, other_words in kept
+                    if group == other_group and _near_duplicate(words, other_words)
+                ),
+                None,
+            )
+        if survivor is None:
+            kept.append((fact.id, group, words))
+        else:
+            doomed[fact.id] = survivor
+    return doomed
+
+
 def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallContext) -> list[str]:
-    """Near-duplicate turn facts of the project (`_near_duplicate`, same `_fact_group`):
-    the newest one stays, the older ones go to the trash (restorable). A fact the owner
-    made theirs (`_owner_kept`) is never trashed, and a group holding one keeps it instead
-    of the newest; one restored from the trash stays beside the others. One transaction
-    with its audit row; a re-run finds none."""
+    """Near-duplicate turn facts of the project (`_consolidation_doomed`): the newest one
+    stays, the older ones go to the trash (restorable). A fact the owner made theirs
+    (`_owner_kept`) is never trashed, and a group holding one keeps it instead of the
+    newest; one restored from the trash stays beside the others. One transaction with its
+    audit row; a re-run finds none."""
     with transaction.atomic():
-        # First, before any row lock (see `_retention_sweep`): the doomed facts are locked
-        # in id order, a clear-all or erasure locks all the user's rows in scan order.
+        # First, before any row lock (see `_retention_sweep`): the facts compared are
+        # locked in id order, a clear-all or erasure locks all the user's rows in scan order.
         _user_locks(scope)
         rows = engine_rows_owned(scope, containment=_facts_of_project(project))
         rows = rows.order_by("-created")  # type: ignore[misc]
         facts = [engine_memory_of(row) for row in rows[:CONSOLIDATE_MAX_FACTS]]
-        owned = _owner_kept(facts)
-        restored = _restored(facts) - owned
-        # The owner's facts first (sorted is stable: newest first within each part).
-        ordered = sorted(facts, key=lambda fact: fact.id not in owned)
-        kept: list[tuple[_Group, _Words]] = []
-        doomed: list[str] = []
-        for fact in ordered:
-            if fact.id in restored:  # stays, and is compared with no other fact
-                continue
-            group, words = _fact_group(fact), _words(fact.text)
-            duplicate = fact.id not in owned and any(
-                group == other_group and _near_duplicate(words, other_words) for other_group, other_words in kept
-            )
-            if duplicate:
-                doomed.append(fact.id)
-            else:
-                kept.append((group, words))
+        doomed = _consolidation_doomed(facts)
         if not doomed:
             return []
-        # Locked, then checked again: a fact pinned (or restored) since it was read stays.
-        locked = engine_lock_owned_many(scope, memory_ids=doomed)
-        owned = _owner_kept(list(locked.values())) | _restored(list(locked.values()))
-        doomed = [memory_id for memory_id in doomed if memory_id in locked and memory_id not in owned]
+        # Locked, then decided again on the locked rows: the doomed facts and the copies
+        # kept in their stead. An owner's edit committed since the read (a kept copy
+        # rewritten, moved to another agent or session, deleted; a doomed fact pinned or
+        # restored) is seen here, and a fact goes only if it still duplicates a kept copy
+        # that stays live.
+        locked = engine_lock_owned_many(scope, memory_ids=sorted({*doomed, *doomed.values()}))
+        fact_tags = {FACT_TAG, project_tag(project)} if project else {FACT_TAG}  # `_facts_of_project`'s
+        current = [
+            locked[fact.id]
+            for fact in facts
+            if fact.id in locked
+            and locked[fact.id].trash is None
+            and not locked[fact.id].expired(now)
+            and fact_tags <= set(locked[fact.id].attrs.tags)
+        ]
+        still = _consolidation_doomed(current)
+        trash = [memory_id for memory_id in doomed if memory_id in still]
         with _attributed(call):
             moved = engine_trash(
-                scope, memory_ids=doomed, at=now, request_id=call.request_id, operation=Operation.MEMORY_RUN_MAINTENANCE
+                scope, memory_ids=trash, at=now, request_id=call.request_id, operation=Operation.MEMORY_RUN_MAINTENANCE
             )
         ContentHash.objects.filter(engine_user_id=scope.engine_user_id, memory_id__in=moved).delete()
         if moved:
