@@ -75,6 +75,10 @@ class OperationDef:
     # A file streamed line by line (`operation_stream`: REST's export) instead of `run`'s
     # one result built whole. It audits its own refusals, as `memory_export_stream` does.
     stream: Callable[[MemoryScope, Any, CallContext], Iterator[str]] | None = None
+    # Keys of `run`'s result that are no part of the operation's answer (its output model):
+    # `operation_execute` drops them, `operation_run` hands them to its caller beside it
+    # (seed 001's store answers the memory as stored, read in the store's transaction).
+    extras: frozenset[str] = frozenset()
 
     @property
     def required_permissions(self) -> frozenset[str]:
@@ -102,9 +106,10 @@ def _search(scope: MemoryScope, args: schemas.SearchInput, call: CallContext) ->
 
 
 def _remember(scope: MemoryScope, args: schemas.RememberInput, call: CallContext) -> dict[str, Any]:
-    return memory_remember(
+    result = memory_remember(
         scope, memory=args.memory, pinned=args.pinned, metadata=args.metadata, fields=args.field_changes(), call=call
-    ).as_dict()
+    )
+    return {**result.as_dict(), "memory": result.memory.as_dict()}  # `memory`: an extra
 
 
 def _ingest(scope: MemoryScope, args: schemas.IngestInput, call: CallContext) -> dict[str, Any]:
@@ -228,6 +233,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _remember,
             idempotent=True,
             permission=Permission.WRITE,
+            extras=frozenset({"memory"}),
         ),
         OperationDef(
             "ingest",
@@ -405,12 +411,33 @@ def operation_execute(
 
     Whatever happens, the call leaves exactly one audit row. A call that returns has
     also recorded exactly one usage event (billed operations); one that raises, none."""
+    return operation_run(principal, name, arguments, call=call, claimed_scope=claimed_scope).answer
+
+
+@dataclass(frozen=True)
+class OperationRan:
+    answer: dict[str, Any]  # what `operation_execute` answers
+    extras: dict[str, Any]  # the definition's `extras` the run returned
+    principal: Principal  # whom the call ran as: the caller, or the subject it acted for
+
+
+def operation_run(
+    principal: Principal,
+    name: str,
+    arguments: Any,
+    *,
+    call: CallContext,
+    claimed_scope: dict[str, Any] | None = None,
+) -> OperationRan:
+    """`operation_execute`, also answering whom the call ran as (resolved once, when it was
+    admitted: never again after the call, when a change committed meanwhile could refuse
+    it) and the operation's `extras`."""
     definition = OPERATIONS[name]
     subject = call.subject
     call = _call_of(principal, call, arguments, claimed_scope=claimed_scope)
     memory_id = _memory_id_of(arguments)
     with call_observed(operation=definition.operation, channel=call.channel):  # metrics, refusals by code
-        scope, validated = _admitted(
+        effective, scope, validated = _admitted(
             principal,
             definition,
             arguments,
@@ -420,7 +447,10 @@ def operation_execute(
             claimed_scope=claimed_scope,
         )
         with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
-            return definition.run(scope, validated, call)
+            result = definition.run(scope, validated, call)
+    answer = {key: value for key, value in result.items() if key not in definition.extras}
+    extras = {key: value for key, value in result.items() if key in definition.extras}
+    return OperationRan(answer=answer, extras=extras, principal=effective)
 
 
 def operation_stream(principal: Principal, name: str, arguments: Any, *, call: CallContext) -> Iterator[str]:
@@ -435,7 +465,7 @@ def operation_stream(principal: Principal, name: str, arguments: Any, *, call: C
     call = _call_of(principal, call, arguments)
 
     def start() -> Iterator[str]:
-        scope, validated = _admitted(
+        _effective, scope, validated = _admitted(
             principal, definition, arguments, call=call, subject=subject, memory_id=_memory_id_of(arguments)
         )
         return stream(scope, validated, call)  # audits its own refusals and its success
@@ -482,10 +512,10 @@ def _admitted(
     subject: str,
     memory_id: str | None,
     claimed_scope: dict[str, Any] | None = None,
-) -> tuple[MemoryScope, Any]:
-    """The scope the call runs in (the principal's own, or the `X-Memory-Subject` it may
-    act for) and its validated arguments; a refusal (whom it acts for, its permission, its
-    scope claim, its arguments) raises ServiceError, audited."""
+) -> tuple[Principal, MemoryScope, Any]:
+    """Whom the call runs as (the principal, or the `X-Memory-Subject` it may act for),
+    the scope it runs in and its validated arguments; a refusal (whom it acts for, its
+    permission, its scope claim, its arguments) raises ServiceError, audited."""
     # Whose memories: the principal's own, or a subject it may act for (audited under the
     # caller's own scope when refused).
     with failures_audited(principal.scope(), call=call, operation=definition.operation, memory_id=memory_id):
@@ -497,7 +527,7 @@ def _admitted(
         if claimed_scope is not None:
             principal_claim_check(effective, claimed_scope)
         validated = schemas.validate_input(definition.input_model, arguments)
-        return scope, validated
+        return effective, scope, validated
 
 
 def principal_effective(principal: Principal, *, subject: str = "", claimed: dict[str, Any] | None = None) -> Principal:

@@ -53,6 +53,7 @@ from memories.engine import (
     engine_lock_owned_many,
     engine_memories_page,
     engine_memory_ids,
+    engine_memory_owned,
     engine_metadata_merge,
     engine_new_memory_id,
     engine_purge_due,
@@ -337,9 +338,21 @@ def _audit_attrs(attrs: MemoryAttrs) -> dict[str, Any]:
 class RememberResult:
     id: str
     duplicate: bool
+    # The memory as the store left it, read in its transaction: a caller answering it
+    # (seed 001's store) never reads it again after the commit, when a delete committed
+    # meanwhile would turn a billed store into a 404. Not in `as_dict` ({id, duplicate}).
+    memory: MemoryView
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "duplicate": self.duplicate}
+
+
+def _remember_inserted(scope: MemoryScope, *, memory_id: str) -> RememberResult:
+    """In the store's transaction, which inserted the memory: it is there."""
+    item = engine_memory_owned(scope, memory_id=memory_id)
+    if item is None:  # never: the row is this transaction's own
+        raise backend_unavailable()
+    return RememberResult(id=memory_id, duplicate=False, memory=memory_view(item))
 
 
 def erasure_lock_key(scope: MemoryScope) -> str:
@@ -584,7 +597,7 @@ def memory_remember(
                     _remembered(
                         scope, memory_id=narrowed, text=text, pinned=pinned, metadata=metadata, attrs=attrs, call=call
                     )
-                    return RememberResult(id=narrowed, duplicate=False)
+                    return _remember_inserted(scope, memory_id=narrowed)
                 existing = narrowed
             elif existing is None and embedded is not None:
                 with _attributed(call):
@@ -599,7 +612,7 @@ def memory_remember(
                     _remembered(
                         scope, memory_id=memory_id, text=text, pinned=pinned, metadata=metadata, attrs=attrs, call=call
                     )
-                    return RememberResult(id=memory_id, duplicate=False)
+                    return _remember_inserted(scope, memory_id=memory_id)
                 existing = _hash_owner_memory(scope, digest=digest)  # an import stored the text meanwhile
                 if existing is not None and not _within(existing, narrowing):
                     continue  # outside the narrowing: the next attempt stores the text beside it
@@ -607,6 +620,7 @@ def memory_remember(
                 # Remembering a text an expiring turn fact holds keeps it (unless this
                 # remember itself asks for an expiry): same transaction, same audit row.
                 durable = _turn_fact_owned(existing, durable=attrs.expires_at is None, call=call)
+                answered = durable or existing  # row-locked: as this transaction leaves it
                 call_succeeded(
                     scope,
                     call=call,
@@ -616,7 +630,7 @@ def memory_remember(
                     after=_snapshot(durable) if durable is not None else None,
                     detail={"duplicate": True, **({"made_durable": True} if durable is not None else {})},
                 )
-                return RememberResult(id=existing.id, duplicate=True)
+                return RememberResult(id=existing.id, duplicate=True, memory=memory_view(answered))
         known = False  # the hash went away between the check and the lock: embed and store
     raise backend_unavailable()
 

@@ -227,6 +227,13 @@ def _rows_of(scope: MemoryScope) -> QuerySet[EngineMemoryRow]:
     ).filter(owner=scope.engine_user_id)
 
 
+def engine_memory_owned(scope: MemoryScope, *, memory_id: str) -> EngineMemory | None:
+    """The scope's memory by id, in the trash or expired too, as the caller's transaction
+    sees it (no lock): for a transaction answering the row it just wrote."""
+    row = _rows_of(scope).filter(id=memory_id).first()
+    return engine_memory_of(row) if row is not None else None
+
+
 def engine_rows_owned(
     scope: MemoryScope,
     *,

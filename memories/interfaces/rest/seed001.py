@@ -1,6 +1,6 @@
 """Seed 001's REST shape at /v1/memory: store, search, list, update, delete and forget.
 
-Thin views over the same `operation_execute` as /v1/memories and MCP (same services,
+Thin views over the same dispatcher (`operation_run`) as /v1/memories and MCP (same services,
 audit rows, usage events, rate limits). A client's `scope` never selects whose memories
 are touched: `tenant_id`/`user_id` are checked against the caller (403 `forbidden`
 otherwise), `agent_id`/`session_id` narrow inside the caller's own memories: a store puts
@@ -10,7 +10,7 @@ memory outside them answers `not_found`, as for a missing id."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
@@ -30,8 +30,7 @@ from memories.interfaces.rest.views import (
     field_filter_arguments,
     query_problem,
 )
-from memories.operations import operation_execute, principal_effective
-from memories.selectors import memory_get_owned, memory_view
+from memories.operations import OperationRan, operation_run
 
 SCOPE_KEYS = ("tenant_id", "user_id", "agent_id", "session_id")
 # Fields passed through to the operations as they are.
@@ -145,26 +144,20 @@ class _RejectedBody(_Rejected):
         self.arguments = arguments
 
 
-class _Ran(NamedTuple):
-    answer: dict[str, Any]
-    principal: Principal  # whom the call ran as: the subject, when a service acts for one
-
-
-def _execute(request, operation: str, build: Callable[[dict[str, Any]], dict[str, Any]]) -> _Ran:
+def _execute(request, operation: str, build: Callable[[dict[str, Any]], dict[str, Any]]) -> OperationRan:
     """Build the arguments and run the operation. `build` adds the scope the request claims
     to the dict it is given as soon as it reads it: a bad argument found later goes to the
     dispatcher as RejectedArguments with the claim read so far, so a claim the caller may
-    not make is refused first, and the call's audit row names whom it claimed."""
+    not make is refused first, and the call's audit row names whom it claimed. Whom the
+    call ran as (seed_memory's scope) is the dispatcher's, resolved once as it admitted
+    the call: never again after it."""
     claimed: dict[str, Any] = {}
     arguments: dict[str, Any] | schemas.RejectedArguments
     try:
         arguments = build(claimed)
     except _Rejected as rejected:
         arguments = rejected.arguments
-    call = _call(request)
-    answer = operation_execute(request.auth, operation, arguments, call=call, claimed_scope=claimed)
-    # Whom the call ran as shapes the answer (seed_memory's scope).
-    return _Ran(answer, principal_effective(request.auth, subject=call.subject, claimed=claimed))
+    return operation_run(request.auth, operation, arguments, call=_call(request), claimed_scope=claimed)
 
 
 def _narrowing(scope: dict[str, Any]) -> dict[str, Any]:
@@ -199,13 +192,6 @@ def seed_memory(principal: Principal, memory: dict[str, Any]) -> dict[str, Any]:
     return shaped
 
 
-def _stored(principal: Principal, memory_id: str) -> dict[str, Any]:
-    # A pure read of what the call just wrote (its audit row is the store's own). The
-    # store succeeded and is billed: a memory that expired since (an `expires_at` passed
-    # during the call) or was cleared meanwhile is still answered, not a 404.
-    return memory_view(memory_get_owned(principal.scope(), memory_id=memory_id, live=False)).as_dict()
-
-
 class SeedMemoryCollectionView(APIView):
     @extend_schema(
         operation_id="v1_memory_store",
@@ -231,7 +217,9 @@ class SeedMemoryCollectionView(APIView):
             ingested = _execute(request, "ingest", lambda claimed: self._arguments(raw, claimed, messages=True))
             return Response({"memories": ingested.answer["results"]}, status=status.HTTP_201_CREATED)
         ran = _execute(request, "remember", lambda claimed: self._arguments(raw, claimed, messages=False))
-        memory = seed_memory(ran.principal, _stored(ran.principal, ran.answer["id"]))
+        # The memory as the store left it, read in its transaction: a delete or expiry
+        # committed since never turns the stored, billed call into a 404.
+        memory = seed_memory(ran.principal, ran.extras["memory"])
         code = status.HTTP_200_OK if ran.answer["duplicate"] else status.HTTP_201_CREATED
         return Response({"memory": memory, "duplicate": ran.answer["duplicate"]}, status=code)
 
