@@ -345,6 +345,17 @@ def _query_claim(request) -> dict[str, Any]:
     return _query_claim_of(query)
 
 
+def _claims_merged(query: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """The body's scope beside the query string's claim: a key both name must name the
+    same value, else neither silently wins (a refused claim replaced by an allowed one
+    would go unnoticed). Read after the query's claim, so a claim the query may not make
+    is still refused first (403), as for any bad argument found after it."""
+    for key, value in body.items():
+        if key in query and query[key] != value:
+            raise _Rejected(f"scope.{key} in the body and {key} in the query string differ: give one, or the same")
+    return body
+
+
 class SeedMemoryForgetView(APIView):
     @extend_schema(
         operation_id="v1_memory_forget",
@@ -362,7 +373,7 @@ class SeedMemoryForgetView(APIView):
             # Refused before anything is deleted: {"dry_run": true} must not delete.
             _only(body, {"scope"})
             if body.get("scope") is not None:
-                claimed.update(_scope_of(body["scope"]))
+                claimed.update(_claims_merged(claimed, _scope_of(body["scope"])))
             return {"memory_id": memory_id}
 
         return Response(_execute(request, "forget_memory", build).answer)

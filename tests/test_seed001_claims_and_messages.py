@@ -1,0 +1,53 @@
+"""Seed 001's /v1/memory: a forget's query-string and body claims never silently replace
+one another."""
+
+from __future__ import annotations
+
+import pytest
+
+from audit.models import AuditEvent
+from memories.services import api_key_issue
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+ALICE = {"tenant_id": "default", "user_id": "alice"}
+
+
+def _stored(client, text: str = "Alice likes green tea") -> str:
+    return client.post("/v1/memory", {"content": text}, format="json").json()["memory"]["id"]
+
+
+# --- forget: the query's claim and the body's ---------------------------------------------------------
+def test_a_forget_whose_query_claims_another_user_is_refused_whatever_the_body_claims(api_client, alice, bob):
+    client = api_client(api_key_issue(user=alice, name="a")[1])
+    memory_id = _stored(client)
+    assert client.post(f"/v1/memory/{memory_id}/forget?user_id=bob").status_code == 403
+    both = client.post(f"/v1/memory/{memory_id}/forget?user_id=bob", {"scope": ALICE}, format="json")
+    # The query's claim for bob is refused, as it is alone: never dropped for the body's.
+    assert both.status_code == 403, both.content
+    assert client.get("/v1/memory").json()["memories"][0]["id"] == memory_id
+
+
+def test_a_forget_whose_query_and_body_claim_different_users_is_invalid(api_client, alice, bob):
+    client = api_client(api_key_issue(user=alice, name="a")[1])
+    memory_id = _stored(client)
+    for query, scope in [
+        ("user_id=alice", {"tenant_id": "default", "user_id": "bob"}),
+        ("tenant_id=default", {"tenant_id": "acme"}),
+    ]:
+        answer = client.post(f"/v1/memory/{memory_id}/forget?{query}", {"scope": scope}, format="json")
+        assert answer.status_code == 400, answer.content
+        error = answer.json()["error"]
+        assert error["code"] == "invalid_argument"
+        key = query.split("=")[0]
+        assert f"scope.{key}" in error["message"] and f"{key} in the query string" in error["message"]
+        assert "bob" not in error["message"] and "acme" not in error["message"]  # names fields, never values
+    assert [m["id"] for m in client.get("/v1/memory").json()["memories"]] == [memory_id]  # nothing deleted
+    refused = AuditEvent.objects.filter(operation="delete_memory").values_list("outcome", flat=True)
+    assert list(refused) and set(refused) == {"error"}
+
+
+def test_a_forget_whose_query_and_body_agree_forgets(api_client, alice):
+    client = api_client(api_key_issue(user=alice, name="a")[1])
+    memory_id = _stored(client)
+    answer = client.post(f"/v1/memory/{memory_id}/forget?user_id=alice", {"scope": ALICE}, format="json")
+    assert answer.status_code == 200 and answer.json() == {"id": memory_id, "deleted": True}
