@@ -1,5 +1,5 @@
 """Seed 001's /v1/memory: a forget's query-string and body claims never silently replace
-one another."""
+one another; a store with `messages` refuses what it cannot honour."""
 
 from __future__ import annotations
 
@@ -51,3 +51,21 @@ def test_a_forget_whose_query_and_body_agree_forgets(api_client, alice):
     memory_id = _stored(client)
     answer = client.post(f"/v1/memory/{memory_id}/forget?user_id=alice", {"scope": ALICE}, format="json")
     assert answer.status_code == 200 and answer.json() == {"id": memory_id, "deleted": True}
+
+
+# --- store with messages -------------------------------------------------------------------------------
+VIM = [{"role": "user", "content": "I always use vim for editing."}]
+
+
+def test_a_store_of_messages_asking_for_a_pin_is_refused_not_unpinned(api_client, alice, llm):
+    client = api_client(api_key_issue(user=alice, name="a")[1])
+    llm.queue_facts("User uses vim for editing")
+    answer = client.post("/v1/memory", {"messages": VIM, "pinned": True, "scope": ALICE}, format="json")
+    assert answer.status_code == 400, answer.content
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_argument" and error["message"].startswith("pinned:")
+    assert client.get("/v1/memory").json()["memories"] == []  # nothing extracted, nothing billed
+    assert llm.requests == []  # refused before the LLM is called
+    # pinned: false asks for nothing a store of messages does not do.
+    stored = client.post("/v1/memory", {"messages": VIM, "pinned": False, "scope": ALICE}, format="json")
+    assert stored.status_code == 201, stored.content

@@ -58,6 +58,9 @@ _store_request = inline_serializer(
         "ttl_days": serializers.IntegerField(required=False),
         "source": serializers.CharField(required=False),
         "why_stored": serializers.CharField(required=False),
+        "pinned": serializers.BooleanField(
+            required=False, help_text="A store of `messages` refuses `true`: pin an extracted memory with PUT."
+        ),
     },
 )
 _search_request = inline_serializer(
@@ -237,7 +240,11 @@ class SeedMemoryCollectionView(APIView):
             raise _Rejected("give content or messages")
         arguments = {**body, **_narrowing(claimed)}
         if messages:
-            arguments.pop("pinned", None)
+            # Extraction stores candidate memories the client has not seen, or answers one
+            # the user already has (NONE), and the ingest operation takes no pin on any
+            # surface: refused rather than dropped. Pin an extracted memory with PUT.
+            if arguments.pop("pinned", False) is not False:
+                raise _Rejected("pinned: not with messages; pin an extracted memory with PUT /v1/memory/{id}")
             return {**arguments, "messages": items}
         return {**arguments, "memory": content}
 
