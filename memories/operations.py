@@ -114,10 +114,13 @@ def _remember(scope: MemoryScope, args: schemas.RememberInput, call: CallContext
 
 def _ingest(scope: MemoryScope, args: schemas.IngestInput, call: CallContext) -> dict[str, Any]:
     messages = [m.model_dump() for m in args.messages]
+    results = memory_ingest(
+        scope, messages=messages, metadata=args.metadata, fields=args.field_changes(), call=call, with_stored=True
+    )
+    # `stored` (each memory whole, as the call left it: an extra) beside the answer's results.
     return {
-        "results": memory_ingest(
-            scope, messages=messages, metadata=args.metadata, fields=args.field_changes(), call=call
-        )
+        "results": [{key: value for key, value in r.items() if key != "stored"} for r in results],
+        "stored": [{**(r["stored"] or {"id": r["id"]}), "event": r["event"]} for r in results],
     }
 
 
@@ -244,6 +247,7 @@ OPERATIONS: dict[str, OperationDef] = {
             schemas.IngestOutput,
             _ingest,
             permission=Permission.WRITE,
+            extras=frozenset({"stored"}),
         ),
         OperationDef(
             "update_memory",

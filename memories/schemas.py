@@ -816,10 +816,19 @@ class SeedMemory(BaseModel):
     score: float | None = None
 
 
+class SeedIngestedMemory(SeedMemory):
+    """An extracted memory in seed 001's shape. One deleted since the call stored it (its
+    answer made by the ingest reconciler first) has only `id`, `content: null` and `event`."""
+
+    event: str = Field(description="ADD: stored now; NONE: a memory that already held the text.")
+
+
 class SeedStoreOutput(BaseModel):
     memory: SeedMemory | None = Field(default=None, description="The stored memory (content).")
     duplicate: bool | None = Field(default=None, description="True when the text was already stored.")
-    memories: list[dict[str, Any]] | None = Field(default=None, description="Extraction results (messages).")
+    memories: list[SeedIngestedMemory] | None = Field(
+        default=None, description="The extracted memories (messages), each with its extraction `event`."
+    )
 
 
 class SeedMemoryOutput(BaseModel):

@@ -716,8 +716,11 @@ def memory_ingest(
     call: CallContext,
     billed: bool = True,
     source_present: Callable[[], bool] | None = None,
+    with_stored: bool = False,
 ) -> list[dict[str, Any]]:
-    """mem0's extraction pipeline over a conversation turn (one LLM call).
+    """mem0's extraction pipeline over a conversation turn (one LLM call). Answers
+    {id, memory, event} per fact; `with_stored`: also `stored`, the memory whole
+    (`_ingest_results_stored`).
 
     mem0 writes its rows on its own, so the call is bracketed by a durable intent:
     committed before the engine call, completed (hashes, audit row, usage event) in one
@@ -769,7 +772,7 @@ def memory_ingest(
         raise
     added_ids = [str(a.get("id")) for a in added if a.get("event") == "ADD"]
     try:
-        return _ingest_complete(scope, intent=intent, call=call, added_ids=added_ids)
+        return _ingest_complete(scope, intent=intent, call=call, added_ids=added_ids, with_stored=with_stored)
     except Exception:  # the call answers an error (any kind): it must not be billed later
         _ingest_answered_error(intent)
         raise
@@ -793,7 +796,7 @@ def _ingest_answered_error(intent: IngestIntent) -> None:
 
 
 def _ingest_complete(
-    scope: MemoryScope, *, intent: IngestIntent, call: CallContext, added_ids: list[str]
+    scope: MemoryScope, *, intent: IngestIntent, call: CallContext, added_ids: list[str], with_stored: bool = False
 ) -> list[dict[str, Any]]:
     """One transaction: the dedupe rule over what mem0 added (a fact whose text another
     memory already has is removed again, and answered with that memory's id and event
@@ -813,7 +816,8 @@ def _ingest_complete(
         advisory_xact_lock(erasure_lock_key(scope))
         current = IngestIntent.objects.select_for_update().get(pk=intent.pk)
         if current.state != IngestIntent.State.OPEN:
-            return _ingest_results_recorded(scope, recorded=list(current.results))
+            recorded = _ingest_results_recorded(scope, recorded=list(current.results))
+            return _ingest_results_stored(scope, recorded) if with_stored else recorded
         if SUPERSEDED_KEY in current.detail:
             return _ingest_discard(scope, intent=current, call=call, added_ids=added_ids)
         added = [m for m in (engine_lock_owned(scope, memory_id=i) for i in added_ids) if m is not None]
@@ -871,7 +875,18 @@ def _ingest_complete(
         current.results = [{"id": r["id"], "event": r["event"]} for r in results]
         current.closed_at = timezone.now()
         current.save(update_fields=["state", "results", "closed_at"])
-    return results
+        return _ingest_results_stored(scope, results) if with_stored else results
+
+
+def _ingest_results_stored(scope: MemoryScope, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`results` each with `stored`: its memory as the call leaves it (`MemoryView.as_dict`;
+    None for one deleted since), read in `_ingest_complete`'s transaction, which holds the
+    rows locked, for a caller answering the memories whole (seed 001's store). No part of
+    the audit row or the intent."""
+    rows = engine_lock_owned_many(scope, memory_ids=[str(r["id"]) for r in results])
+    return [
+        {**r, "stored": memory_view(rows[str(r["id"])]).as_dict() if str(r["id"]) in rows else None} for r in results
+    ]
 
 
 def _ingest_discard(

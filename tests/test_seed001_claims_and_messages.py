@@ -1,5 +1,6 @@
 """Seed 001's /v1/memory: a forget's query-string and body claims never silently replace
-one another; a store with `messages` refuses what it cannot honour."""
+one another; a store with `messages` honours (or refuses) what it was sent and answers
+in the seed's memory shape, like every other /v1/memory answer."""
 
 from __future__ import annotations
 
@@ -69,3 +70,21 @@ def test_a_store_of_messages_asking_for_a_pin_is_refused_not_unpinned(api_client
     # pinned: false asks for nothing a store of messages does not do.
     stored = client.post("/v1/memory", {"messages": VIM, "pinned": False, "scope": ALICE}, format="json")
     assert stored.status_code == 201, stored.content
+
+
+def test_a_store_of_messages_answers_the_memories_in_the_seed_shape(api_client, alice, llm):
+    client = api_client(api_key_issue(user=alice, name="a")[1])
+    llm.queue_facts("User uses vim for editing")
+    body = {"messages": VIM, "memory_type": "feedback", "tags": ["tools"], "scope": {**ALICE, "agent_id": "coder"}}
+    answer = client.post("/v1/memory", body, format="json")
+    assert answer.status_code == 201, answer.content
+    (memory,) = answer.json()["memories"]
+    listed = client.get("/v1/memory").json()["memories"]
+    # Every other /v1/memory answer's shape (the list's, here), plus the extraction's event.
+    assert memory == {**listed[0], "event": "ADD"}
+    assert (memory["content"], memory["memory_type"], memory["tags"]) == (
+        "User uses vim for editing",
+        "feedback",
+        ["tools"],
+    )
+    assert memory["scope"] == {**ALICE, "agent_id": "coder", "session_id": None}

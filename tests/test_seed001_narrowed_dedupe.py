@@ -139,6 +139,10 @@ def ingest(client, scope: dict):
     return response.json()["memories"]
 
 
+def answered(memories: list[dict]) -> list[tuple]:
+    return [(m["id"], m["content"], m["scope"]["agent_id"], m["event"]) for m in memories]
+
+
 def test_a_narrowed_ingest_of_another_agents_text_lands_in_its_agent(client, llm):
     a = store(client, "Alice walks daily", AGENT_A).json()["memory"]["id"]
     # Case and spacing apart (the exact text: test_a_narrowed_ingest_of_another_agents_exact_text_...).
@@ -149,9 +153,10 @@ def test_a_narrowed_ingest_of_another_agents_text_lands_in_its_agent(client, llm
     assert listed(client, "?agent_id=agent-a") == [a]
     # The same narrowed ingest again answers the agent's copy; an un-narrowed one the holder.
     llm.queue_facts("ALICE walks daily")
-    assert ingest(client, AGENT_B) == [{"id": added["id"], "memory": "ALICE walks daily", "event": "NONE"}]
+    # Each answered whole, in the seed's shape (its own text, not the fact's), with the event.
+    assert answered(ingest(client, AGENT_B)) == [(added["id"], "alice walks  daily", "agent-b", "NONE")]
     llm.queue_facts("Alice Walks Daily")
-    assert ingest(client, ALICE) == [{"id": a, "memory": "Alice Walks Daily", "event": "NONE"}]
+    assert answered(ingest(client, ALICE)) == [(a, "Alice walks daily", "agent-a", "NONE")]
     assert sorted(listed(client)) == sorted([a, added["id"]])
     assert str(ContentHash.objects.get().memory_id) == a  # the copy holds no hash
     forgot = client.post(f"/v1/memory/{added['id']}/forget", {"scope": {"agent_id": "agent-b"}}, format="json")

@@ -195,6 +195,15 @@ def seed_memory(principal: Principal, memory: dict[str, Any]) -> dict[str, Any]:
     return shaped
 
 
+def _seed_ingested(principal: Principal, stored: dict[str, Any]) -> dict[str, Any]:
+    """An extracted memory in seed 001's shape, as the ingest's transaction left it, with
+    its extraction `event` (ADD: stored now; NONE: a memory that already held the text).
+    One deleted since (a completion the reconciler made first) keeps its id and event."""
+    if "memory" not in stored:
+        return {"id": stored["id"], "content": None, "event": stored["event"]}
+    return {**seed_memory(principal, stored), "event": stored["event"]}
+
+
 class SeedMemoryCollectionView(APIView):
     @extend_schema(
         operation_id="v1_memory_store",
@@ -218,7 +227,8 @@ class SeedMemoryCollectionView(APIView):
         raw = _body(request)
         if isinstance(raw, dict) and raw.get("messages") is not None and raw.get("content") is None:
             ingested = _execute(request, "ingest", lambda claimed: self._arguments(raw, claimed, messages=True))
-            return Response({"memories": ingested.answer["results"]}, status=status.HTTP_201_CREATED)
+            memories = [_seed_ingested(ingested.principal, stored) for stored in ingested.extras["stored"]]
+            return Response({"memories": memories}, status=status.HTTP_201_CREATED)
         ran = _execute(request, "remember", lambda claimed: self._arguments(raw, claimed, messages=False))
         # The memory as the store left it, read in its transaction: a delete or expiry
         # committed since never turns the stored, billed call into a 404.
