@@ -280,7 +280,10 @@ class FieldsMixin(StrictInput):
 
     @model_validator(mode="after")
     def _one_expiry(self) -> FieldsMixin:
-        if self.expires_at is not None and self.ttl_days is not None:
+        # Both given, one null: an explicit `expires_at: null` (no expiry; on an update, clear
+        # it) beside a `ttl_days` contradicts it as a date would, on a store and an update alike.
+        both = {"expires_at", "ttl_days"} <= self.model_fields_set
+        if both and (self.expires_at is not None or self.ttl_days is not None):
             raise ValueError("give expires_at or ttl_days, not both")
         return self
 

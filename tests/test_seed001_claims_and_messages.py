@@ -1,6 +1,7 @@
 """Seed 001's /v1/memory: a forget's query-string and body claims never silently replace
 one another; a store with `messages` honours (or refuses) what it was sent and answers
-in the seed's memory shape, like every other /v1/memory answer."""
+in the seed's memory shape, like every other /v1/memory answer; a store and an update
+refuse `expires_at` and `ttl_days` together alike."""
 
 from __future__ import annotations
 
@@ -88,3 +89,23 @@ def test_a_store_of_messages_answers_the_memories_in_the_seed_shape(api_client, 
         ["tools"],
     )
     assert memory["scope"] == {**ALICE, "agent_id": "coder", "session_id": None}
+
+
+# --- expires_at and ttl_days ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "expiry", [{"ttl_days": 1, "expires_at": None}, {"ttl_days": None, "expires_at": "2999-01-01T00:00:00Z"}]
+)
+def test_expires_at_and_ttl_days_together_are_refused_by_a_store_and_an_update_alike(api_client, alice, expiry):
+    client = api_client(api_key_issue(user=alice, name="a")[1])
+    memory_id = _stored(client)
+    stored = client.post("/v1/memory", {"content": "Alice likes figs", **expiry}, format="json")
+    updated = client.put(f"/v1/memory/{memory_id}", expiry, format="json")
+    for answer in (stored, updated):
+        assert answer.status_code == 400, answer.content
+        assert answer.json()["error"]["code"] == "invalid_argument"
+        assert "expires_at or ttl_days, not both" in answer.json()["error"]["message"]
+    assert [m["id"] for m in client.get("/v1/memory").json()["memories"]] == [memory_id]
+    assert client.get("/v1/memory").json()["memories"][0]["expires_at"] is None
+    # Both null asks for no expiry, as either alone does.
+    cleared = client.put(f"/v1/memory/{memory_id}", {"ttl_days": None, "expires_at": None}, format="json")
+    assert cleared.status_code == 200, cleared.content
