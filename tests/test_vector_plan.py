@@ -86,9 +86,14 @@ def large_users(alice_scope, bob_scope, clean_vectors):  # noqa: ARG001
     queries = _clustered(rng, QUERIES, centers)
     # Rows of earlier tests (rolled back or deleted, never vacuumed) stay in the HNSW graph
     # as dead entries and cost the measured recall ~1-3 points at random: rebuild the index
-    # as autovacuum would leave it in service.
+    # as autovacuum would leave it in service. Then analyse the table: the plans explained
+    # are those of these rows, not of whatever statistics earlier tests left (a table once
+    # vacuumed empty is planned as one row). Both lock out autovacuum until the test's
+    # transaction ends, so its statistics cannot change under the test either.
     with connection.cursor() as cursor:
         cursor.execute(f'REINDEX INDEX "{hnsw_index_name()}"')
+        cursor.execute(f'ANALYZE "{settings.MEMORY_COLLECTION}"')
+
     vector_plan_reset()
     yield {"alice": set(alice_ids), "bob": set(bob_ids), "queries": [q.tolist() for q in queries]}
     vector_plan_reset()
