@@ -221,7 +221,9 @@ def toolkit_operation_defs(definition: Any) -> list[Any]:
             Operation.STORE_DECISION,
             "Store a decision",
             "Store a keyed decision (preference, choice, sticky setting); the same key again overwrites it. "
-            "ttl_days makes it expire. Returns {key, action: created|updated}.",
+            "ttl_days makes it expire. An account keeps at most DECISION_MAX_PER_USER keys (10,000 by "
+            "default): a new key past it is refused payload_too_large; an existing key can always be updated. "
+            "Returns {key, action: created|updated}.",
             schemas.StoreDecisionInput,
             schemas.StoreDecisionOutput,
             _store_decision,
