@@ -1,5 +1,5 @@
-"""Seed 001's /v1/memory: a forget's query-string and body claims never silently replace
-one another; a store with `messages` honours (or refuses) what it was sent and answers
+"""Seed 001's /v1/memory: a forget's (and a delete's) query-string and body claims never
+silently replace one another; a store with `messages` honours (or refuses) what it was sent and answers
 in the seed's memory shape, like every other /v1/memory answer; a store and an update
 refuse `expires_at` and `ttl_days` together alike."""
 
@@ -53,6 +53,31 @@ def test_a_forget_whose_query_and_body_agree_forgets(api_client, alice):
     memory_id = _stored(client)
     answer = client.post(f"/v1/memory/{memory_id}/forget?user_id=alice", {"scope": ALICE}, format="json")
     assert answer.status_code == 200 and answer.json() == {"id": memory_id, "deleted": True}
+
+
+def test_a_delete_reads_its_bodys_scope_as_forget_does(api_client, alice, bob):
+    """A DELETE's body was ignored: a scope naming bob, or a `dry_run`, went unnoticed and
+    alice's memory was deleted. Now read as forget reads it: a claim of another user is
+    refused (403), a contradiction of the query's is invalid (400), any other key is
+    refused before anything is deleted; an agreeing scope deletes."""
+    client = api_client(api_key_issue(user=alice, name="a")[1])
+    memory_id = _stored(client)
+    bob_scope = {"tenant_id": "default", "user_id": "bob"}
+    assert client.delete(f"/v1/memory/{memory_id}", {"scope": bob_scope}, format="json").status_code == 403
+    contradicted = client.delete(f"/v1/memory/{memory_id}?user_id=alice", {"scope": bob_scope}, format="json")
+    assert contradicted.status_code == 400 and "bob" not in contradicted.json()["error"]["message"]
+    dry = client.delete(f"/v1/memory/{memory_id}", {"dry_run": True}, format="json")
+    assert dry.status_code == 400 and dry.json()["error"]["code"] == "invalid_argument"
+    assert [m["id"] for m in client.get("/v1/memory").json()["memories"]] == [memory_id]  # nothing deleted
+    agreed = client.delete(f"/v1/memory/{memory_id}?user_id=alice", {"scope": ALICE}, format="json")
+    assert agreed.status_code == 200 and agreed.json() == {"id": memory_id, "deleted": True}
+    bobs = api_client(api_key_issue(user=bob, name="b")[1])
+    bob_memory = _stored(bobs, "Bob likes black coffee")
+    # Bob's id is a missing one to alice, with a body or without.
+    for body in (None, {"scope": ALICE}):
+        missing = client.delete(f"/v1/memory/{bob_memory}", body, format="json")
+        assert missing.status_code == 404, missing.content
+    assert [m["id"] for m in bobs.get("/v1/memory").json()["memories"]] == [bob_memory]
 
 
 # --- store with messages -------------------------------------------------------------------------------

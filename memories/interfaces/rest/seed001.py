@@ -349,11 +349,26 @@ class SeedMemoryItemView(APIView):
         responses={200: schemas.DeleteOutput, **_errors(*COMMON_ERRORS, 403, 404)},
     )
     def delete(self, request, memory_id: str):
-        def build(claimed: dict[str, Any]) -> dict[str, Any]:
-            claimed.update(_query_claim(request))
-            return {"memory_id": memory_id}
+        return Response(_execute(request, "delete_memory", _deletion(request, memory_id)).answer)
 
-        return Response(_execute(request, "delete_memory", build).answer)
+
+def _deletion(request, memory_id: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The arguments of a delete or forget: the claim of the query string, and of an
+    optional body's `scope` (a body was ignored by delete: a scope naming another user, or
+    a `dry_run`, went unnoticed and the memory was deleted)."""
+
+    def build(claimed: dict[str, Any]) -> dict[str, Any]:
+        claimed.update(_query_claim(request))
+        # The body is optional, but one that does not parse is answered and audited
+        # like any bad argument (reading request.data raised past the dispatcher).
+        body = _body_dict(request)
+        # Refused before anything is deleted: {"dry_run": true} must not delete.
+        _only(body, {"scope"})
+        if body.get("scope") is not None:
+            claimed.update(_claims_merged(claimed, _scope_of(body["scope"])))
+        return {"memory_id": memory_id}
+
+    return build
 
 
 def _query_claim(request) -> dict[str, Any]:
@@ -382,15 +397,4 @@ class SeedMemoryForgetView(APIView):
         responses={200: schemas.DeleteOutput, **_errors(*COMMON_ERRORS, 403, 404)},
     )
     def post(self, request, memory_id: str):
-        def build(claimed: dict[str, Any]) -> dict[str, Any]:
-            claimed.update(_query_claim(request))
-            # The body is optional, but one that does not parse is answered and audited
-            # like any bad argument (reading request.data raised past the dispatcher).
-            body = _body_dict(request)
-            # Refused before anything is deleted: {"dry_run": true} must not delete.
-            _only(body, {"scope"})
-            if body.get("scope") is not None:
-                claimed.update(_claims_merged(claimed, _scope_of(body["scope"])))
-            return {"memory_id": memory_id}
-
-        return Response(_execute(request, "forget_memory", build).answer)
+        return Response(_execute(request, "forget_memory", _deletion(request, memory_id)).answer)
