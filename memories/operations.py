@@ -75,9 +75,11 @@ class OperationDef:
     # A file streamed line by line (`operation_stream`: REST's export) instead of `run`'s
     # one result built whole. It audits its own refusals, as `memory_export_stream` does.
     stream: Callable[[MemoryScope, Any, CallContext], Iterator[str]] | None = None
-    # Keys of `run`'s result that are no part of the operation's answer (its output model):
-    # `operation_execute` drops them, `operation_run` hands them to its caller beside it
+    # `run`, also answering `extras`: keys that are no part of the operation's answer (its
+    # output model), which `operation_run(with_extras=True)` hands to its caller beside it
     # (seed 001's store answers the memory as stored, read in the store's transaction).
+    # A separate run so that every other caller does not pay for reading them.
+    run_with_extras: Callable[[MemoryScope, Any, CallContext], dict[str, Any]] | None = None
     extras: frozenset[str] = frozenset()
 
     @property
@@ -105,14 +107,34 @@ def _search(scope: MemoryScope, args: schemas.SearchInput, call: CallContext) ->
     return {"results": [view.as_dict() for view in found]}
 
 
-def _remember(scope: MemoryScope, args: schemas.RememberInput, call: CallContext) -> dict[str, Any]:
+def _remember(
+    scope: MemoryScope, args: schemas.RememberInput, call: CallContext, *, with_memory: bool = False
+) -> dict[str, Any]:
     result = memory_remember(
-        scope, memory=args.memory, pinned=args.pinned, metadata=args.metadata, fields=args.field_changes(), call=call
+        scope,
+        memory=args.memory,
+        pinned=args.pinned,
+        metadata=args.metadata,
+        fields=args.field_changes(),
+        call=call,
+        with_memory=with_memory,
     )
+    if result.memory is None:
+        return result.as_dict()
     return {**result.as_dict(), "memory": result.memory.as_dict()}  # `memory`: an extra
 
 
+def _remember_with_memory(scope: MemoryScope, args: schemas.RememberInput, call: CallContext) -> dict[str, Any]:
+    return _remember(scope, args, call, with_memory=True)
+
+
 def _ingest(scope: MemoryScope, args: schemas.IngestInput, call: CallContext) -> dict[str, Any]:
+    messages = [m.model_dump() for m in args.messages]
+    results = memory_ingest(scope, messages=messages, metadata=args.metadata, fields=args.field_changes(), call=call)
+    return {"results": results}
+
+
+def _ingest_with_stored(scope: MemoryScope, args: schemas.IngestInput, call: CallContext) -> dict[str, Any]:
     messages = [m.model_dump() for m in args.messages]
     results = memory_ingest(
         scope, messages=messages, metadata=args.metadata, fields=args.field_changes(), call=call, with_stored=True
@@ -236,6 +258,7 @@ OPERATIONS: dict[str, OperationDef] = {
             _remember,
             idempotent=True,
             permission=Permission.WRITE,
+            run_with_extras=_remember_with_memory,
             extras=frozenset({"memory"}),
         ),
         OperationDef(
@@ -247,6 +270,7 @@ OPERATIONS: dict[str, OperationDef] = {
             schemas.IngestOutput,
             _ingest,
             permission=Permission.WRITE,
+            run_with_extras=_ingest_with_stored,
             extras=frozenset({"stored"}),
         ),
         OperationDef(
@@ -432,10 +456,11 @@ def operation_run(
     *,
     call: CallContext,
     claimed_scope: dict[str, Any] | None = None,
+    with_extras: bool = False,
 ) -> OperationRan:
     """`operation_execute`, also answering whom the call ran as (resolved once, when it was
     admitted: never again after the call, when a change committed meanwhile could refuse
-    it) and the operation's `extras`."""
+    it) and, `with_extras`, the operation's `extras` (by its `run_with_extras`)."""
     definition = OPERATIONS[name]
     subject = call.subject
     call = _call_of(principal, call, arguments, claimed_scope=claimed_scope)
@@ -451,7 +476,8 @@ def operation_run(
             claimed_scope=claimed_scope,
         )
         with failures_audited(scope, call=call, operation=definition.operation, memory_id=memory_id):
-            result = definition.run(scope, validated, call)
+            run = definition.run_with_extras if with_extras and definition.run_with_extras else definition.run
+            result = run(scope, validated, call)
     answer = {key: value for key, value in result.items() if key not in definition.extras}
     extras = {key: value for key, value in result.items() if key in definition.extras}
     return OperationRan(answer=answer, extras=extras, principal=effective)

@@ -338,17 +338,21 @@ def _audit_attrs(attrs: MemoryAttrs) -> dict[str, Any]:
 class RememberResult:
     id: str
     duplicate: bool
-    # The memory as the store left it, read in its transaction: a caller answering it
-    # (seed 001's store) never reads it again after the commit, when a delete committed
-    # meanwhile would turn a billed store into a 404. Not in `as_dict` ({id, duplicate}).
-    memory: MemoryView
+    # The memory as the store left it, read in its transaction, when the caller asked for
+    # it (`with_memory`: seed 001's store answers it whole and never reads it again after
+    # the commit, when a delete committed meanwhile would turn a billed store into a 404).
+    # None otherwise: the other surfaces answer {id, duplicate}, and the read is a query
+    # on every remember. Not in `as_dict`.
+    memory: MemoryView | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "duplicate": self.duplicate}
 
 
-def _remember_inserted(scope: MemoryScope, *, memory_id: str) -> RememberResult:
+def _remember_inserted(scope: MemoryScope, *, memory_id: str, with_memory: bool) -> RememberResult:
     """In the store's transaction, which inserted the memory: it is there."""
+    if not with_memory:
+        return RememberResult(id=memory_id, duplicate=False)
     item = engine_memory_owned(scope, memory_id=memory_id)
     if item is None:  # never: the row is this transaction's own
         raise backend_unavailable()
@@ -551,9 +555,11 @@ def memory_remember(
     metadata: dict[str, Any] | None = None,
     fields: dict[str, Any] | None = None,
     call: CallContext,
+    with_memory: bool = False,
 ) -> RememberResult:
     """Store one curated fact verbatim (no LLM) with its fields. The same text twice is
-    stored once (the first memory's fields are kept).
+    stored once (the first memory's fields are kept). `with_memory`: also answer the
+    memory whole, as this call's transaction leaves it (`RememberResult.memory`).
 
     A store narrowed to an `agent_id`/`session_id` (seed 001's scope, or the fields) keeps
     to them: the same text is one memory there, and a text the user has only outside
@@ -597,7 +603,7 @@ def memory_remember(
                     _remembered(
                         scope, memory_id=narrowed, text=text, pinned=pinned, metadata=metadata, attrs=attrs, call=call
                     )
-                    return _remember_inserted(scope, memory_id=narrowed)
+                    return _remember_inserted(scope, memory_id=narrowed, with_memory=with_memory)
                 existing = narrowed
             elif existing is None and embedded is not None:
                 with _attributed(call):
@@ -612,7 +618,7 @@ def memory_remember(
                     _remembered(
                         scope, memory_id=memory_id, text=text, pinned=pinned, metadata=metadata, attrs=attrs, call=call
                     )
-                    return _remember_inserted(scope, memory_id=memory_id)
+                    return _remember_inserted(scope, memory_id=memory_id, with_memory=with_memory)
                 existing = _hash_owner_memory(scope, digest=digest)  # an import stored the text meanwhile
                 if existing is not None and not _within(existing, narrowing):
                     continue  # outside the narrowing: the next attempt stores the text beside it
@@ -630,7 +636,9 @@ def memory_remember(
                     after=_snapshot(durable) if durable is not None else None,
                     detail={"duplicate": True, **({"made_durable": True} if durable is not None else {})},
                 )
-                return RememberResult(id=existing.id, duplicate=True, memory=memory_view(answered))
+                return RememberResult(
+                    id=existing.id, duplicate=True, memory=memory_view(answered) if with_memory else None
+                )
         known = False  # the hash went away between the check and the lock: embed and store
     raise backend_unavailable()
 

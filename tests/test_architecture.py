@@ -84,8 +84,8 @@ def _call() -> CallContext:
 
 # Queries on Django's connection per call through the dispatcher (mem0's own pool is not
 # counted). A change here is a deliberate decision: update the pin and say why.
-# remember: 14 since it answers the memory it stored, read in its transaction (seed 001's
-# store answers it whole, never re-read after the commit); 13 since its write checks, in
+# remember: 13 again since only seed 001's store reads the memory it stored back in its
+# transaction (`operation_run(with_extras=True)`; 14 while every surface did); 13 since its write checks, in
 # one round trip with the table's lock, that the embedder which made its vector is still
 # the table's (a write racing `manage.py reembed`);
 # 12 since its advisory lock takes one round trip, not three (core.locks); it was
@@ -95,7 +95,7 @@ def _call() -> CallContext:
 # lexical worker's connection (SEARCH_LEXICAL_CONCURRENT; 10 here without it); one more
 # each since the best candidates read their neighbours (retrieval._with_neighbour_context);
 # one less each since that statement also reads the rows the search returns (no `_load`).
-QUERIES = {"remember": 14, "search_memory": 8, "search_memory_sequential": 10, "list_memory": 6}
+QUERIES = {"remember": 13, "search_memory": 8, "search_memory_sequential": 10, "list_memory": 6}
 
 
 @pytest.fixture

@@ -42,11 +42,12 @@ def _deleted_right_after_the_store(monkeypatch, other) -> None:
     definition = OPERATIONS["remember"]
 
     def run(scope, args, call):
-        result = definition.run(scope, args, call)
+        result = definition.run_with_extras(scope, args, call)
         assert other.delete(f"/v1/memory/{result['id']}").status_code == 200
         return result
 
-    monkeypatch.setitem(OPERATIONS, "remember", replace(definition, run=run))
+    # Seed 001's store is the surface that asks for the memory (`run_with_extras`).
+    monkeypatch.setitem(OPERATIONS, "remember", replace(definition, run_with_extras=run))
 
 
 @pytest.mark.parametrize("trash_days", [0, 30])

@@ -160,7 +160,9 @@ def _execute(request, operation: str, build: Callable[[dict[str, Any]], dict[str
         arguments = build(claimed)
     except _Rejected as rejected:
         arguments = rejected.arguments
-    return operation_run(request.auth, operation, arguments, call=_call(request), claimed_scope=claimed)
+    return operation_run(
+        request.auth, operation, arguments, call=_call(request), claimed_scope=claimed, with_extras=True
+    )
 
 
 def _narrowing(scope: dict[str, Any]) -> dict[str, Any]:
