@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote_plus, urlsplit
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -275,8 +275,12 @@ def _basic_scheme(headers: Headers) -> tuple[bool, str]:
 def _basic_credentials(headers: Headers) -> _BasicCredentials | None:
     """The client credentials of an `Authorization: Basic` header (RFC 6749 §2.3.1: the
     client_id and secret, each form-urlencoded, as user-id and password, RFC 7617), or None
-    when the header is not Basic. Raises ValueError for Basic credentials that cannot be
-    read (not base64, not UTF-8, no `:`); the message never holds them."""
+    when the header is not Basic. Each is form-decoded, as the RFC encodes it: `+` is a
+    space and `%2B` a `+` (percent-decoding alone left a form-encoded space a `+`, so a
+    client encoding as the RFC says, e.g. Go's x/oauth2, was refused; the MCP SDKs'
+    encodings, `%20` or none for their ids and hex secrets, read the same either way).
+    Raises ValueError for Basic credentials that cannot be read (not base64, not UTF-8, no
+    `:`); the message never holds them."""
     is_basic, credentials = _basic_scheme(headers)
     if not is_basic:
         return None
@@ -287,7 +291,7 @@ def _basic_credentials(headers: Headers) -> _BasicCredentials | None:
     if ":" not in decoded:
         raise ValueError("Invalid Basic authentication header")
     client_id, _, secret = decoded.partition(":")
-    return _BasicCredentials(unquote(client_id), unquote(secret))
+    return _BasicCredentials(unquote_plus(client_id), unquote_plus(secret))
 
 
 class MemsiteAuthenticator(ClientAuthenticator):

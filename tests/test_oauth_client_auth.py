@@ -13,15 +13,20 @@
   client_secret together are 400 invalid_request (RFC 6749 §5.2), before the credentials
   are checked (before, Basic won and the form's secret was ignored). Either method alone
   serves a client with a secret, whichever one it registered (not enforced: see
-  docs/architecture.md)."""
+  docs/architecture.md).
+- RFC 6749 §2.3.1: the Basic user-id and password are the client_id and secret
+  form-urlencoded, so they are form-decoded (`+` a space, `%2B` a `+`); before, they were
+  only percent-decoded, and a client encoding as the RFC says was refused."""
 
 from __future__ import annotations
 
 import base64
+from urllib.parse import quote, quote_plus
 
 import httpx
 import pytest
 
+from oauth import services
 from tests.oauth_helpers import ScriptedUser, authorize_url, oauth_in_process, pkce, query_of
 from tests.test_oauth import CALLBACK, mcp_call
 
@@ -68,6 +73,11 @@ def _code_form(code: str, verifier: str, **extra: str) -> dict[str, str]:
 def _basic(client_id: str, secret: str, *, scheme: str = "Basic ") -> dict[str, str]:
     """`scheme`: the scheme name and the spaces after it."""
     return {"Authorization": f"{scheme}{base64.b64encode(f'{client_id}:{secret}'.encode()).decode()}"}
+
+
+def _basic_encoded(client_id: str, secret: str, encode) -> dict[str, str]:
+    """Basic credentials with the id and secret each encoded by `encode` first (RFC 6749 §2.3.1)."""
+    return _basic(encode(client_id), encode(secret))
 
 
 def _post(base: str, path: str, form: dict[str, str], headers: dict[str, str] | None = None) -> httpx.Response:
@@ -323,3 +333,55 @@ def test_basic_and_a_form_client_secret_together_are_refused(live, alice):  # no
     log = live["log"].read_text()
     for text in (secret, post_secret, MARK):
         assert text not in log
+
+
+def test_basic_credentials_are_form_decoded(live, alice):  # noqa: ARG001
+    """RFC 6749 §2.3.1: the client_id and secret are form-urlencoded before they become the
+    Basic user-id and password, so a space is sent as `+` (as Go's x/oauth2 does, with
+    url.QueryEscape) and a `+` as `%2B`. Such a client was refused: `+` was read as `+`. The
+    Python SDK's encoding (`quote`, a space as `%20`) still works. A registered client has a
+    UUID and a hex secret, which no encoding changes: this one is made as an operator would
+    pre-register it, with `:`, `+`, `%` and spaces in both."""
+    base = live["url"]
+    client_id, secret = "Pre:registered app+1 x%", f"{MARK} s3:cr+t%2B x"
+    services.oauth_client_register(
+        metadata={
+            "client_id": client_id,
+            "client_name": "Pre-registered",
+            "redirect_uris": [CALLBACK],
+            "token_endpoint_auth_method": "client_secret_basic",
+        },
+        client_secret=secret,
+    )
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    code, verifier = _code(base, user, client_id)
+    issued = _post(base, "/oauth/token", _code_form(code, verifier), _basic_encoded(client_id, secret, quote_plus))
+    assert issued.status_code == 200, issued.text
+    # With the form's client_id too: the header's, decoded, is the same client.
+    refreshed = _post(
+        base,
+        "/oauth/token",
+        {"grant_type": "refresh_token", "refresh_token": issued.json()["refresh_token"], "client_id": client_id},
+        _basic_encoded(client_id, secret, quote_plus),
+    )
+    assert refreshed.status_code == 200, refreshed.text
+    # The Python SDK client's encoding (mcp/client/auth: quote(..., safe="")).
+    sdk_encoded = _basic_encoded(client_id, secret, lambda text: quote(text, safe=""))
+    again = _post(
+        base,
+        "/oauth/token",
+        {"grant_type": "refresh_token", "refresh_token": refreshed.json()["refresh_token"], "client_id": client_id},
+        sdk_encoded,
+    )
+    assert again.status_code == 200, again.text
+    access = again.json()["access_token"]
+    assert mcp_call(base, access, "list_memory", {}).status_code == 200
+    # `+` is a space: the secret with `+` for its spaces, sent as is, is another secret.
+    plus_for_space = _basic(quote_plus(client_id), secret.replace(" ", "+"))
+    wrong = _post(base, "/oauth/revoke", {"token": access}, plus_for_space)
+    assert wrong.status_code == 401 and wrong.json()["error"] == "invalid_client", wrong.text
+    assert MARK not in wrong.text
+    revoked = _post(base, "/oauth/revoke", {"token": access}, _basic_encoded(client_id, secret, quote_plus))
+    assert revoked.status_code == 200, revoked.text
+    assert mcp_call(base, access, "list_memory", {}).status_code == 401
+    assert MARK not in live["log"].read_text()
