@@ -41,8 +41,14 @@ from mcp.server.auth.provider import (
 )
 from mcp.server.auth.settings import ClientRegistrationOptions
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, RequestBodyLimitMiddleware
-from mcp.shared.auth import InvalidRedirectUriError, InvalidScopeError, OAuthClientInformationFull, OAuthToken
-from pydantic import AnyUrl
+from mcp.shared.auth import (
+    InvalidRedirectUriError,
+    InvalidScopeError,
+    OAuthClientInformationFull,
+    OAuthClientMetadata,
+    OAuthToken,
+)
+from pydantic import AnyUrl, ValidationError
 from starlette.datastructures import FormData, Headers, ImmutableMultiDict
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
@@ -65,6 +71,11 @@ REVOKE_PATH = "/oauth/revoke"
 _RESOURCE_PATH = re.compile(r"^/engines/[A-Za-z0-9_-]{1,64}/mcp$")
 DEFAULT_RESOURCE_PATH = "/engines/memory/mcp"
 _issuer: contextvars.ContextVar[str] = contextvars.ContextVar("oauth_issuer", default="")
+# Whether the registration being handled named no token_endpoint_auth_method: bound by
+# `_registration_method_defaulted`, read by `MemsiteProvider.register_client`.
+_auth_method_omitted: contextvars.ContextVar[bool] = contextvars.ContextVar("oauth_auth_method_omitted", default=False)
+# RFC 7591 §2: the method of a registration that names none.
+DEFAULT_AUTH_METHOD = "client_secret_basic"
 # RFC 6749 §4.1.2.1: an authorization error carries the request's `state`, exactly as
 # received. Bounded as a stored state is: /authorize refuses a longer one, and its error
 # leaves it out rather than cut it (a cut state would come back as another one).
@@ -157,6 +168,11 @@ class MemsiteProvider:
         return None if client is None else _client_info(client)
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        if _auth_method_omitted.get():
+            # The SDK handler put its own default, client_secret_post, where RFC 7591 §2 says
+            # client_secret_basic; the secret it minted serves either. Stored and answered
+            # (the SDK answers with this object) as the RFC's default.
+            client_info.token_endpoint_auth_method = DEFAULT_AUTH_METHOD
         metadata = client_info.model_dump(mode="json")
         try:
             registered = await _in_thread(services.oauth_client_register)(
@@ -403,6 +419,33 @@ def _redirects_only_to_consent(
         else:
             return response
         return _oauth_error(400, error, description, state=_state_echoable(await _handler_params(request)))
+
+    return handle
+
+
+def _registration_method_defaulted(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A registration naming no token_endpoint_auth_method (or null) was registered and
+    answered `client_secret_post`, the SDK's RegistrationHandler default; RFC 7591 §2 says
+    the default is `client_secret_basic`. Whether it named one is read here with the
+    handler's own model (`OAuthClientMetadata`), so it is decided exactly as the handler
+    decides to put its default; `MemsiteProvider.register_client` puts the RFC's instead.
+    A body the model refuses is the handler's to answer (invalid_client_metadata). Clients
+    keep either method (not enforced: see docs/architecture.md)."""
+
+    async def handle(request: Request) -> Response:
+        try:
+            metadata = OAuthClientMetadata.model_validate_json(await request.body())
+        except ValidationError:
+            omitted = False
+        else:
+            omitted = metadata.token_endpoint_auth_method is None
+        bound = _auth_method_omitted.set(omitted)
+        try:
+            return await handler(request)
+        finally:
+            _auth_method_omitted.reset(bound)
 
     return handle
 
@@ -789,7 +832,11 @@ def oauth_asgi_routes() -> dict[str, Any]:
             _one_client_authentication(_basic_client_id_in_form(TokenHandler(provider, authenticator).handle)),
             ["POST"],
         ),
-        (REGISTER_PATH, RegistrationHandler(provider, options=options).handle, ["POST"]),
+        (
+            REGISTER_PATH,
+            _registration_method_defaulted(RegistrationHandler(provider, options=options).handle),
+            ["POST"],
+        ),
         (
             REVOKE_PATH,
             _client_refusal_named(

@@ -101,8 +101,10 @@ def sdk_session(
     grant=None,
     storage=None,
     path: str = "/engines/memory/mcp",
+    auth_method: str | None = "none",
 ):
-    """Run `work(client)` in an MCP session authorized by OAuthClientProvider."""
+    """Run `work(client)` in an MCP session authorized by OAuthClientProvider; a dynamic
+    registration asks for `auth_method` (None: names none)."""
     import httpx2
     from mcp import Client
     from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
@@ -126,7 +128,7 @@ def sdk_session(
             redirect_uris=[CALLBACK],
             grant_types=["authorization_code", "refresh_token"],
             response_types=["code"],
-            token_endpoint_auth_method="none",
+            token_endpoint_auth_method=auth_method,
         ),
         storage=storage,
         redirect_handler=redirect_handler,

@@ -16,7 +16,9 @@
   docs/architecture.md).
 - RFC 6749 §2.3.1: the Basic user-id and password are the client_id and secret
   form-urlencoded, so they are form-decoded (`+` a space, `%2B` a `+`); before, they were
-  only percent-decoded, and a client encoding as the RFC says was refused."""
+  only percent-decoded, and a client encoding as the RFC says was refused.
+- RFC 7591 §2: a registration naming no token_endpoint_auth_method is client_secret_basic
+  (before, client_secret_post, the SDK's default); the SDK's own client then uses Basic."""
 
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ import httpx
 import pytest
 
 from oauth import services
+from oauth.models import OAuthClient
 from tests.oauth_helpers import ScriptedUser, authorize_url, oauth_in_process, pkce, query_of
-from tests.test_oauth import CALLBACK, mcp_call
+from tests.test_oauth import CALLBACK, _remember_and_search, mcp_call, sdk_session
 
 MARK = "Zq7ClientText"  # a client's own text: never in an answer or the log
 
@@ -385,3 +388,34 @@ def test_basic_credentials_are_form_decoded(live, alice):  # noqa: ARG001
     assert revoked.status_code == 200, revoked.text
     assert mcp_call(base, access, "list_memory", {}).status_code == 401
     assert MARK not in live["log"].read_text()
+
+
+def test_a_registration_naming_no_auth_method_is_client_secret_basic(live, alice):  # noqa: ARG001
+    """RFC 7591 §2: token_endpoint_auth_method "If omitted, the default is
+    client_secret_basic"; it was registered and answered client_secret_post (the SDK
+    handler's default). A method the registration names is kept. The MCP SDK's client,
+    registering without one, is told client_secret_basic and signs in with HTTP Basic."""
+    base = live["url"]
+    for body in ({}, {"token_endpoint_auth_method": None}):
+        answer = httpx.post(
+            f"{base}/oauth/register", json={"client_name": "App", "redirect_uris": [CALLBACK], **body}, timeout=30
+        )
+        assert answer.status_code == 201, answer.text
+        registered = answer.json()
+        assert registered["token_endpoint_auth_method"] == "client_secret_basic", registered
+        assert registered["client_secret"]
+        row = OAuthClient.objects.get(client_id=registered["client_id"])
+        assert row.token_endpoint_auth_method == "client_secret_basic"
+    for method in ("client_secret_post", "client_secret_basic", "none"):
+        client_id, _ = _register(base, method)
+        assert OAuthClient.objects.get(client_id=client_id).token_endpoint_auth_method == method
+
+    user = ScriptedUser(base, "alice", "alice-password-1")
+    run, storage, _ = sdk_session(base, user, mode="auto", metadata_url=None, auth_method=None)
+    stored, found = run(_remember_and_search)
+    assert not stored.is_error and found.structured_content["results"]
+    assert storage.client_info.token_endpoint_auth_method == "client_secret_basic"
+    assert storage.client_info.client_secret
+    row = OAuthClient.objects.get(client_id=storage.client_info.client_id)
+    assert row.token_endpoint_auth_method == "client_secret_basic"
+    assert storage.client_info.client_secret not in live["log"].read_text()
