@@ -468,7 +468,12 @@ def _client_secret_optional(
         params = await _handler_params(request)  # the form, parsed once, kept on the request
         if params is not None and "client_secret" not in params:
             # Starlette's Request.form() gives back the form it keeps here: the
-            # authenticator and the SDK handler read this one.
+            # authenticator and the SDK handler read this one. A private attribute, kept
+            # over a new Request around a re-encoded body: that would re-encode every field,
+            # and one sent raw (multipart, or bytes urlencoding escapes) grows, past the form
+            # parser's 1 MiB part limit too, which the handlers' parse raises uncaught (a
+            # 500; _input_refusal bounds only the body as sent). The tests of both uses fail
+            # if Starlette stops reading it.
             request._form = FormData([*params.multi_items(), ("client_secret", "")])
         return await handler(request)
 
