@@ -200,7 +200,12 @@ class LoginFailure(models.Model):
     at = models.DateTimeField()
 
     class Meta:
-        indexes = [models.Index(fields=["key", "at"], name="login_failure_key_at")]
+        indexes = [
+            # A key's failures in the window (the throttle's count, and its trim of older ones).
+            models.Index(fields=["key", "at"], name="login_failure_key_at"),
+            # Every key's failures out of the window, oldest first: the prune (audit 0024).
+            models.Index(fields=["at"], name="login_failure_at"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.key} {self.at:%Y-%m-%d %H:%M:%S}"

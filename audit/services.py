@@ -310,11 +310,12 @@ def login_attempt_succeeded(attempt: LoginAttempt) -> None:
 
 
 def login_failures_prune() -> int:
-    """Failures out of the throttle's window, in batches in id order (the primary key; the
-    only index on `at` starts with the key, and ids grow with `at`)."""
+    """Failures out of the throttle's window, in batches, oldest first from
+    login_failure_at (not in id order: the last batch would read every failure in the
+    window to find none)."""
     cutoff = timezone.now() - timedelta(seconds=settings.LOGIN_FAILURE_WINDOW_S)
     aged_out = LoginFailure.objects.filter(at__lte=cutoff)
-    return rows_delete_in_batches(aged_out, order_by="pk", batch_size=AUTH_FAILURE_PRUNE_BATCH)
+    return rows_delete_in_batches(aged_out, order_by="at", batch_size=AUTH_FAILURE_PRUNE_BATCH)
 
 
 def _login_throttle_keys(*, username: str, ip: str | None) -> list[tuple[str, str, int]]:

@@ -134,12 +134,20 @@ class RateEvent(models.Model):
     """One call under a long ("per hour" or longer) limit: the log an exact sliding
     window counts, so "5 per hour" holds in any 60-minute span, not per clock hour."""
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="rate_events")
+    # No index of its own: the (user, operation, at) index starts with the user.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="rate_events", db_index=False
+    )
     operation = models.CharField(max_length=96)
     at = models.DateTimeField()
 
     class Meta:
-        indexes = [models.Index(fields=["user", "operation", "at"])]
+        indexes = [
+            # A key's calls in its window (the sliding-window count, and its trim of older ones).
+            models.Index(fields=["user", "operation", "at"]),
+            # Every key's calls older than a cutoff, oldest first: the prune (memories 0037).
+            models.Index(fields=["at"], name="rate_event_at"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.user_id} {self.operation} {self.at:%H:%M:%S}"

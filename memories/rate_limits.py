@@ -142,11 +142,12 @@ RATE_PRUNE_BATCH = 5000
 
 def rate_windows_prune(*, older_than: timedelta = timedelta(days=2)) -> int:
     """Fixed windows and sliding-window calls older than `older_than`; returns how many.
-    Both tables take rows per call, so in batches: windows oldest first from
-    rate_window_recent (read backwards), calls in id order (the primary key; no index
-    starts with `at`, and ids grow with it, so the old calls come first)."""
+    Both tables take rows per call, so in batches, oldest first: windows from
+    rate_window_recent (read backwards), calls from rate_event_at. Not calls in id order:
+    ids only roughly follow `at`, which the planner does not know, and the last batch
+    would read every call kept to find none."""
     cutoff = datetime.now(UTC) - older_than
     windows = RateWindow.objects.filter(window_start__lt=cutoff)
     deleted = rows_delete_in_batches(windows, order_by="window_start", batch_size=RATE_PRUNE_BATCH)
     events = RateEvent.objects.filter(at__lt=cutoff)
-    return deleted + rows_delete_in_batches(events, order_by="pk", batch_size=RATE_PRUNE_BATCH)
+    return deleted + rows_delete_in_batches(events, order_by="at", batch_size=RATE_PRUNE_BATCH)

@@ -1,5 +1,6 @@
 """The tables a billed call writes to (audit rows, memory history, usage events, chat
-turns, ingest intents, mem0's raw messages, rate and 401 windows) keep exactly the
+turns, ingest intents, mem0's raw messages, rate and 401 windows, the sliding windows'
+calls, failed sign-ins) keep exactly the
 indexes some query or constraint needs: each costs every insert. Django's `db_index=True`
 or `unique=True` on a CharField also builds a varchar_pattern_ops "_like" twin, read only
 by LIKE 'prefix%' under a non-C collation, and nothing here searches an id by prefix
@@ -21,10 +22,10 @@ from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from audit.models import AuditEvent, AuthFailureWindow, MemoryHistory
+from audit.models import AuditEvent, AuthFailureWindow, LoginFailure, MemoryHistory
 from billing.models import UsageEvent
 from core.scope import MemoryScope
-from memories.models import EngineMessage, IngestIntent, RateWindow
+from memories.models import EngineMessage, IngestIntent, RateEvent, RateWindow
 from memories.selectors import usage_by_day
 from proxy.models import ProxyTurn
 
@@ -108,6 +109,18 @@ EXPECTED = {
         "audit_authfailurewindow_pkey": "UNIQUE btree (id)",
         "auth_failure_window_unique": "UNIQUE btree (ip, window_start)",
         "auth_failure_window_start": "btree (window_start)",  # the prune and the admin's order
+    },
+    RateEvent: {
+        "memories_rateevent_pkey": "UNIQUE btree (id)",
+        # A key's calls in its window; also every lookup by user (the user's own index,
+        # a prefix of it, was dropped: memories 0037).
+        "memories_ra_user_id_15dfa5_idx": "btree (user_id, operation, at)",
+        "rate_event_at": "btree (at)",  # every key's old calls: the prune (memories 0037)
+    },
+    LoginFailure: {
+        "audit_loginfailure_pkey": "UNIQUE btree (id)",
+        "login_failure_key_at": "btree (key, at)",  # a key's failures in the window
+        "login_failure_at": "btree (at)",  # every key's failures out of it: the prune (audit 0024)
     },
 }
 
@@ -331,6 +344,26 @@ def test_the_migrations_keep_the_plain_indexes_both_ways():
     executor.migrate(executor.loader.graph.leaf_nodes())
     for model, expected in EXPECTED.items():
         assert _indexes(model._meta.db_table) == expected, model.__name__
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_prune_indexes_migrate_back_and_forward():
+    """Back: the sliding-window calls lose (at) and have their user index again, failed
+    sign-ins lose (at). Forward again: as they are now."""
+    executor = MigrationExecutor(connection)
+    executor.migrate(
+        [("memories", "0036_ingest_intent_open_created_drop_message_created_at"),
+         ("audit", "0023_request_id_plain_indexes")]
+    )  # fmt: skip
+    events = _indexes("memories_rateevent")
+    assert events["memories_rateevent_user_id_91a3b14e"] == "btree (user_id)" and "rate_event_at" not in events
+    assert "login_failure_at" not in _indexes("audit_loginfailure")
+
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+    for model in (RateEvent, LoginFailure):
+        assert _indexes(model._meta.db_table) == EXPECTED[model], model.__name__
 
 
 def _intent_queries(captured, verb: str) -> list[str]:
