@@ -349,21 +349,23 @@ def test_the_migrations_keep_the_plain_indexes_both_ways():
 @pytest.mark.django_db(transaction=True)
 def test_the_prune_indexes_migrate_back_and_forward():
     """Back: the sliding-window calls lose (at) and have their user index again, failed
-    sign-ins lose (at). Forward again: as they are now."""
+    sign-ins lose (at), decisions lose (expires_at). Forward again: as they are now."""
     executor = MigrationExecutor(connection)
     executor.migrate(
         [("memories", "0036_ingest_intent_open_created_drop_message_created_at"),
-         ("audit", "0023_request_id_plain_indexes")]
+         ("audit", "0023_request_id_plain_indexes"), ("toolkit", "0005_drop_user_prefix_indexes")]
     )  # fmt: skip
     events = _indexes("memories_rateevent")
     assert events["memories_rateevent_user_id_91a3b14e"] == "btree (user_id)" and "rate_event_at" not in events
     assert "login_failure_at" not in _indexes("audit_loginfailure")
+    assert "decision_expires" not in _indexes("toolkit_decision")
 
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate(executor.loader.graph.leaf_nodes())
     for model in (RateEvent, LoginFailure):
         assert _indexes(model._meta.db_table) == EXPECTED[model], model.__name__
+    assert _indexes("toolkit_decision")["decision_expires"] == "btree (expires_at) WHERE (expires_at IS NOT NULL)"
 
 
 def _intent_queries(captured, verb: str) -> list[str]:

@@ -15,9 +15,9 @@ from audit.models import AuthFailureWindow, LoginFailure
 from memories import rate_limits
 from memories.models import RateEvent, RateWindow
 from memories.toolkit import services as toolkit_services
-from memories.toolkit.models import CacheEntry
+from memories.toolkit.models import CacheEntry, Decision
 from memsite import services as memsite_services
-from tests.test_per_call_indexes import WHOLE_SORT, _sql_plan
+from tests.test_per_call_indexes import BY_CONDITION, WHOLE_SORT, _sql_plan
 
 
 def _statements(captured, verb: str, table: str) -> list[str]:
@@ -106,6 +106,40 @@ def test_the_toolkit_purge_deletes_expired_cache_entries_in_batches(alice, monke
     assert len(_statements(purge, "DELETE", '"toolkit_cacheentry"')) == 3
     plan = _sql_plan(_statements(purge, "SELECT", '"toolkit_cacheentry"')[0])
     assert "expires_at" in plan and "Seq Scan" not in plan and not WHOLE_SORT.search(plan), plan
+
+
+@pytest.mark.django_db
+def test_expired_decisions_are_found_through_their_index(alice, bob, settings):
+    """The purge deletes every user's expired decisions and a store at the cap the user's:
+    from decision_expires (toolkit 0006, partial on the decisions that expire), not a read
+    of every decision kept. Decided without statistics: sequential and plain index scans
+    priced out, so each table is read through an index condition or shows a Seq Scan."""
+    from core.scope import MemoryScope
+
+    now = timezone.now()
+
+    def decision(user, key: str, expires_at) -> Decision:
+        return Decision(user=user, key=key, value="v", created_at=now, updated_at=now, expires_at=expires_at)
+
+    Decision.objects.bulk_create(
+        [decision(user, f"gone-{n}", now - timedelta(minutes=n + 1)) for user in (alice, bob) for n in range(2)]
+        + [decision(alice, "later", now + timedelta(days=1)), decision(alice, "forever", None)]
+    )
+    settings.DECISION_MAX_PER_USER = 4  # alice is at the cap: her expired ones go first
+
+    with CaptureQueriesContext(connection) as room:
+        toolkit_services._decision_room(MemoryScope.for_user(alice), now=now)
+    (cap_delete,) = _statements(room, "DELETE", '"toolkit_decision"')
+    plan = _sql_plan(cap_delete, priced_out=BY_CONDITION)
+    assert f"user_id = {alice.pk}" in plan and "Seq Scan" not in plan, plan
+    assert Decision.objects.filter(user=alice).count() == 2
+
+    with CaptureQueriesContext(connection) as purge:
+        assert toolkit_services.toolkit_expired_purge(now=now) == {"cache": 0, "decisions": 2}
+    assert sorted(Decision.objects.values_list("key", flat=True)) == ["forever", "later"]
+    (purge_delete,) = _statements(purge, "DELETE", '"toolkit_decision"')
+    plan = _sql_plan(purge_delete, priced_out=BY_CONDITION)
+    assert "decision_expires" in plan and "Index Cond: (expires_at <= " in plan and "Seq Scan" not in plan, plan
 
 
 def _broker_rows(visible: bool) -> set[int]:

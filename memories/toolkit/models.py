@@ -54,6 +54,11 @@ class Decision(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "key"], name="decision_unique_user_key")]
+        indexes = [
+            # Every user's expired decisions: the purge (toolkit 0006). Partial: a decision
+            # stored without ttl_days never expires and is not in it.
+            models.Index(fields=["expires_at"], condition=models.Q(expires_at__isnull=False), name="decision_expires"),
+        ]
 
     def __str__(self) -> str:
         # Not the key: it is what the user stored, and the admin names objects by this.

@@ -796,7 +796,8 @@ CACHE_PURGE_BATCH = 5000
 def toolkit_expired_purge(*, now: datetime | None = None) -> dict[str, int]:
     """The periodic purge of expired cache entries and decisions (hidden already). Cache
     entries come a row per stored answer: in batches, soonest expired first from their
-    index. Decisions are capped per user (DECISION_MAX_PER_USER): one statement."""
+    index. Decisions are capped per user (DECISION_MAX_PER_USER): one statement, its rows
+    found through decision_expires."""
     now = now or timezone.now()
     expired = CacheEntry.objects.filter(expires_at__lte=now)
     cache = rows_delete_in_batches(expired, order_by="expires_at", batch_size=CACHE_PURGE_BATCH)
