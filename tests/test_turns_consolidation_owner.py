@@ -5,11 +5,15 @@ on a pinned fact is kept, whichever job runs first."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
+from core.errors import ErrorCode, ServiceError
+from memories import services as memory_services
 from memories.engine import engine_trashed
 from memories.turns import services as turns
 from tests.conftest import InThread
@@ -114,9 +118,9 @@ def _meanwhile(monkeypatch, change) -> None:
     locks them, as an owner's call committing at that moment would."""
     real_lock = turns.engine_lock_owned_many
 
-    def change_then_lock(scope, *, memory_ids):
+    def change_then_lock(scope, *, memory_ids, **options):
         InThread(change).result()
-        return real_lock(scope, memory_ids=memory_ids)
+        return real_lock(scope, memory_ids=memory_ids, **options)
 
     monkeypatch.setattr(turns, "engine_lock_owned_many", change_then_lock)
 
@@ -158,12 +162,67 @@ def test_a_fact_whose_kept_twin_is_unchanged_still_goes(alice, alice_scope, monk
     locked: list[list[str]] = []
     real_lock = turns.engine_lock_owned_many
 
-    def recording_lock(scope, *, memory_ids):
+    def recording_lock(scope, *, memory_ids, **options):
         locked.append(sorted(memory_ids))
-        return real_lock(scope, memory_ids=memory_ids)
+        return real_lock(scope, memory_ids=memory_ids, **options)
 
     monkeypatch.setattr(turns, "engine_lock_owned_many", recording_lock)
     assert maintenance(alice, session_id="s") == 1
     assert locked == [sorted([older, newer])]  # the kept copy is locked with the doomed one
     assert live_ids(alice_scope) == {newer}
     assert [m.id for m in engine_trashed(alice_scope)] == [older]
+
+
+# --- 5: a writer holding the kept copy (or the doomed fact) while consolidation locks -------------
+@pytest.mark.django_db(transaction=True)  # the owner's call runs on a connection of its own
+def test_an_update_holding_the_kept_copy_does_not_deadlock_with_consolidation(
+    alice, alice_scope, monkeypatch, clean_vectors
+):
+    """An update locks its memory, then the holder of its new text. Consolidation locked
+    the doomed fact and its kept copy in id order, waiting for each: an update of one of
+    the two to the other's text, holding the first while consolidation held the second,
+    deadlocked, and Postgres ended the maintenance run (resource_busy). Now consolidation
+    waits for no row: the pair stays until the next run, and both calls finish."""
+    older = turn(alice, "s", "t1", MORNING)["fact_ids"][0]
+    newer = turn(alice, "s", "t2", MORNING_AGAIN)["fact_ids"][0]
+    # The update holds the row consolidation locks second, and then locks the first.
+    target, text = (newer, MORNING) if older < newer else (older, MORNING_AGAIN)
+    holding, go_on = threading.Event(), threading.Event()
+    real_holder = memory_services._hash_owner_memory
+
+    def holder_after_go_on(scope, *, digest):
+        if threading.current_thread().name == "owner-update" and not holding.is_set():
+            holding.set()  # the update's own row is locked by now
+            assert go_on.wait(60)
+        return real_holder(scope, digest=digest)
+
+    monkeypatch.setattr(memory_services, "_hash_owner_memory", holder_after_go_on)
+    real_lock = turns.engine_lock_owned_many
+
+    def lock_then_let_the_update_go_on(scope, *, memory_ids, **options):
+        # The update locks the other row while this statement runs, or has run.
+        go_on.set()
+        return real_lock(scope, memory_ids=memory_ids, **options)
+
+    monkeypatch.setattr(turns, "engine_lock_owned_many", lock_then_let_the_update_go_on)
+    update: dict[str, BaseException] = {}
+
+    def owner_update() -> None:
+        try:
+            run(alice, "update_memory", memory_id=target, memory=text)
+        except BaseException as exc:  # handed to the test's thread below
+            update["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=owner_update, name="owner-update", daemon=True)
+    thread.start()
+    assert holding.wait(60)
+    assert maintenance(alice, session_id="s") == 0  # the kept copy was busy: nothing trashed
+    thread.join(60)
+    assert not thread.is_alive()
+    # The update's own answer: the text is the other fact's.
+    assert isinstance(update["error"], ServiceError) and update["error"].code == ErrorCode.CONFLICT
+    assert live_ids(alice_scope) == {older, newer}
+    assert maintenance(alice, session_id="s") == 1  # the next run, nothing busy: the older goes
+    assert live_ids(alice_scope) == {newer}

@@ -269,16 +269,20 @@ def engine_lock_owned(scope: MemoryScope, *, memory_id: str) -> EngineMemory | N
     return engine_memory_from_row(row[0], payload)
 
 
-def engine_lock_owned_many(scope: MemoryScope, *, memory_ids: list[str]) -> dict[str, EngineMemory]:
+def engine_lock_owned_many(
+    scope: MemoryScope, *, memory_ids: list[str], skip_locked: bool = False
+) -> dict[str, EngineMemory]:
     """`engine_lock_owned` for many ids in one statement: the scope's rows among them,
-    row-locked, by id (missing and other users' ids are simply absent)."""
+    row-locked, by id (missing and other users' ids are simply absent). `skip_locked`:
+    a row another transaction holds is left out instead of waited for (SKIP LOCKED), for
+    a caller that can do without it (consolidation): it then waits for no row at all."""
     _require_transaction()
     if not memory_ids:
         return {}
     _table_write_lock()
     statement = sql.SQL(
-        "SELECT id, payload FROM {} WHERE id = ANY(%s::uuid[]) AND payload->>'user_id' = %s ORDER BY id FOR UPDATE"
-    ).format(_table())
+        "SELECT id, payload FROM {} WHERE id = ANY(%s::uuid[]) AND payload->>'user_id' = %s ORDER BY id {}"
+    ).format(_table(), sql.SQL("FOR UPDATE SKIP LOCKED" if skip_locked else "FOR UPDATE"))
     return _locked_rows(statement, [memory_ids, scope.engine_user_id])
 
 

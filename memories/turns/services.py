@@ -1135,8 +1135,12 @@ def _consolidate(scope: MemoryScope, *, project: str, now: datetime, call: CallC
         # kept in their stead. An owner's edit committed since the read (a kept copy
         # rewritten, moved to another agent or session, deleted; a doomed fact pinned or
         # restored) is seen here, and a fact goes only if it still duplicates a kept copy
-        # that stays live.
-        locked = engine_lock_owned_many(scope, memory_ids=sorted({*doomed, *doomed.values()}))
+        # that stays live. Without waiting: a row another call holds is left out, and a
+        # fact that is, or whose kept copy is, being changed stays until the next run.
+        # Waiting deadlocked with a writer that holds one of the two rows and then locks
+        # the other (an update of the kept copy to the doomed fact's text locks the holder
+        # of that text), and the run answered resource_busy.
+        locked = engine_lock_owned_many(scope, memory_ids=sorted({*doomed, *doomed.values()}), skip_locked=True)
         fact_tags = {FACT_TAG, project_tag(project)} if project else {FACT_TAG}  # `_facts_of_project`'s
         current = [
             locked[fact.id]
