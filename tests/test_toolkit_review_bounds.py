@@ -215,3 +215,56 @@ def test_two_new_keys_stored_at_once_at_one_below_the_cap_keep_the_cap(alice, se
         thread.join()
     assert sorted(map(str, outcomes.values())) == ["created", "payload_too_large"]
     assert Decision.objects.filter(user=alice).count() == 3
+
+
+def _transaction_lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted")
+        return cursor.fetchone()[0]
+
+
+def test_a_store_making_room_at_the_cap_does_not_deadlock_with_the_purge(alice, monkeypatch, settings):
+    """At the cap a store deleted the user's expired decisions, waiting for each: the
+    purge's one DELETE of every user's expired decisions, holding `b`, waited for `a`,
+    which the store had deleted to make its key new, and the store waited for `b`.
+    Postgres ended one of them (here the purge). The store now skips an expired decision
+    another transaction holds (the purge is deleting it), and both finish."""
+    settings.DECISION_MAX_PER_USER = 2
+    past = timezone.now() - timedelta(days=1)
+    for key, expires_at in (("b", past), ("a", past), ("c", None)):  # the purge reads `b` first
+        Decision.objects.create(user=alice, key=key, value="v", created_at=past, updated_at=past, expires_at=expires_at)
+    made_new, go_on = threading.Event(), threading.Event()
+    room = toolkit_services._decision_room
+
+    def room_once_the_purge_waits(scope, **kwargs):
+        made_new.set()  # the expired `a` is deleted by now, row-locked until the store commits
+        assert go_on.wait(60)
+        return room(scope, **kwargs)
+
+    monkeypatch.setattr(toolkit_services, "_decision_room", room_once_the_purge_waits)
+    outcomes: dict[str, object] = {}
+
+    def elsewhere(name: str, work) -> threading.Thread:
+        def target() -> None:
+            try:
+                outcomes[name] = work()
+            except Exception as error:  # handed to the assertions below
+                outcomes[name] = error
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        return thread
+
+    store = elsewhere("store", lambda: run(alice, "store_decision", {"key": "a", "value": "new"})["action"])
+    assert made_new.wait(60)
+    purge = elsewhere("purge", lambda: toolkit_services.toolkit_expired_purge()["decisions"])
+    while not _transaction_lock_waiters() and purge.is_alive():  # the purge, holding `b`, waits for `a`
+        threading.Event().wait(0.05)
+    go_on.set()
+    store.join(60)
+    purge.join(60)
+    assert outcomes == {"store": "created", "purge": 1}, outcomes
+    assert keys(alice) == ["a", "c"]
+    assert Decision.objects.get(user=alice, key="a").value == "new"

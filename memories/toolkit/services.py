@@ -867,13 +867,20 @@ def _decision_room(scope: MemoryScope, *, now: datetime) -> None:
     expired ones the purge has not deleted yet included: the bound is on what is kept).
     At the cap the expired ones go first: gone for every reader already, they must not
     take a live one's place, nor refuse a store the user cannot make room for. In the
-    store's transaction, under the user's decision lock (a refusal undoes it all)."""
+    store's transaction, under the user's decision lock (a refusal undoes it all).
+
+    Without waiting for a row: an expired one another transaction holds is being deleted
+    by it (the periodic purge; the user's stores take the decision lock, an erasure the
+    erasure lock), so it is skipped and not counted. Waiting for it deadlocked: the purge's
+    one DELETE over every user's expired decisions, holding one of them, waited for the
+    expired decision this store had deleted to make its key new again."""
     cap = settings.DECISION_MAX_PER_USER
     own = Decision.objects.filter(user_id=scope.user_pk)
     if own[:cap].count() < cap:
         return
-    own.filter(expires_at__lte=now).delete()
-    if own[:cap].count() < cap:
+    expired = own.filter(expires_at__lte=now).select_for_update(skip_locked=True)
+    Decision.objects.filter(pk__in=list(expired.values_list("pk", flat=True))).delete()
+    if own.exclude(expires_at__lte=now)[:cap].count() < cap:
         return
     raise ServiceError(
         ErrorCode.PAYLOAD_TOO_LARGE,
