@@ -129,7 +129,7 @@ def audit_export(*, batch_size: int | None = None, storage=None, progress: Progr
     with ExitStack() as held:
         try:
             held.enter_context(advisory_lock("audit-export", timeout_s=1))
-        except ServiceError:  # `conflict`, worded for a memory: say what is busy here
+        except ServiceError:  # `resource_busy`, worded for a memory: say what is busy here
             raise ExportError("another audit export is running; run this again when it has finished") from None
         cutoff = timezone.now() - timedelta(seconds=settings.AUDIT_EXPORT_LAG_S)
         while True:

@@ -88,7 +88,7 @@ def test_the_auth_failure_prune_deletes_windows_and_login_failures_in_batches(mo
 
 
 @pytest.mark.django_db
-def test_the_toolkit_purge_deletes_expired_cache_entries_in_batches(alice, monkeypatch):
+def test_the_toolkit_purge_deletes_expired_cache_entries_and_decisions_in_batches(alice, bob, monkeypatch):
     now = timezone.now()
     CacheEntry.objects.bulk_create(
         CacheEntry(
@@ -97,13 +97,22 @@ def test_the_toolkit_purge_deletes_expired_cache_entries_in_batches(alice, monke
         )
         for n in range(6)
     )  # fmt: skip
-    monkeypatch.setattr(toolkit_services, "CACHE_PURGE_BATCH", 2, raising=False)
+    Decision.objects.bulk_create(
+        Decision(
+            user=user, key=f"k{n}", value="v", created_at=now, updated_at=now,
+            expires_at=now - timedelta(minutes=n + 1) if n < 3 else None,
+        )
+        for user in (alice, bob) for n in range(4)
+    )  # fmt: skip
+    monkeypatch.setattr(toolkit_services, "EXPIRED_PURGE_BATCH", 2, raising=False)
 
     with CaptureQueriesContext(connection) as purge:
-        assert toolkit_services.toolkit_expired_purge() == {"cache": 5, "decisions": 0}
+        assert toolkit_services.toolkit_expired_purge() == {"cache": 5, "decisions": 6}
 
     assert list(CacheEntry.objects.values_list("query", flat=True)) == ["q5"]
     assert len(_statements(purge, "DELETE", '"toolkit_cacheentry"')) == 3
+    assert sorted(Decision.objects.values_list("key", flat=True)) == ["k3", "k3"]
+    assert len(_statements(purge, "DELETE", '"toolkit_decision"')) == 3
     plan = _sql_plan(_statements(purge, "SELECT", '"toolkit_cacheentry"')[0])
     assert "expires_at" in plan and "Seq Scan" not in plan and not WHOLE_SORT.search(plan), plan
 
@@ -129,16 +138,17 @@ def test_expired_decisions_are_found_through_their_index(alice, bob, settings):
 
     with CaptureQueriesContext(connection) as room:
         toolkit_services._decision_room(MemoryScope.for_user(alice), now=now)
-    (cap_delete,) = _statements(room, "DELETE", '"toolkit_decision"')
-    plan = _sql_plan(cap_delete, priced_out=BY_CONDITION)
+    # The cap's DELETE goes by pk: the rows it takes are read (SKIP LOCKED) by the user.
+    (cap_read,) = [sql for sql in _statements(room, "SELECT", '"toolkit_decision"') if "SKIP LOCKED" in sql]
+    plan = _sql_plan(cap_read, priced_out=BY_CONDITION)
     assert f"user_id = {alice.pk}" in plan and "Seq Scan" not in plan, plan
     assert Decision.objects.filter(user=alice).count() == 2
 
     with CaptureQueriesContext(connection) as purge:
         assert toolkit_services.toolkit_expired_purge(now=now) == {"cache": 0, "decisions": 2}
     assert sorted(Decision.objects.values_list("key", flat=True)) == ["forever", "later"]
-    (purge_delete,) = _statements(purge, "DELETE", '"toolkit_decision"')
-    plan = _sql_plan(purge_delete, priced_out=BY_CONDITION)
+    purge_batch = _statements(purge, "SELECT", '"toolkit_decision"')[0]  # the DELETE goes by pk
+    plan = _sql_plan(purge_batch, priced_out=BY_CONDITION)
     assert "decision_expires" in plan and "Index Cond: (expires_at <= " in plan and "Seq Scan" not in plan, plan
 
 

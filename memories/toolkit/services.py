@@ -790,18 +790,19 @@ def toolkit_cache_user_drop(scope: MemoryScope) -> int:
 
 
 # Expired cache entries deleted per statement by `toolkit_expired_purge`: short transactions.
-CACHE_PURGE_BATCH = 5000
+EXPIRED_PURGE_BATCH = 5000
 
 
 def toolkit_expired_purge(*, now: datetime | None = None) -> dict[str, int]:
-    """The periodic purge of expired cache entries and decisions (hidden already). Cache
-    entries come a row per stored answer: in batches, soonest expired first from their
-    index. Decisions are capped per user (DECISION_MAX_PER_USER): one statement, its rows
-    found through decision_expires."""
+    """The periodic purge of expired cache entries and decisions (hidden already), each in
+    batches, soonest expired first from their index (decisions: decision_expires): a
+    backlog after the beat was down (decisions are capped per user, not in all) is never
+    one statement holding every row it deletes."""
     now = now or timezone.now()
     expired = CacheEntry.objects.filter(expires_at__lte=now)
-    cache = rows_delete_in_batches(expired, order_by="expires_at", batch_size=CACHE_PURGE_BATCH)
-    decisions, _ = Decision.objects.filter(expires_at__lte=now).delete()
+    cache = rows_delete_in_batches(expired, order_by="expires_at", batch_size=EXPIRED_PURGE_BATCH)
+    expired_decisions = Decision.objects.filter(expires_at__lte=now)
+    decisions = rows_delete_in_batches(expired_decisions, order_by="expires_at", batch_size=EXPIRED_PURGE_BATCH)
     return {"cache": cache, "decisions": decisions}
 
 
