@@ -10,7 +10,7 @@ from itertools import islice
 from typing import Any
 from urllib.parse import unquote
 
-from django.db.models import Count, F, Func, IntegerField, Max, Q, Sum
+from django.db.models import Count, F, Func, IntegerField, Max, Q, Sum, Value
 from django.db.models.functions import Substr
 from django.utils.dateparse import parse_datetime
 
@@ -190,21 +190,32 @@ def _facts_of_tier(scope: MemoryScope, tier: str) -> Any:
 
 def facts_by_tier(scope: MemoryScope, *, limit: int = 100) -> dict[str, list[dict[str, Any]]]:
     """The user's live turn facts per tier, newest first (at most `limit` of each tier:
-    fact_counts_by_tier says how many there are)."""
-    found: dict[str, list[dict[str, Any]]] = {}
-    for tier in TIERS:
-        newest = _facts_of_tier(scope, tier).order_by("-created")
-        facts = [engine_memory_of(row) for row in newest[:limit]]
-        found[tier] = [
-            {"id": f.id, "text": f.text, "session_id": f.attrs.session_id, "expires_at": f.attrs.expires_at}
-            for f in facts
-        ]
+    fact_counts_by_tier says how many there are). One statement for all tiers: each
+    tier's newest `limit`, the three joined by UNION ALL (a fact is listed under every
+    tier it is tagged with, as one query per tier did)."""
+    found: dict[str, list[dict[str, Any]]] = {tier: [] for tier in TIERS}
+    if limit <= 0:
+        return found
+    newest = [
+        _facts_of_tier(scope, tier).annotate(fact_tier=Value(tier)).order_by("-created")[:limit] for tier in TIERS
+    ]
+    rows = newest[0].union(*newest[1:], all=True).order_by("-created")
+    for row in rows:
+        fact = engine_memory_of(row)
+        found[row.fact_tier].append(
+            {"id": fact.id, "text": fact.text, "session_id": fact.attrs.session_id, "expires_at": fact.attrs.expires_at}
+        )
     return found
 
 
-def fact_counts_by_tier(scope: MemoryScope) -> dict[str, int]:
-    """How many live turn facts the user has per tier."""
-    return {tier: _facts_of_tier(scope, tier).count() for tier in TIERS}
+def fact_counts_by_tier(scope: MemoryScope, *, session_id: str | None = None) -> dict[str, int]:
+    """How many live turn facts the user has per tier (of one session, given one): one
+    statement, a filtered count per tier over the user's live facts."""
+    facts = engine_rows_owned(scope, containment=attrs_containment(tags=[FACT_TAG], session_id=session_id))
+    found = facts.aggregate(
+        **{tier: Count("id", filter=attrs_condition(attrs_containment(tags=[tier_tag(tier)]))) for tier in TIERS}
+    )
+    return {tier: found[tier] for tier in TIERS}
 
 
 # --- seed 002's memory tree (memory_list_dir_with_abstract) ------------------------------------

@@ -91,7 +91,7 @@ from memories.turns.items import (
     message,
     turn_content_sha256,
 )
-from memories.turns.selectors import memory_tree
+from memories.turns.selectors import fact_counts_by_tier, memory_tree
 
 logger = logging.getLogger(__name__)
 
@@ -989,14 +989,6 @@ def _retention_sweep(scope: MemoryScope, *, project: str, now: datetime, call: C
             deleted += ids
 
 
-def _facts_by_tier(scope: MemoryScope, *, session_id: str | None = None) -> dict[str, int]:
-    counts = {}
-    for tier in TIERS:
-        containment = attrs_containment(tags=[FACT_TAG, tier_tag(tier)], session_id=session_id)
-        counts[tier] = engine_rows_owned(scope, containment=containment).count()
-    return counts
-
-
 def _summary_refresh(scope: MemoryScope, *, project: str, session_id: str, now: datetime, force: bool) -> bool:
     # One transaction under the session lock: the summary is written from what it read,
     # and an erasure under way cannot miss the state row (nor its summary) it writes.
@@ -1019,7 +1011,7 @@ def _summary_write(scope: MemoryScope, *, project: str, session_id: str, now: da
     ).order_by("first_event_id")
     recent = session_events_recent(scope, session_id=session_id, project=project, limit=20)
     events = SessionEvent.objects.filter(engine_user_id=scope.engine_user_id, project=project, session_id=session_id)
-    tiers = _facts_by_tier(scope, session_id=session_id)
+    tiers = fact_counts_by_tier(scope, session_id=session_id)
     archived = sum(len(a.items) for a in archives)
     abstract = (
         f"Session {session_id}: {events.count()} recent events, {archived} archived; "

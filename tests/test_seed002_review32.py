@@ -1,0 +1,66 @@
+"""Review 32 of the turn lifecycle (seed 002) and its neighbours.
+
+F1: the Sessions page's tier lists (`facts_by_tier`) and counts (`fact_counts_by_tier`)
+took one statement per tier each (three and three); one each now, with the same answers.
+The summary refresh's per-tier counts (`turns.services`, its own copy) use the selector."""
+
+from __future__ import annotations
+
+import pytest
+
+from memories.turns.extraction import TIERS
+from tests.test_turns import turn
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_vectors")]
+
+
+# --- F1: the tiers' facts and counts in one statement each -------------------------------------------
+@pytest.fixture
+def facts_in_every_tier(alice, bob, clean_vectors):
+    """Alice: two L1 facts (two sessions), one L2, two long-term; bob one of each tier."""
+    for n, said in enumerate(
+        [
+            "Today I am working from the cafe.",
+            "Right now I am using a borrowed laptop.",
+            "This week I am planning a trip to Porto.",
+            "I prefer tea over coffee.",
+            "My favourite editor is Helix.",
+        ]
+    ):
+        turn(alice, "s" if n != 1 else "other", f"t{n}", said)
+    for n, said in enumerate(["Today I am at home.", "Tomorrow I am going hiking.", "I prefer coffee over tea."]):
+        turn(bob, "s", f"t{n}", said)
+
+
+@pytest.mark.usefixtures("facts_in_every_tier")
+def test_the_tiers_facts_are_one_statement_for_all_tiers(alice_scope, django_assert_num_queries):
+    from memories.turns.selectors import facts_by_tier
+
+    with django_assert_num_queries(1):
+        facts = facts_by_tier(alice_scope)
+    texts = {tier: [f["text"] for f in facts[tier]] for tier in TIERS}
+    # Newest first within each tier; bob's facts never listed.
+    assert texts == {
+        "l1": ["Right now I am using a borrowed laptop.", "Today I am working from the cafe."],
+        "l2": ["This week I am planning a trip to Porto."],
+        "long_term": ["My favourite editor is Helix.", "I prefer tea over coffee."],
+    }
+    assert [f["session_id"] for f in facts["l1"]] == ["other", "s"]
+    assert facts["l1"][0]["expires_at"] and facts["long_term"][0]["expires_at"] is None
+    assert set(facts["l2"][0]) == {"id", "text", "session_id", "expires_at"}
+    # At most `limit` of each tier, the newest.
+    with django_assert_num_queries(1):
+        one = facts_by_tier(alice_scope, limit=1)
+    assert {tier: [f["text"] for f in one[tier]] for tier in TIERS} == {tier: texts[tier][:1] for tier in TIERS}
+    assert facts_by_tier(alice_scope, limit=0) == {tier: [] for tier in TIERS}
+
+
+@pytest.mark.usefixtures("facts_in_every_tier")
+def test_the_tiers_counts_are_one_statement_for_all_tiers(alice_scope, bob_scope, django_assert_num_queries):
+    from memories.turns.selectors import fact_counts_by_tier
+
+    with django_assert_num_queries(1):
+        counts = fact_counts_by_tier(alice_scope)
+    assert counts == {"l1": 2, "l2": 1, "long_term": 2}  # bob's never counted
+    assert fact_counts_by_tier(bob_scope) == {"l1": 1, "l2": 1, "long_term": 1}
+    assert fact_counts_by_tier(alice_scope, session_id="other") == {"l1": 1, "l2": 0, "long_term": 0}
