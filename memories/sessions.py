@@ -108,29 +108,28 @@ def sessions_replayed(scope: MemoryScope, *, project: str = "") -> list[str]:
 
 def session_events_recent(scope: MemoryScope, *, session_id: str, project: str = "", limit: int) -> list[dict]:
     """The session's last `limit` items, oldest first."""
-    if limit <= 0:
-        return []
-    items = list(
-        _session_events(scope, session_id=session_id, project=project)
-        .order_by("-id")
-        .values_list("item", flat=True)[:limit]
-    )
-    items.reverse()
-    return items
+    return _session_column_recent(scope, "item", session_id=session_id, project=project, limit=limit)
 
 
 def session_item_hashes_recent(scope: MemoryScope, *, session_id: str, project: str = "", limit: int) -> list[str]:
     """The hashes (`session_item_hash`) of the session's last `limit` items, oldest first:
     what a writer compares a request with, without reading the items themselves."""
+    return _session_column_recent(scope, "item_hash", session_id=session_id, project=project, limit=limit)
+
+
+def _session_column_recent(scope: MemoryScope, column: str, *, session_id: str, project: str, limit: int) -> list[Any]:
+    """One column of the session's last `limit` events, oldest first: the one query behind
+    both reads above, which differ only in the column (the hashes' reader never loads
+    the items)."""
     if limit <= 0:
         return []
-    hashes = list(
+    values = list(
         _session_events(scope, session_id=session_id, project=project)
         .order_by("-id")
-        .values_list("item_hash", flat=True)[:limit]
+        .values_list(column, flat=True)[:limit]
     )
-    hashes.reverse()
-    return hashes
+    values.reverse()
+    return values
 
 
 def session_data_erase(scope: MemoryScope) -> int:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from memories.sessions import session_events_append, session_events_recent
+from memories.sessions import (
+    session_events_append,
+    session_events_recent,
+    session_item_hash,
+    session_item_hashes_recent,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -68,3 +73,21 @@ def test_tenancy_bob_never_sees_alices_session(alice_scope, bob_scope):
     )
     assert session_events_recent(alice_scope, session_id="shared-name", limit=10) == [msg("user", "alice's secret")]
     assert session_events_recent(bob_scope, session_id="shared-name", limit=10) == [msg("user", "alice's secret")]
+
+
+def test_recent_hashes_are_the_recent_items_hashes(alice_scope, bob_scope):
+    """The two recent reads are one query on two columns: same rows, same order, same
+    narrowing by project and session, and another user's log never read."""
+    session_events_append(alice_scope, session_id="s", items=[msg("user", f"m{n}") for n in range(4)])
+    session_events_append(alice_scope, session_id="s", project="p", items=[msg("user", "in p")])
+    session_events_append(bob_scope, session_id="s", items=[msg("user", "bob's")])
+    for project in ("", "p"):
+        for limit in (0, 2, 10):
+            items = session_events_recent(alice_scope, session_id="s", project=project, limit=limit)
+            hashes = session_item_hashes_recent(alice_scope, session_id="s", project=project, limit=limit)
+            assert hashes == [session_item_hash(item) for item in items]
+    assert session_item_hashes_recent(alice_scope, session_id="s", limit=2) == [
+        session_item_hash(msg("user", "m2")),
+        session_item_hash(msg("user", "m3")),
+    ]
+    assert session_item_hashes_recent(bob_scope, session_id="s", limit=10) == [session_item_hash(msg("user", "bob's"))]
