@@ -235,14 +235,17 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
     line per raw item in order, one `archive` line per compacted run of items, and one
     `pending_input` line per input `memory_run_turn` keeps for a turn not committed yet
     (an expired one too, until it is pruned: everything stored of the user is theirs to
-    download). Version 1 still: later keys and line kinds were only added, never changed.
+    download), and one `turn` line per turn `memory_after_turn` recorded (its guard: the
+    turn id, `processing` or `done`, the facts it stored, what it left out or shortened,
+    the sha256 of its items; not the lease owner, a request's random id that says nothing
+    of the user). Version 1 still: later keys and line kinds were only added, never changed.
     Audited with the counts before the first line (a refusal too); rate limited, not
     billed. The file is read in one snapshot from its header to its last line, so the
     header's counts are exactly its lines whatever agents write meanwhile, and a download
     cut short is told by them. (The audit row's counts are from the call's start.)"""
     from audit.services import audit_record
     from core.choices import Operation
-    from memories.models import SessionArchive, SessionState, TurnPending
+    from memories.models import SessionArchive, SessionState, TurnGuard, TurnPending
     from memories.rate_limits import rate_limit_consume_audited
 
     rate_limit_consume_audited(scope, operation=Operation.EXPORT_SESSION_LOGS, call=call)
@@ -252,6 +255,7 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
     events = SessionEvent.objects.filter(**owned).order_by("project", "session_id", "id")
     archives = SessionArchive.objects.filter(**owned).order_by("project", "session_id", "first_event_id")
     pending = TurnPending.objects.filter(**owned).order_by("project", "session_id", "created_at", "id")
+    turns = TurnGuard.objects.filter(**owned).order_by("project", "session_id", "created_at", "id")
 
     def counted() -> dict[str, int]:
         return {
@@ -259,6 +263,7 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
             "events": events.count(),
             "archives": archives.count(),
             "pending_inputs": pending.count(),
+            "turns": turns.count(),
         }
 
     counts = counted()
@@ -319,6 +324,22 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
                     "operation_token": kept.token,
                     "created_at": kept.created_at,
                     "items": kept.items,
+                },
+            )
+        for guard in turns.iterator(chunk_size=500):
+            yield line(
+                "turn",
+                {
+                    "project": guard.project,
+                    "session_id": guard.session_id,
+                    "turn_id": guard.turn_id,
+                    "state": guard.state,
+                    "fact_ids": guard.fact_ids,
+                    "facts_left_out": guard.facts_left_out,
+                    "facts_shortened": guard.facts_shortened,
+                    "content_sha256": guard.content_sha256,
+                    "created_at": guard.created_at,
+                    "updated_at": guard.updated_at,
                 },
             )
 

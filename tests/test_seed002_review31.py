@@ -139,7 +139,7 @@ def test_the_session_log_download_holds_kept_inputs_and_the_context_summary_of_m
     assert "alice-kept-input" in json.dumps(kept["items"])
     assert "bob-kept-secret" not in body and "bob-summary-secret" not in body
     audited = AuditEvent.objects.get(operation="export_session_logs").detail
-    assert audited == {"sessions": 1, "events": 0, "archives": 0, "pending_inputs": 1}
+    assert audited == {"sessions": 1, "events": 0, "archives": 0, "pending_inputs": 1, "turns": 0}
 
 
 def test_a_session_log_download_given_to_the_memories_import_is_refused_whole(alice, alice_scope, client):

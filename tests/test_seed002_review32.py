@@ -2,12 +2,21 @@
 
 F1: the Sessions page's tier lists (`facts_by_tier`) and counts (`fact_counts_by_tier`)
 took one statement per tier each (three and three); one each now, with the same answers.
-The summary refresh's per-tier counts (`turns.services`, its own copy) use the selector."""
+The summary refresh's per-tier counts (`turns.services`, its own copy) use the selector.
+
+F3: the session-log download (Your data) left out the turn guards: what memory_after_turn
+recorded of each turn (done or under way, the facts it stored, what it left out or
+shortened, its items' sha256). They are the user's data about their sessions: one `turn`
+line each now, counted as `turns` (a new line kind and key only: version 1 still)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from audit.models import AuditEvent
+from memories.models import TurnGuard
 from memories.turns.extraction import TIERS
 from tests.test_turns import turn
 
@@ -64,3 +73,30 @@ def test_the_tiers_counts_are_one_statement_for_all_tiers(alice_scope, bob_scope
     assert counts == {"l1": 2, "l2": 1, "long_term": 2}  # bob's never counted
     assert fact_counts_by_tier(bob_scope) == {"l1": 1, "l2": 1, "long_term": 1}
     assert fact_counts_by_tier(alice_scope, session_id="other") == {"l1": 1, "l2": 0, "long_term": 0}
+
+
+# --- F3: the session-log download holds the turn guards ----------------------------------------------
+def test_the_session_log_download_holds_my_turns_and_never_bobs(alice, bob, alice_scope, client):
+    done = turn(alice, "s", "t1", "I prefer tea over coffee.")
+    turn(bob, "s", "bob-turn-secret", "I prefer coffee over tea.")  # same session id, bob's
+    # A turn under way (its guard `processing`, committed before the slow work).
+    TurnGuard.objects.create(
+        engine_user_id=alice_scope.engine_user_id, project="p", session_id="s2", turn_id="t9", owner="req-x"
+    )
+    client.force_login(alice)
+    response = client.post("/data/export/session-logs/")
+    assert response.status_code == 200
+    body = b"".join(response.streaming_content).decode()
+    header, *rest = [json.loads(line) for line in body.splitlines()]
+    assert (header["format"], header["version"], header["turns"]) == ("memsite.session_logs", 1, 2)
+    turns = [line["turn"] for line in rest if "turn" in line]
+    assert [(t["project"], t["session_id"], t["turn_id"], t["state"]) for t in turns] == [
+        ("", "s", "t1", "done"),
+        ("p", "s2", "t9", "processing"),
+    ]
+    committed = turns[0]
+    assert committed["fact_ids"] == done["fact_ids"] and len(committed["content_sha256"]) == 64
+    assert (committed["facts_left_out"], committed["facts_shortened"]) == (0, 0)
+    assert {"created_at", "updated_at"} <= set(committed) and "owner" not in committed
+    assert "bob-turn-secret" not in body and "req-x" not in body
+    assert AuditEvent.objects.get(operation="export_session_logs").detail["turns"] == 2

@@ -142,7 +142,7 @@ def test_your_data_streams_every_session_log_of_mine_only(alice, alice_scope, bo
     assert "bob-secret" not in body
     row = AuditEvent.objects.get(operation="export_session_logs")
     assert row.actor_user_id == alice.pk
-    assert row.detail == {"sessions": 2, "events": 4, "archives": 1, "pending_inputs": 0}
+    assert row.detail == {"sessions": 2, "events": 4, "archives": 1, "pending_inputs": 0, "turns": 0}
     assert UsageEvent.objects.count() == billed
     client.logout()
     assert client.post("/data/export/session-logs/").status_code == 302
