@@ -634,7 +634,7 @@ def memory_remember(
                     memory_ids=[existing.id],
                     before=_snapshot(existing) if durable is not None else None,
                     after=_snapshot(durable) if durable is not None else None,
-                    detail={"duplicate": True, **({"made_durable": True} if durable is not None else {})},
+                    detail={"duplicate": True, **({"made_durable": [durable.id]} if durable is not None else {})},
                 )
                 return RememberResult(
                     id=existing.id, duplicate=True, memory=memory_view(answered) if with_memory else None

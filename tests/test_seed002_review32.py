@@ -7,7 +7,11 @@ The summary refresh's per-tier counts (`turns.services`, its own copy) use the s
 F3: the session-log download (Your data) left out the turn guards: what memory_after_turn
 recorded of each turn (done or under way, the facts it stored, what it left out or
 shortened, its items' sha256). They are the user's data about their sessions: one `turn`
-line each now, counted as `turns` (a new line kind and key only: version 1 still)."""
+line each now, counted as `turns` (a new line kind and key only: version 1 still).
+
+F4: the audit row of a `remember` that made an expiring turn fact durable said
+`made_durable: true`; the toolkit's store_memory names the facts (a list of ids). Both
+name them now, so one forensic query reads either."""
 
 from __future__ import annotations
 
@@ -100,3 +104,27 @@ def test_the_session_log_download_holds_my_turns_and_never_bobs(alice, bob, alic
     assert {"created_at", "updated_at"} <= set(committed) and "owner" not in committed
     assert "bob-turn-secret" not in body and "req-x" not in body
     assert AuditEvent.objects.get(operation="export_session_logs").detail["turns"] == 2
+
+
+# --- F4: made_durable is a list of memory ids on remember's audit row as on store_memory's ----------
+def test_remember_and_store_memory_name_the_facts_they_made_durable(alice, settings):
+    from memories.auth import Principal
+    from memories.operations import operation_execute
+    from tests.conftest import internal_call
+
+    settings.RATE_LIMITS = {op: (0, 60) for op in settings.RATE_LIMITS}
+    principal = Principal(user=alice, method="api_key", client_app="agent")
+    remembered = turn(alice, "s", "t1", "Today I am working from the cafe.")["fact_ids"][0]
+    stored = turn(alice, "s", "t2", "Right now I am using a borrowed laptop.")["fact_ids"][0]
+    operation_execute(principal, "remember", {"memory": "Today I am working from the cafe."}, call=internal_call())
+    operation_execute(
+        principal,
+        "store_memory",
+        {"conversation_id": "c", "messages": [{"role": "human", "content": "Right now I am using a borrowed laptop."}]},
+        call=internal_call(),
+    )
+    details = {
+        row.operation: row.detail for row in AuditEvent.objects.filter(operation__in=["remember", "store_memory"])
+    }
+    assert details["remember"]["made_durable"] == [remembered]
+    assert details["store_memory"]["made_durable"] == [stored]

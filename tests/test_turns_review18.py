@@ -140,7 +140,7 @@ def test_remembering_an_expiring_turn_fact_keeps_it_past_retention(alice, alice_
     remembered = run(alice, "remember", memory="Today I am working from the cafe.")
     assert remembered == {"id": fact, "duplicate": True}
     row = AuditEvent.objects.get(operation="remember")
-    assert row.memory_ids == [fact] and row.detail["made_durable"] is True
+    assert row.memory_ids == [fact] and row.detail["made_durable"] == [fact]
     monkeypatch.setattr(turns, "_now", lambda: timezone.now() + timedelta(days=2))
     result = run(alice, "memory_run_maintenance", session_id="s")
     assert result["expired_facts"] == 0
