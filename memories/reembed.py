@@ -13,6 +13,7 @@ from django.conf import settings
 from core.errors import ErrorCode, ServiceError
 from memories.engine import (
     EmbedderSpec,
+    ReembedBusy,
     ReembedError,
     ReembedProgress,
     engine_reembed_abort,
@@ -25,6 +26,10 @@ from memories.engine import (
 EMBEDDER_NAMES = ("local", "gemini")
 LOCAL_DIMS = 384
 MAX_DIMS = 16000  # pgvector's limit for a vector column
+SWITCH_ATTEMPTS = 6  # switches tried, each after a fill, before the writes are said to win
+# A switch that lost to writes is transient, not a conflict (which says: do not retry).
+# The run it asks for fills again before it switches: that is its real wait.
+SWITCH_RETRY_AFTER_S = 1
 
 
 def embedder_target(*, name: str, dims: int | None) -> EmbedderSpec:
@@ -50,19 +55,33 @@ def embedder_reembed(
     progress: Callable[[ReembedProgress], None] | None = None,
 ) -> ReembedProgress:
     """Fill the new vectors (resuming a run that was killed) and, with `switch`, make
-    them the ones search uses. Idempotent: on the target already, it does nothing."""
+    them the ones search uses. Idempotent: on the target already, it does nothing.
+
+    `resource_busy` when writes keep coming faster than the switch can take them (every
+    attempt found more late rows than it embeds while writes wait): what was filled is
+    kept, and running again resumes. `conflict` when the recorded state forbids it (a
+    re-embedding to another target under way, or this one aborted meanwhile): not a wait
+    that retrying outlasts."""
     try:
         if not engine_reembed_begin(target):
             return engine_reembed_progress()
         engine_reembed_fill(batch=batch, progress=progress)
         if not switch:
             return engine_reembed_progress()
-        for _attempt in range(5):  # writes keep coming: fill the late rows, then switch
+        for _attempt in range(SWITCH_ATTEMPTS - 1):  # writes keep coming: fill the late rows, then switch
             try:
                 return engine_reembed_switch()
-            except ReembedError:
+            except ReembedBusy:
                 engine_reembed_fill(batch=batch, progress=progress)
         return engine_reembed_switch()
+    except ReembedBusy:
+        raise ServiceError(
+            ErrorCode.RESOURCE_BUSY,
+            f"writes kept coming faster than the switch could take them ({SWITCH_ATTEMPTS} tries, each after a "
+            "fill); the new vectors filled so far are kept: run the command again to resume and switch "
+            "(at a quieter time if this repeats)",
+            retry_after_s=SWITCH_RETRY_AFTER_S,
+        ) from None
     except ReembedError as exc:
         raise ServiceError(ErrorCode.CONFLICT, str(exc)) from None
 

@@ -11,7 +11,13 @@ line each now, counted as `turns` (a new line kind and key only: version 1 still
 
 F4: the audit row of a `remember` that made an expiring turn fact durable said
 `made_durable: true`; the toolkit's store_memory names the facts (a list of ids). Both
-name them now, so one forensic query reads either."""
+name them now, so one forensic query reads either.
+
+F5: `manage.py reembed` whose switch kept losing to concurrent writes (each try found more
+late rows than it embeds while writes wait) answered `conflict: ... fill first`, though it
+had filled six times and a later run resumes and may win: `resource_busy` with
+`retry_after_s` now, saying that the filled vectors are kept and to run it again. A state
+that forbids the run (another target under way) stays `conflict`."""
 
 from __future__ import annotations
 
@@ -128,3 +134,49 @@ def test_remember_and_store_memory_name_the_facts_they_made_durable(alice, setti
     }
     assert details["remember"]["made_durable"] == [remembered]
     assert details["store_memory"]["made_durable"] == [stored]
+
+
+# --- F5: a re-embedding switch that keeps losing to writes is resource_busy, not conflict -----------
+def test_a_reembed_switch_losing_to_writes_is_resource_busy_and_a_rerun_switches(alice_scope, fake_gemini, monkeypatch):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from core.errors import ErrorCode, ServiceError
+    from memories import reembed
+    from memories.engine import engine_reembed_progress
+    from memories.engine import reembed as engine_reembed
+    from memories.services import memory_remember
+    from tests.conftest import internal_call
+
+    for n in range(3):
+        memory_remember(alice_scope, memory=f"Alice's note number {n}", call=internal_call())
+    # Writes arrive after every fill, more than the switch embeds while writes wait.
+    monkeypatch.setattr(engine_reembed, "SWITCH_MAX_LATE_ROWS", 1)
+    fill, written = reembed.engine_reembed_fill, []
+
+    def fill_then_writes(**kwargs):
+        filled = fill(**kwargs)
+        for _ in range(2):
+            written.append(len(written))
+            memory_remember(alice_scope, memory=f"Alice's late note {len(written)}", call=internal_call())
+        return filled
+
+    monkeypatch.setattr(reembed, "engine_reembed_fill", fill_then_writes)
+    target = reembed.embedder_target(name="gemini", dims=64)
+    with pytest.raises(ServiceError) as busy:
+        reembed.embedder_reembed(target=target, batch=4)
+    assert (busy.value.code, busy.value.retry_after_s) == (ErrorCode.RESOURCE_BUSY, 1)
+    assert "run the command again" in busy.value.message
+    assert len(written) == 2 * reembed.SWITCH_ATTEMPTS  # a fill before each of the six tries
+    with pytest.raises(CommandError, match="^resource_busy: writes kept coming"):
+        call_command("reembed", "--to", "gemini", "--dims", "64")
+    # Nothing filled is lost: the target is still under way, and a quieter re-run switches.
+    progress = engine_reembed_progress()
+    assert progress.target == "gemini:64" and progress.done > 0
+    monkeypatch.setattr(reembed, "engine_reembed_fill", fill)
+    call_command("reembed", "--to", "gemini", "--dims", "64")
+    assert engine_reembed_progress().active == "gemini:64"
+    # Another target while one is under way is a conflict still (not a wait).
+    reembed.embedder_reembed(target=reembed.embedder_target(name="gemini", dims=32), switch=False)
+    with pytest.raises(CommandError, match="^conflict: a re-embedding to gemini:32 is under way"):
+        call_command("reembed", "--to", "local")

@@ -56,6 +56,7 @@ from memories.engine.payload import (
     engine_timestamp,
 )
 from memories.engine.reembed import (
+    ReembedBusy,
     ReembedError,
     ReembedProgress,
     engine_reembed_abort,
@@ -97,6 +98,7 @@ __all__ = [
     "embedder_spec_active",
     "embedder_spec_configured",
     "engine_vector_cache_clear",
+    "ReembedBusy",
     "ReembedError",
     "ReembedProgress",
     "engine_reembed_abort",

@@ -44,6 +44,11 @@ class ReembedError(RuntimeError):
     """A re-embedding cannot start or switch; the message says why (safe to show)."""
 
 
+class ReembedBusy(ReembedError):
+    """The switch found more late rows than it embeds while writes wait: writes came in
+    faster than the last fill took them. Transient: filling again and switching may win."""
+
+
 @dataclass(frozen=True)
 class ReembedProgress:
     active: str
@@ -208,7 +213,7 @@ def engine_reembed_switch() -> ReembedProgress:
         _execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(_table()))
         late = _pending(after=None, limit=SWITCH_MAX_LATE_ROWS + 1)
         if len(late) > SWITCH_MAX_LATE_ROWS:
-            raise ReembedError(f"more than {SWITCH_MAX_LATE_ROWS} rows still need embedding; fill first")
+            raise ReembedBusy(f"more than {SWITCH_MAX_LATE_ROWS} rows still need embedding; fill first")
         if late:
             _write(late, _embed(target, [text for _, text in late]))
         table, shadow = _table(), sql.Identifier(SHADOW)
