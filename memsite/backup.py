@@ -67,6 +67,10 @@ DEFAULT_WAL_SEGMENT_SIZE = 16 * 1024 * 1024
 # Where a restore unpacks and recovers, inside the data dir it restores into (same file
 # system): the result is renamed into place only once recovery succeeded.
 RESTORE_STAGING = ".restore-staging"
+# Keys asked for per ListObjectsV2 request (S3's own maximum). A bucket holds every WAL
+# segment the lifecycle rule keeps (at one a minute, half a million a year): its listings are
+# read one page at a time and reduced as they go, never held whole.
+S3_LIST_PAGE_SIZE = 1000
 
 
 class BackupError(RuntimeError):
@@ -269,10 +273,15 @@ class _DirTarget:
         shutil.copyfile(self.root / "base" / label / name, dest)
 
     def wal_names(self) -> list[tuple[str, float]]:
+        return sorted(self.wal_entries())
+
+    def wal_entries(self) -> Iterator[tuple[str, float]]:
+        """(name, mtime) of every archived WAL file, in no particular order."""
         wal = self.root / "wal"
         if not wal.exists():
-            return []
-        return sorted((p.name.removesuffix(".gz"), p.stat().st_mtime) for p in wal.glob("*.gz"))
+            return
+        for p in wal.glob("*.gz"):
+            yield p.name.removesuffix(".gz"), p.stat().st_mtime
 
     def delete_base(self, label: str) -> None:
         shutil.rmtree(self.root / "base" / label)
@@ -280,11 +289,12 @@ class _DirTarget:
     def delete_wal(self, name: str) -> None:
         (self.root / "wal" / f"{name}.gz").unlink(missing_ok=True)
 
-    def erasure_names(self) -> list[str]:
+    def erasure_names(self, after: str = "") -> list[str]:
+        """Sorted; only those whose name sorts after `after` (a time stamp prefix)."""
         folder = self.root / ERASURES
         if not folder.exists():
             return []
-        return sorted(p.name for p in folder.glob("*.json") if not p.name.startswith("."))
+        return sorted(p.name for p in folder.glob("*.json") if not p.name.startswith(".") and p.name > after)
 
     def read_erasure(self, name: str) -> dict:
         return json.loads((self.root / ERASURES / name).read_text())
@@ -330,14 +340,19 @@ class _S3Target:
         self.config = config
         self.client = walarchive.s3_client(config)
 
-    def _list(self, prefix: str) -> list[dict]:
-        paginator = self.client.get_paginator("list_objects_v2")
+    def _objects(self, prefix: str, *, start_after: str = "") -> Iterator[dict]:
+        """The objects under `prefix` in key order, one ListObjectsV2 page at a time (its
+        continuation token asks for the next): callers reduce them as they come."""
         full = walarchive.s3_key(self.config, prefix)
-        pages = paginator.paginate(Bucket=self.config["bucket"], Prefix=full)
-        return [obj for page in pages for obj in page.get("Contents", [])]
+        params = {"Bucket": self.config["bucket"], "Prefix": full}
+        if start_after:
+            params["StartAfter"] = full + start_after
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(**params, PaginationConfig={"PageSize": S3_LIST_PAGE_SIZE}):
+            yield from page.get("Contents", [])
 
     def base_labels(self) -> list[str]:
-        return sorted(o["Key"].split("/")[-2] for o in self._list("base/") if o["Key"].endswith(f"/{META}"))
+        return sorted(o["Key"].split("/")[-2] for o in self._objects("base/") if o["Key"].endswith(f"/{META}"))
 
     def read_meta(self, label: str) -> dict:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -368,16 +383,18 @@ class _S3Target:
         key = walarchive.s3_key(self.config, f"base/{label}/{name}")
         self.client.download_file(self.config["bucket"], key, str(dest))
 
-    def wal_names(self) -> list[tuple[str, float]]:
-        return sorted(
-            (o["Key"].rsplit("/", 1)[-1].removesuffix(".gz"), o["LastModified"].timestamp()) for o in self._list("wal/")
-        )
+    def wal_entries(self) -> Iterator[tuple[str, float]]:
+        """(name, time stored) of every archived WAL file, in name order."""
+        for o in self._objects("wal/"):
+            yield o["Key"].rsplit("/", 1)[-1].removesuffix(".gz"), o["LastModified"].timestamp()
 
     def fetch_wal_gz(self, name: str, dest: Path) -> None:
         self.client.download_file(self.config["bucket"], walarchive.s3_key(self.config, f"wal/{name}.gz"), str(dest))
 
-    def erasure_names(self) -> list[str]:
-        return sorted(o["Key"].rsplit("/", 1)[-1] for o in self._list(f"{ERASURES}/") if o["Key"].endswith(".json"))
+    def erasure_names(self, after: str = "") -> list[str]:
+        """Sorted; only those whose name sorts after `after`, which the bucket skips itself."""
+        objects = self._objects(f"{ERASURES}/", start_after=after)
+        return sorted(o["Key"].rsplit("/", 1)[-1] for o in objects if o["Key"].endswith(".json"))
 
     def read_erasure(self, name: str) -> dict:
         key = walarchive.s3_key(self.config, f"{ERASURES}/{name}")
@@ -559,9 +576,9 @@ def backup_base_if_due(*, progress: Progress = _quiet) -> dict | None:
 
     if not settings.BACKUP_ENABLED or not settings.EMBEDDED_DATABASE:
         return None
-    newest = backups_list()[-1:] or None
+    newest = _newest_readable_meta(_target(), progress)
     if newest:
-        age_h = (datetime.now(UTC) - datetime.fromisoformat(newest[0]["finished_at"])).total_seconds() / 3600
+        age_h = (datetime.now(UTC) - datetime.fromisoformat(newest["finished_at"])).total_seconds() / 3600
         if age_h < settings.BACKUP_BASE_INTERVAL_H:
             return None
     try:
@@ -624,6 +641,21 @@ def _readable_metas(target, labels: list[str], progress: Progress) -> tuple[list
     return metas, unreadable
 
 
+def _newest_readable_meta(target, progress: Progress) -> dict | None:
+    """backups_list()[-1], reading backup.json newest first: only the newest one, unless it is
+    damaged (then the one before, as backups_list skips it)."""
+    for label in reversed(target.base_labels()):
+        found, _ = _readable_metas(target, [label], progress)
+        if found:
+            return found[0]
+    return None
+
+
+def _wal_segments(target) -> Iterator[tuple[str, float]]:
+    """(name, time stored) of every archived WAL segment (not .history, .backup, .partial)."""
+    return ((n, t) for n, t in target.wal_entries() if _SEGMENT.match(n))
+
+
 def backups_list(*, progress: Progress = _quiet) -> list[dict]:
     """backup.json of every complete base backup, oldest first. One whose backup.json is
     damaged is skipped with a warning: the others stay usable."""
@@ -634,14 +666,18 @@ def backups_list(*, progress: Progress = _quiet) -> list[dict]:
 def archive_status() -> ArchiveStatus:
     config = target_config()
     target = _target(config)
-    wal = [(n, t) for n, t in target.wal_names() if _SEGMENT.match(n)]
-    newest = max(wal, key=lambda item: item[1]) if wal else None
+    wal_files, newest = 0, None
+    for name, stored in _wal_segments(target):
+        wal_files += 1
+        # The newest by time; of those stored in the same second, the first by name.
+        if newest is None or stored > newest[1] or (stored == newest[1] and name < newest[0]):
+            newest = (name, stored)
     backups, unreadable = _readable_metas(target, target.base_labels(), _quiet)
     return ArchiveStatus(
         target=describe(config),
         backups=backups,
         unreadable=unreadable,
-        wal_files=len(wal),
+        wal_files=wal_files,
         newest_wal=newest[0] if newest else None,
         newest_wal_at=datetime.fromtimestamp(newest[1], UTC) if newest else None,
         archiver=_archiver_stats(),
@@ -680,10 +716,8 @@ def erasure_records(*, after: datetime | None = None, progress: Progress = _quie
     from concurrent.futures import ThreadPoolExecutor
 
     target = _target()
-    names = target.erasure_names()
-    if after is not None:
-        stamp = after.astimezone(UTC).strftime(_STAMP)
-        names = [n for n in names if n[: len(stamp)] >= stamp]
+    # Names begin with their erasure's time, fixed width: those after the stamp sort after it.
+    names = target.erasure_names(after=after.astimezone(UTC).strftime(_STAMP) if after is not None else "")
     progress(f"reading {len(names)} erasure ledger records from {describe(target_config())}/{ERASURES}")
 
     def read(name: str) -> dict:
@@ -966,7 +1000,7 @@ def _prefetch_wal(target: _S3Target, meta: dict, spool: Path, progress: Progress
     restore_command reads local files instead of starting boto3 once per segment."""
     from concurrent.futures import ThreadPoolExecutor
 
-    names = [n for n, _ in target.wal_names() if n.endswith(".history") or n[8:24] >= meta["start_wal"][8:24]]
+    names = [n for n, _ in target.wal_entries() if n.endswith(".history") or n[8:24] >= meta["start_wal"][8:24]]
     (spool / "wal").mkdir(parents=True, exist_ok=True)
     progress(f"downloading {len(names)} WAL files")
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -1047,14 +1081,13 @@ def _restore_locked(
     backups, unreadable = _readable_metas(target, target.base_labels(), progress)
     meta = _choose_backup(backups, target_time, unreadable)
     _check_server_version(meta)
-    wal = [(n, t) for n, t in target.wal_names() if _SEGMENT.match(n)]
+    wal, newest = _wal_since(target, meta)
     notes: list[str] = []
     stop_at = target_time
-    if target_time is not None and all(t <= target_time.timestamp() for _, t in wal):
+    if target_time is not None and (newest is None or newest <= target_time.timestamp()):
         # No transaction after the target can be in the archive: recovery would look for one
         # and fail. Everything archived is the state at that time.
         stop_at = None
-        newest = max((t for _, t in wal), default=None)
         stored = datetime.fromtimestamp(newest, UTC).isoformat() if newest is not None else "never"
         notes.append(
             f"nothing was archived after {target_time.isoformat()} (the newest WAL segment was stored at {stored}): "
@@ -1164,6 +1197,20 @@ def _restore_locked(
         f"({report.segments_replayed} WAL segments) in {report.elapsed_s:.1f} s"
     )
     return report
+
+
+def _wal_since(target, meta: dict) -> tuple[list[tuple[str, float]], float | None]:
+    """The archived segments from the backup's first one on, sorted (all that recovery, the gap
+    check and the end check need: segments before it never count), and when the newest
+    segment of all was stored (None: no segment)."""
+    start = meta["start_wal"][8:24]
+    wal, newest = [], None
+    for name, stored in _wal_segments(target):
+        newest = stored if newest is None else max(newest, stored)
+        if name[8:24] >= start:
+            wal.append((name, stored))
+    wal.sort()
+    return wal, newest
 
 
 def _restored_segments(log_file: Path, since: int) -> int:
