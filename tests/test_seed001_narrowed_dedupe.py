@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from audit.models import AuditEvent
 from billing.models import UsageEvent
 from core.errors import ServiceError
 from memories.models import ContentHash
@@ -406,13 +407,45 @@ def test_a_narrowed_ingest_of_another_agents_exact_text_lands_in_its_agent(clien
     [added] = ingest(client, AGENT_B)
     assert added["event"] == "ADD" and added["id"] != a, added
     assert listed(client, "?agent_id=agent-b") == [added["id"]]
-    # Inside the narrowing mem0's check still holds (the same as our rule's NONE, unanswered),
-    # and un-narrowed ingests keep mem0's pipeline as it was.
+    # Again: the agent's copy, NONE; un-narrowed: the holder, NONE (session 32: both were []).
     llm.queue_facts("Alice walks daily")
-    assert ingest(client, AGENT_B) == []
+    assert answered(ingest(client, AGENT_B)) == [(added["id"], "Alice walks daily", "agent-b", "NONE")]
     llm.queue_facts("Alice walks daily")
-    assert ingest(client, ALICE) == []
+    assert answered(ingest(client, ALICE)) == [(a, "Alice walks daily", "agent-a", "NONE")]
     assert sorted(listed(client)) == sorted([a, added["id"]])
+
+
+def test_an_ingest_whose_facts_are_all_exact_texts_the_user_has_answers_each_as_none(alice_scope, llm):
+    """mem0 dropped a fact whose md5 one of the memories its add searched carries, before our
+    rule ran: when every fact was one, the call answered [] (billed, audited with no ids),
+    where README promises `NONE` with the id of the memory that holds it; a retry of the
+    same turn (the intent's docs: "answered as NONE") learnt nothing either."""
+    tea = memory_remember(alice_scope, memory="Alice likes tea", call=internal_call())
+    rust = memory_remember(alice_scope, memory="Alice codes in Rust", fields={"agent_id": "b"}, call=internal_call())
+    on_call = {"session_id": "s-1"}
+    session = memory_remember(alice_scope, memory="Alice is on call", fields=on_call, call=internal_call())
+    hashes = sorted(ContentHash.objects.values_list("sha256", "memory_id"))
+
+    llm.queue_facts("Alice likes tea", "Alice codes in Rust")
+    assert memory_ingest(alice_scope, messages=TURN, call=internal_call()) == [
+        {"id": tea.id, "memory": "Alice likes tea", "event": "NONE"},
+        {"id": rust.id, "memory": "Alice codes in Rust", "event": "NONE"},
+    ]
+    llm.queue_facts("Alice codes in Rust")
+    assert memory_ingest(alice_scope, messages=TURN, fields={"agent_id": "b"}, call=internal_call()) == [
+        {"id": rust.id, "memory": "Alice codes in Rust", "event": "NONE"}
+    ]
+    llm.queue_facts("Alice is on call")
+    assert memory_ingest(alice_scope, messages=TURN, fields={"session_id": "s-1"}, call=internal_call()) == [
+        {"id": session.id, "memory": "Alice is on call", "event": "NONE"}
+    ]
+    # Each call's audit row names the memories it answered; nothing was stored, no hash moved.
+    rows = AuditEvent.objects.filter(operation="ingest").order_by("id")
+    assert [sorted(r.memory_ids) for r in rows] == [sorted([tea.id, rust.id]), [rust.id], [session.id]]
+    assert sorted(v.id for v in memory_list(alice_scope, call=internal_call()).memories) == sorted(
+        [tea.id, rust.id, session.id]
+    )
+    assert sorted(ContentHash.objects.values_list("sha256", "memory_id")) == hashes
 
 
 def test_bobs_exact_text_is_never_alices_in_a_narrowed_ingest(client, api_client, bob, llm, alice_scope):

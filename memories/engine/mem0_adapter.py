@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -51,9 +51,9 @@ class LlmUnavailable(EngineError):
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"pid": None, "memory": None}
-# The agent and session the `engine_ingest` running on this thread is narrowed to (its
-# attrs), for mem0's searches inside that call (`_narrowed_hashes_hidden`).
-_ingest_narrowing: ContextVar[Mapping[str, str] | None] = ContextVar("memsite_ingest_narrowing", default=None)
+# True while `engine_ingest` runs on this thread, for mem0's searches inside that call
+# (`_ingest_hashes_hidden`).
+_in_ingest: ContextVar[bool] = ContextVar("memsite_in_ingest", default=False)
 
 
 def _prepare_environment() -> None:
@@ -163,7 +163,7 @@ def _build_memory() -> Any:
     )
     memory = Memory(config)
     _hide_dead_rows(memory.vector_store)
-    _narrowed_hashes_hidden(memory.vector_store)
+    _ingest_hashes_hidden(memory.vector_store)
     memory.db.close()
     memory.db = PostgresHistoryStore()
     if settings.EMBEDDER == "local":
@@ -298,34 +298,30 @@ def _hide_dead_rows(vector_store: Any) -> None:
         setattr(vector_store, name, live_only)
 
 
-def _payload_within(payload: Any, narrowing: Mapping[str, str]) -> bool:
-    attrs = payload.get(KEY_ATTRS) if isinstance(payload, dict) else None
-    return isinstance(attrs, dict) and all(attrs.get(key) == value for key, value in narrowing.items())
-
-
-def _narrowed_hashes_hidden(vector_store: Any) -> None:
-    """In an ingest narrowed to an agent or session, the existing memories mem0's add finds
-    outside the narrowing lose their `hash` (mem0's md5 of the text) on the way to mem0.
-    mem0 drops an extracted fact whose md5 one of them carries, before our dedupe rule
-    runs; our agent and session are our attrs, not mem0's filters, so it dropped a fact
-    exactly equal to another agent's memory, which a narrowed store keeps as its own copy
-    (`services._ingest_complete` decides). The LLM still sees their texts; memories inside
-    the narrowing, and every un-narrowed ingest, keep mem0's check as it is."""
+def _ingest_hashes_hidden(vector_store: Any) -> None:
+    """In an ingest, the existing memories mem0's add finds lose their `hash` (mem0's md5
+    of the text) on the way to mem0. mem0 drops an extracted fact whose md5 one of them
+    carries, silently, before our dedupe rule runs: a fact exactly equal to a memory the
+    user has was answered with nothing ([] when every fact was one), where the rule
+    (`services._ingest_complete`) answers NONE with the id of the memory that holds it, or
+    keeps the fact as a narrowed store's own copy when that memory is outside the call's
+    agent or session (our attrs, not mem0's filters). mem0 only ever saw the few memories
+    its search found, so the rule decided the rest anyway. The LLM still sees their texts;
+    mem0's own check of two equal facts in one call is kept (one memory, answered once)."""
     original = vector_store.search
 
-    def hashes_kept_to_narrowing(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+    def hashes_hidden_in_ingest(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
         results = _original(*args, **kwargs)
-        narrowing = _ingest_narrowing.get()
-        if not narrowing:
+        if not _in_ingest.get():
             return results
         return [
             r.model_copy(update={"payload": {k: v for k, v in r.payload.items() if k != "hash"}})
-            if isinstance(r.payload, dict) and not _payload_within(r.payload, narrowing)
+            if isinstance(r.payload, dict)
             else r
             for r in results or []
         ]
 
-    vector_store.search = hashes_kept_to_narrowing
+    vector_store.search = hashes_hidden_in_ingest
 
 
 def _embedder_instrument(embedder: Any, *, name: str | None = None) -> None:
@@ -417,8 +413,7 @@ def engine_ingest(
     memory = get_memory()
     added_specs_take()  # nothing noted by an earlier call on this thread that never inserted
     tagged = {**(metadata or {}), **({KEY_REQUEST_ID: request_id} if request_id else {})}
-    narrowing = {key: value for key in ("agent_id", "session_id") if attrs and (value := getattr(attrs, key))}
-    token = _ingest_narrowing.set(narrowing or None)
+    token = _in_ingest.set(True)
     try:
         result = _call(
             "ingest",
@@ -429,7 +424,7 @@ def engine_ingest(
             infer=True,
         )
     finally:
-        _ingest_narrowing.reset(token)
+        _in_ingest.reset(token)
     return list(result.get("results") or [])
 
 
