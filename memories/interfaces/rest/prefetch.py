@@ -14,14 +14,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memories.interfaces.rest.seed001 import (
-    _body_dict,
+    _SCOPE_PARAMS,
     _execute,
     _narrowing,
     _only,
-    _scope_of,
+    _scope_claimed,
     seed_memory,
 )
-from memories.interfaces.rest.views import COMMON_ERRORS, _errors
+from memories.interfaces.rest.views import COMMON_ERRORS, _body, _errors
 
 _prefetch_request = inline_serializer(
     "MemoryPrefetch",
@@ -52,6 +52,7 @@ _prefetch_response = inline_serializer(
 class SeedMemoryPrefetchView(APIView):
     @extend_schema(
         operation_id="v1_memory_prefetch",
+        parameters=_SCOPE_PARAMS,
         request=_prefetch_request,
         responses={200: _prefetch_response, **_errors(*COMMON_ERRORS, 403)},
         examples=[
@@ -64,8 +65,7 @@ class SeedMemoryPrefetchView(APIView):
     )
     def post(self, request):
         def build(claimed: dict[str, Any]) -> dict[str, Any]:
-            body = _body_dict(request)
-            claimed.update(_scope_of(body.pop("scope", None)))
+            body = _scope_claimed(request, claimed, _body(request))
             _only(body, {"query", "messages", "limit", "project"})
             return {**body, **_narrowing(claimed)}
 

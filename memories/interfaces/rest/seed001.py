@@ -5,11 +5,13 @@ audit rows, usage events, rate limits). A client's `scope` never selects whose m
 are touched: `tenant_id`/`user_id` are checked against the caller (403 `forbidden`
 otherwise), `agent_id`/`session_id` narrow inside the caller's own memories: a store puts
 the memory there, a search, list or prefetch keeps to them, and an update or forget of a
-memory outside them answers `not_found`, as for a missing id."""
+memory outside them answers `not_found`, as for a missing id. Every route reads that
+scope wherever the client can put it, the same way (`_scope_claimed`): the query string's
+keys and the body's `scope` object."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, inline_serializer
@@ -73,6 +75,8 @@ _search_request = inline_serializer(
         "limit": serializers.IntegerField(required=False, default=10),
     },
 )
+# The scope as query parameters: on every route, beside (or instead of) a body's `scope`;
+# a key given in both must have the same value (else 400 invalid_argument).
 _SCOPE_PARAMS = [
     OpenApiParameter("tenant_id", str, description="must be your tenant (`default`)"),
     OpenApiParameter("user_id", str, description="must be your username"),
@@ -112,7 +116,7 @@ def _limit(value: Any, maximum: int) -> int:
     return value
 
 
-def _query_claim_of(query: Any, keys: tuple[str, ...] = ("tenant_id", "user_id")) -> dict[str, Any]:
+def _query_claim_of(query: Any, keys: tuple[str, ...] = SCOPE_KEYS) -> dict[str, Any]:
     """The scope a query string claims. Its values never pass the JSON check that a body's
     do: one Postgres cannot take (a NUL) is refused here, as the body's would be."""
     for key in keys:
@@ -133,13 +137,6 @@ def _query_only(query: Any, allowed: set[str]) -> None:
     problem = query_problem(query, allowed)
     if problem:
         raise _Rejected(problem)
-
-
-def _body_dict(request) -> dict[str, Any]:
-    body = _body(request)
-    if isinstance(body, schemas.RejectedArguments):
-        raise _RejectedBody(body)
-    return body
 
 
 class _RejectedBody(_Rejected):
@@ -209,6 +206,7 @@ def _seed_ingested(principal: Principal, stored: dict[str, Any]) -> dict[str, An
 class SeedMemoryCollectionView(APIView):
     @extend_schema(
         operation_id="v1_memory_store",
+        parameters=_SCOPE_PARAMS,
         request=_store_request,
         responses={201: schemas.SeedStoreOutput, 200: schemas.SeedStoreOutput, **_errors(*COMMON_ERRORS, 403)},
         examples=[
@@ -228,10 +226,12 @@ class SeedMemoryCollectionView(APIView):
         # second read would hide why the body was refused (too large, not JSON, NUL).
         raw = _body(request)
         if isinstance(raw, dict) and raw.get("messages") is not None and raw.get("content") is None:
-            ingested = _execute(request, "ingest", lambda claimed: self._arguments(raw, claimed, messages=True))
+            ingested = _execute(
+                request, "ingest", lambda claimed: self._arguments(request, raw, claimed, messages=True)
+            )
             memories = [_seed_ingested(ingested.principal, stored) for stored in ingested.extras["stored"]]
             return Response({"memories": memories}, status=status.HTTP_201_CREATED)
-        ran = _execute(request, "remember", lambda claimed: self._arguments(raw, claimed, messages=False))
+        ran = _execute(request, "remember", lambda claimed: self._arguments(request, raw, claimed, messages=False))
         # The memory as the store left it, read in its transaction: a delete or expiry
         # committed since never turns the stored, billed call into a 404.
         memory = seed_memory(ran.principal, ran.extras["memory"])
@@ -240,12 +240,9 @@ class SeedMemoryCollectionView(APIView):
 
     @staticmethod
     def _arguments(
-        raw: dict[str, Any] | schemas.RejectedArguments, claimed: dict[str, Any], *, messages: bool
+        request, raw: dict[str, Any] | schemas.RejectedArguments, claimed: dict[str, Any], *, messages: bool
     ) -> dict[str, Any]:
-        if isinstance(raw, schemas.RejectedArguments):
-            raise _RejectedBody(raw)
-        body = dict(raw)
-        claimed.update(_scope_of(body.pop("scope", None)))
+        body = _scope_claimed(request, claimed, raw)
         content, items = body.pop("content", None), body.pop("messages", None)
         _only(body, set(STORE_FIELDS) | {"metadata"})
         if (content is None) == (items is None):
@@ -274,9 +271,12 @@ class SeedMemoryCollectionView(APIView):
     def get(self, request):
         def build(claimed: dict[str, Any]) -> dict[str, Any]:
             query = request.query_params
-            _query_only(query, {*SCOPE_KEYS, "memory_type", "tags", "limit", "cursor"})
-            claimed.update(_query_claim_of(query))
-            arguments = field_filter_arguments(query)
+            # A GET's body is read too (only its `scope`): a claim there is no less a claim.
+            body = _scope_claimed(
+                request, claimed, _body(request), query_also={"memory_type", "tags", "limit", "cursor"}
+            )
+            _only(body, set())
+            arguments = {**field_filter_arguments(query), **_narrowing(claimed)}
             if "limit" in query:
                 arguments["page_size"] = _limit(query["limit"], schemas.PAGE_SIZE_MAX)
             if query.get("cursor"):
@@ -295,6 +295,7 @@ class SeedMemoryCollectionView(APIView):
 class SeedMemorySearchView(APIView):
     @extend_schema(
         operation_id="v1_memory_search",
+        parameters=_SCOPE_PARAMS,
         request=_search_request,
         responses={200: schemas.SeedSearchOutput, **_errors(*COMMON_ERRORS, 403)},
         examples=[
@@ -312,8 +313,7 @@ class SeedMemorySearchView(APIView):
     )
     def post(self, request):
         def build(claimed: dict[str, Any]) -> dict[str, Any]:
-            body = _body_dict(request)
-            claimed.update(_scope_of(body.pop("scope", None)))
+            body = _scope_claimed(request, claimed, _body(request))
             _only(body, {"query", "memory_type", "tags", "limit"})
             arguments: dict[str, Any] = {key: body[key] for key in ("query", "memory_type", "tags") if key in body}
             arguments["top_k"] = _limit(body.get("limit", 10), schemas.TOP_K_MAX)
@@ -327,13 +327,13 @@ class SeedMemorySearchView(APIView):
 class SeedMemoryItemView(APIView):
     @extend_schema(
         operation_id="v1_memory_update",
+        parameters=_SCOPE_PARAMS,
         request=_store_request,
         responses={200: schemas.SeedMemoryOutput, **_errors(*COMMON_ERRORS, 403, 404)},
     )
     def put(self, request, memory_id: str):
         def build(claimed: dict[str, Any]) -> dict[str, Any]:
-            body = _body_dict(request)
-            claimed.update(_scope_of(body.pop("scope", None)))
+            body = _scope_claimed(request, claimed, _body(request))
             _only(body, set(STORE_FIELDS) | {"content", "metadata"})
             # The scope's agent_id/session_id narrow (the update answers not_found for a
             # memory outside them); they never move the memory to another agent.
@@ -347,7 +347,7 @@ class SeedMemoryItemView(APIView):
 
     @extend_schema(
         operation_id="v1_memory_delete",
-        parameters=_SCOPE_PARAMS[:2],
+        parameters=_SCOPE_PARAMS,
         responses={200: schemas.DeleteOutput, **_errors(*COMMON_ERRORS, 403, 404)},
     )
     def delete(self, request, memory_id: str):
@@ -355,46 +355,68 @@ class SeedMemoryItemView(APIView):
 
 
 def _deletion(request, memory_id: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The arguments of a delete or forget: the claim of the query string, and of an
-    optional body's `scope` (a body was ignored by delete: a scope naming another user, or
-    a `dry_run`, went unnoticed and the memory was deleted)."""
+    """The arguments of a delete or forget: only the scope claim (a body was ignored by
+    delete: a scope naming another user, or a `dry_run`, went unnoticed and the memory
+    was deleted)."""
 
     def build(claimed: dict[str, Any]) -> dict[str, Any]:
-        claimed.update(_query_claim(request))
         # The body is optional, but one that does not parse is answered and audited
         # like any bad argument (reading request.data raised past the dispatcher).
-        body = _body_dict(request)
+        body = _scope_claimed(request, claimed, _body(request))
         # Refused before anything is deleted: {"dry_run": true} must not delete.
-        _only(body, {"scope"})
-        if body.get("scope") is not None:
-            claimed.update(_claims_merged(claimed, _scope_of(body["scope"])))
+        _only(body, set())
         return {"memory_id": memory_id}
 
     return build
 
 
-def _query_claim(request) -> dict[str, Any]:
+def _scope_claimed(
+    request,
+    claimed: dict[str, Any],
+    body: dict[str, Any] | schemas.RejectedArguments | None,
+    *,
+    query_also: Collection[str] = (),
+) -> dict[str, Any]:
+    """Read the scope a request claims into `claimed`, the same way on every /v1/memory
+    route, wherever the client put it: the query string's `tenant_id`, `user_id`,
+    `agent_id`, `session_id` (as the seed's list and delete put them), then the body's
+    `scope` object (as its store, search and update do). Each route read one of them and
+    ignored the other: `POST /v1/memory?user_id=bob` stored into the caller's memories,
+    unnoticed. The query string is read first, so a claim it may not make is refused
+    (403) even when the body is bad or contradicts it; any other query key is refused
+    (`query_also`: a route's own, the list's filters). Returns the body without its
+    `scope`; a body that does not parse is raised here, after the query's claim."""
     query = request.query_params
-    _query_only(query, {"tenant_id", "user_id"})  # first: a repeated tenant_id or user_id is no claim
-    return _query_claim_of(query)
+    _query_only(query, {*SCOPE_KEYS, *query_also})  # first: a repeated user_id is no claim
+    claimed.update(_query_claim_of(query))
+    if isinstance(body, schemas.RejectedArguments):
+        raise _RejectedBody(body)
+    rest = dict(body or {})
+    scope = rest.pop("scope", None)
+    if scope is not None:
+        claimed.update(_claims_merged(claimed, _scope_of(scope)))
+    return rest
 
 
 def _claims_merged(query: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     """The body's scope beside the query string's claim: a key both name must name the
     same value, else neither silently wins (a refused claim replaced by an allowed one
-    would go unnoticed). Read after the query's claim, so a claim the query may not make
-    is still refused first (403), as for any bad argument found after it."""
-    for key, value in body.items():
+    would go unnoticed). A null in the body names nothing (as a key left out): the query's
+    claim stands, and is checked, beside it. Read after the
+    query's claim, so a claim the query may not make is still refused first (403), as for
+    any bad argument found after it."""
+    said = {key: value for key, value in body.items() if value is not None}
+    for key, value in said.items():
         if key in query and query[key] != value:
             raise _Rejected(f"scope.{key} in the body and {key} in the query string differ: give one, or the same")
-    return body
+    return said
 
 
 class SeedMemoryForgetView(APIView):
     @extend_schema(
         operation_id="v1_memory_forget",
         description="An alias for delete, recorded as a user-initiated forget.",
-        parameters=_SCOPE_PARAMS[:2],
+        parameters=_SCOPE_PARAMS,
         request=None,
         responses={200: schemas.DeleteOutput, **_errors(*COMMON_ERRORS, 403, 404)},
     )
