@@ -325,7 +325,11 @@ MemoryId = Annotated[
 
 class RememberInput(FieldsMixin, MetadataMixin):
     memory: MemoryText = Field(description="One curated fact about the user, stored verbatim.")
-    pinned: StrictBool = Field(default=False, description="Pinned memories never lose rank with age.")
+    pinned: StrictBool = Field(
+        default=False,
+        description="Pinned memories never lose rank with age. True pins a memory you already have of this text; "
+        "false never unpins it.",
+    )
 
     _blank = field_validator("memory")(_non_blank)
 

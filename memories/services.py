@@ -558,8 +558,9 @@ def memory_remember(
     with_memory: bool = False,
 ) -> RememberResult:
     """Store one curated fact verbatim (no LLM) with its fields. The same text twice is
-    stored once (the first memory's fields are kept). `with_memory`: also answer the
-    memory whole, as this call's transaction leaves it (`RememberResult.memory`).
+    stored once (the first memory's fields are kept; a `pinned` one asked for pins it).
+    `with_memory`: also answer the memory whole, as this call's transaction leaves it
+    (`RememberResult.memory`).
 
     A store narrowed to an `agent_id`/`session_id` (seed 001's scope, or the fields) keeps
     to them: the same text is one memory there, and a text the user has only outside
@@ -627,14 +628,26 @@ def memory_remember(
                 # remember itself asks for an expiry): same transaction, same audit row.
                 durable = _turn_fact_owned(existing, durable=attrs.expires_at is None, call=call)
                 answered = durable or existing  # row-locked: as this transaction leaves it
+                # A pin asked for is meant for the user's memory of this text, new or not
+                # (answered `duplicate: true`, an unpinned one read as pinned). Never an
+                # unpin: `pinned: false` is remember's default, not a request.
+                pinning = pinned and not memory_view(answered).pinned
+                if pinning:
+                    with _attributed(call):
+                        answered = engine_update_row(existing.id, embedded=None, metadata={"pinned": True})
+                changed = durable is not None or pinning
                 call_succeeded(
                     scope,
                     call=call,
                     operation=Operation.REMEMBER,
                     memory_ids=[existing.id],
-                    before=_snapshot(existing) if durable is not None else None,
-                    after=_snapshot(durable) if durable is not None else None,
-                    detail={"duplicate": True, **({"made_durable": [durable.id]} if durable is not None else {})},
+                    before=_snapshot(existing) if changed else None,
+                    after=_snapshot(answered) if changed else None,
+                    detail={
+                        "duplicate": True,
+                        **({"made_durable": [durable.id]} if durable is not None else {}),
+                        **({"pinned": True} if pinning else {}),
+                    },
                 )
                 return RememberResult(
                     id=existing.id, duplicate=True, memory=memory_view(answered) if with_memory else None
