@@ -620,8 +620,12 @@ class MemoryOut(BaseModel):
     session_id: str | None = None
     expires_at: str | None = None
     why_stored: str | None = None
-    last_recalled_at: str | None = Field(default=None, description="Last time a search returned it (batched).")
-    access_count: int = Field(default=0, description="How often searches returned it (batched).")
+    last_recalled_at: str | None = Field(
+        default=None, description="Last time a recall (search, prefetch, before_turn) returned it (batched)."
+    )
+    access_count: int = Field(
+        default=0, description="How often recalls (searches, prefetch, before_turn) returned it (batched)."
+    )
     score: float | None = Field(default=None, description="Relevance (search results only).")
 
 

@@ -1890,13 +1890,26 @@ def memory_purge_due(*, now: datetime | None = None, batch: int = 500) -> int:
 
 
 RECALLS_WATERMARK = "recalls"
+# The calls whose audit rows count as accesses (`memory_recalls_fold`): those handing the
+# client memories it asked to recall, their ids on the row. Issue 14: seed 003's
+# recall_memory. Seed 001's prefetch and seed 002's before_turn (and run_turn, which is
+# before_turn) too: the notes they inject are a recall (their turn event is
+# memory_recall), and their rows list exactly the memories injected (before_turn's: those
+# that fit the budget).
+RECALL_OPERATIONS = (
+    Operation.SEARCH_MEMORY,
+    Operation.RECALL_MEMORY,
+    Operation.MEMORY_PREFETCH,
+    Operation.MEMORY_BEFORE_TURN,
+    Operation.MEMORY_RUN_TURN,
+)
 
 
 def memory_recalls_fold(*, batch: int = 5000, settle_seconds: int | None = None) -> int:
-    """last_recalled_at / access_count without a write on search's path: every search
-    already leaves an audit row listing the ids it returned; this job adds the rows past
-    a watermark to the counters, in one transaction with the watermark (lossless, each
-    row counted once). Rows younger than RECALLS_SETTLE_SECONDS wait for the next run,
+    """last_recalled_at / access_count without a write on a recall's path: every recall
+    (RECALL_OPERATIONS) already leaves an audit row listing the ids it returned; this job
+    adds the rows past a watermark to the counters, in one transaction with the watermark
+    (lossless, each row counted once). Rows younger than RECALLS_SETTLE_SECONDS wait for the next run,
     so a search transaction still committing is not skipped."""
     from audit.models import AuditEvent
 
@@ -1908,8 +1921,7 @@ def memory_recalls_fold(*, batch: int = 5000, settle_seconds: int | None = None)
             following = (
                 AuditEvent.objects.filter(
                     id__gt=mark.position,
-                    # Issue 14: seed 003's recall_memory counts as an access too.
-                    operation__in=(Operation.SEARCH_MEMORY, Operation.RECALL_MEMORY),
+                    operation__in=RECALL_OPERATIONS,
                 )
                 .order_by("id")
                 .values_list("id", "occurred_at", "memory_ids", "outcome")[:batch]
