@@ -28,9 +28,11 @@ def _last_remember() -> AuditEvent:
 
 
 def test_a_duplicate_remember_asking_for_a_pin_pins_the_memory_and_audits_it(alice_scope):
-    first = memory_remember(alice_scope, memory="Alice likes green tea", call=internal_call())
+    first = memory_remember(alice_scope, memory="Alice likes green tea", call=internal_call(), with_memory=True)
     assert first.memory.pinned is False
-    again = memory_remember(alice_scope, memory="alice likes  green tea", pinned=True, call=internal_call())
+    again = memory_remember(
+        alice_scope, memory="alice likes  green tea", pinned=True, call=internal_call(), with_memory=True
+    )
     assert (again.id, again.duplicate, again.memory.pinned) == (first.id, True, True)
     assert _pinned(alice_scope, first.id) is True
     row = _last_remember()
@@ -38,7 +40,9 @@ def test_a_duplicate_remember_asking_for_a_pin_pins_the_memory_and_audits_it(ali
     assert (content_open(row.before)["pinned"], content_open(row.after)["pinned"]) == (False, True)
     assert [h["event"] for h in engine_history(first.id)] == ["ADD", "UPDATE"]
     # A duplicate asking for nothing (pinned: false, the default) leaves the pin, and changes nothing.
-    kept = memory_remember(alice_scope, memory="Alice likes green tea", pinned=False, call=internal_call())
+    kept = memory_remember(
+        alice_scope, memory="Alice likes green tea", pinned=False, call=internal_call(), with_memory=True
+    )
     assert (kept.duplicate, kept.memory.pinned) == (True, True)
     assert _pinned(alice_scope, first.id) is True
     row = _last_remember()
