@@ -1896,12 +1896,17 @@ RECALLS_WATERMARK = "recalls"
 # before_turn) too: the notes they inject are a recall (their turn event is
 # memory_recall), and their rows list exactly the memories injected (before_turn's: those
 # that fit the budget).
+# Every call whose successful audit row lists the memories it returned or injected into a
+# prompt: the searches (seed 003's hybrid_search too), the prefetch and turn recalls, and
+# the chat proxy's injection (a chat completion's row lists only the memories injected).
 RECALL_OPERATIONS = (
     Operation.SEARCH_MEMORY,
     Operation.RECALL_MEMORY,
+    Operation.HYBRID_SEARCH,
     Operation.MEMORY_PREFETCH,
     Operation.MEMORY_BEFORE_TURN,
     Operation.MEMORY_RUN_TURN,
+    Operation.CHAT_COMPLETION,
 )
 
 

@@ -368,6 +368,23 @@ def test_502_when_memory_search_fails_or_times_out(proxy_url, upstream, alice_ke
 
 
 # --- acceptance 4: usage events and tenancy -------------------------------------------
+def test_memories_injected_into_a_chat_count_as_accesses(proxy_url, upstream, alice_scope, bob_scope, alice_key):
+    from memories.selectors import memory_get_owned, memory_view
+    from memories.services import memory_recalls_fold
+
+    cat = memory_remember(alice_scope, memory="Alice's cat is named Miso", call=internal_call()).id
+    bobs = memory_remember(bob_scope, memory="Bob's cat is named Tom", call=internal_call()).id
+    client(proxy_url, alice_key).chat.completions.create(
+        model="gpt-test", messages=[{"role": "user", "content": "What is my cat called?"}]
+    )
+    assert "- Alice's cat is named Miso" in system_of(upstream.requests[-1])
+    memory_recalls_fold(settle_seconds=0)
+    accesses = [
+        memory_view(memory_get_owned(s, memory_id=i)).access_count for s, i in ((alice_scope, cat), (bob_scope, bobs))
+    ]
+    assert accesses == [1, 0]
+
+
 def test_one_usage_event_and_one_audit_row_per_call_content_hashed(proxy_url, upstream, alice_key):
     from audit.models import AuditEvent
 

@@ -28,3 +28,20 @@ def test_prefetch_before_turn_and_run_turn_count_as_accesses(api_client, alice, 
     assert memory_recalls_fold(settle_seconds=0) == 3
     (listed,) = client.get("/v1/memory").json()["memories"]
     assert (listed["id"], listed["access_count"]) == (cat, 3) and listed["last_recalled_at"] is not None
+
+
+def test_seed_003s_hybrid_search_counts_as_an_access(alice_scope, bob_scope):
+    from memories.toolkit.services import toolkit_hybrid_search
+
+    cat = memory_remember(alice_scope, memory="Alice's cat is called Miso", call=internal_call()).id
+    bobs = memory_remember(bob_scope, memory="Bob's cat is called Tom", call=internal_call()).id
+    found = toolkit_hybrid_search(alice_scope, query="cat name", limit=1, call=internal_call())
+    assert [r["_id"] for r in found["results"]] == [cat]
+    assert memory_recalls_fold(settle_seconds=0) >= 1
+    assert _accesses(alice_scope, cat) == 1 and _accesses(bob_scope, bobs) == 0
+
+
+def _accesses(scope, memory_id: str) -> int:
+    from memories.selectors import memory_get_owned, memory_view
+
+    return memory_view(memory_get_owned(scope, memory_id=memory_id)).access_count
