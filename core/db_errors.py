@@ -3,7 +3,9 @@
 psycopg classes SQLSTATE class 54 ("program limit exceeded": a tsvector over 1 MB, a
 statement too complex) as an OperationalError, like a lost connection, but it is the
 request's size, not an outage: retrying fails the same way. Surfaces answer it 413
-`payload_too_large` (memsite.unavailable for Django and raw ASGI, the MCP tool dispatcher).
+`payload_too_large` (memsite.unavailable for Django and raw ASGI, the MCP tool dispatcher,
+the chat proxy's admin API). A database that cannot be reached is answered 503
+`backend_unavailable` (`is_backend_unavailable`).
 """
 
 from __future__ import annotations
@@ -32,3 +34,26 @@ def is_foreign_key_violation(exc: BaseException | None) -> bool:
     """True when a row was refused for referring to a row that is not there (SQLSTATE
     23503): one deleted, or being deleted, while the statement ran."""
     return any(getattr(e, "sqlstate", None) == _FOREIGN_KEY_VIOLATION for e in exception_chain(exc))
+
+
+def _unavailable_types() -> tuple[type[BaseException], ...]:
+    import django.db
+    import psycopg
+    import psycopg_pool
+
+    return (
+        django.db.OperationalError,
+        django.db.InterfaceError,
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+        psycopg_pool.PoolTimeout,
+    )
+
+
+def is_backend_unavailable(exc: BaseException | None) -> bool:
+    """True when `exc`, or an exception it was raised from, says the database is unreachable
+    (connection refused or lost, server shutting down, pool exhausted while it reconnects)."""
+    if is_program_limit_exceeded(exc):
+        return False
+    types = _unavailable_types()
+    return any(isinstance(e, types) for e in exception_chain(exc))

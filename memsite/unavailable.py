@@ -23,7 +23,7 @@ import sys
 from django.http import HttpResponse, JsonResponse
 from django.views import defaults
 
-from core.db_errors import PROGRAM_LIMIT_MESSAGE, exception_chain, is_program_limit_exceeded
+from core.db_errors import PROGRAM_LIMIT_MESSAGE, is_backend_unavailable, is_program_limit_exceeded
 
 __all__ = ["is_backend_unavailable", "is_program_limit_exceeded", "server_error", "BackendUnavailableMiddleware"]
 
@@ -40,31 +40,8 @@ _PAGE = (
 )
 
 
-def _unavailable_types() -> tuple[type[BaseException], ...]:
-    import django.db
-    import psycopg
-    import psycopg_pool
-
-    return (
-        django.db.OperationalError,
-        django.db.InterfaceError,
-        psycopg.OperationalError,
-        psycopg.InterfaceError,
-        psycopg_pool.PoolTimeout,
-    )
-
-
 TOO_LARGE_CODE = "payload_too_large"
 TOO_LARGE_MESSAGE = PROGRAM_LIMIT_MESSAGE
-
-
-def is_backend_unavailable(exc: BaseException | None) -> bool:
-    """True when `exc`, or an exception it was raised from, says the database is unreachable
-    (connection refused or lost, server shutting down, pool exhausted while it reconnects)."""
-    if is_program_limit_exceeded(exc):
-        return False
-    types = _unavailable_types()
-    return any(isinstance(e, types) for e in exception_chain(exc))
 
 
 def _wants_json(path: str, accept: str) -> bool:

@@ -33,6 +33,8 @@ class ProxyError(Exception):
             429: ErrorCode.RATE_LIMITED,
             499: ErrorCode.CLIENT_GONE,
         }.get(self.status, ErrorCode.BACKEND_UNAVAILABLE)
+        if self.status == 500:  # recorded as the dispatcher records an unexpected failure
+            return ServiceError(code, "unexpected failure")
         # A refused permission or subject is a denial, as the dispatcher records it.
         return ServiceError(code, self.message, denied=self.status in (403, 404))
 
@@ -86,6 +88,17 @@ def recording_failed() -> ProxyError:
     """The answer arrived but the call could not be recorded: withheld, so no call is
     answered without its audit row and usage event."""
     return ProxyError(503, "recording_failed", "The call could not be recorded; its answer was withheld. Retry later.")
+
+
+def internal_error() -> ProxyError:
+    """An unexpected failure (a bug, not the request's fault nor a known outage): the
+    proxy's JSON shape instead of Django's HTML 500, and never the exception's text."""
+    return ProxyError(500, "internal_error", "The request failed unexpectedly; it was logged. Retry later.")
+
+
+def backend_unavailable() -> ProxyError:
+    """The database could not be reached: retry later (as every surface answers it)."""
+    return ProxyError(503, "backend_unavailable", "The database is unavailable; retry later.", retry_after_s=5)
 
 
 def client_gone() -> ProxyError:

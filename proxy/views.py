@@ -24,6 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from core.calls import call_context_from_request
 from core.choices import Channel
+from core.db_errors import PROGRAM_LIMIT_MESSAGE, is_backend_unavailable, is_program_limit_exceeded
 from core.errors import ErrorCode, ServiceError
 from core.inputs import InputError, json_loads_safe, text_problem
 from core.request_ids import request_bound, request_id_bound
@@ -34,7 +35,9 @@ from proxy import selectors, services
 from proxy.errors import (
     ERROR_HEADER,
     ProxyError,
+    backend_unavailable,
     client_gone,
+    internal_error,
     memory_unavailable,
     recording_failed,
     request_too_large,
@@ -530,6 +533,19 @@ def _key_or_404(key_id: Any, target: dict[str, Any]) -> ApiKey:
     return api_key
 
 
+def _unexpected_error(exc: Exception) -> ProxyError:
+    """What an exception no layer below answered becomes (logged by type only when it is
+    a known condition; with its traceback, messages withheld by core.log_safety, otherwise)."""
+    if is_program_limit_exceeded(exc):  # the request's size: a retry fails the same way
+        logger.warning("admin token call: statement over a database limit (%s)", type(exc).__name__)
+        return request_too_large(PROGRAM_LIMIT_MESSAGE)
+    if is_backend_unavailable(exc):
+        logger.warning("admin token call: database unavailable (%s)", type(exc).__name__)
+        return backend_unavailable()
+    logger.exception("admin token call failed unexpectedly")
+    return internal_error()
+
+
 def _admin(allowed: str):
     """`allowed`: the route's methods, as its `Allow` header lists them. Another method
     is 405 before anything else is read. After authorization, every refusal (404, 409,
@@ -542,8 +558,8 @@ def _admin(allowed: str):
                 return _method_not_allowed(allowed)
             principal = None
             target: dict[str, Any] = {}
+            call = call_context_from_request(request, channel=Channel.REST)
             try:
-                call = call_context_from_request(request, channel=Channel.REST)
                 principal = _admin_principal(request, call=call)
                 return handler(request, principal, call, target, *args, **kwargs)
             except ProxyError as error:
@@ -558,6 +574,16 @@ def _admin(allowed: str):
                     services.token_admin_refused(principal, call=call, error=error, api_key=target.get("api_key"))
                 status = 409 if error.code == ErrorCode.CONFLICT else 422  # seed 004: bad fields are 422
                 return _error_response(ProxyError(status, error.code.value, error.message))
+            except Exception as exc:
+                # Django's handler500 would answer an HTML page (or, for a lost database,
+                # another JSON shape): this API answers in its own shape, with no text of
+                # the exception (it may quote a secret or a stored value), and audited.
+                unexpected = _unexpected_error(exc)
+                if principal is not None:
+                    services.token_admin_refused(
+                        principal, call=call, error=unexpected.as_service_error(), api_key=target.get("api_key")
+                    )
+                return _error_response(unexpected)
 
         return view
 
