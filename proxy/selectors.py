@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
 
 from core.scope import MemoryScope
 from memories.engine import EngineError, hybrid_search
@@ -109,11 +111,27 @@ def token_config_view(row: TokenConfig) -> dict[str, Any]:
     }
 
 
+def _live_keys(prefix: str = "") -> Q:
+    """Keys that still authenticate as far as the key itself says (api_key_authenticate):
+    not revoked, not expired. `prefix`: the path to the key from the model filtered."""
+    return Q(**{f"{prefix}revoked_at__isnull": True}) & (
+        Q(**{f"{prefix}expires_at__isnull": True}) | Q(**{f"{prefix}expires_at__gt": timezone.now()})
+    )
+
+
+def token_admin_key(*, key_id: str, retired_too: bool = False) -> ApiKey | None:
+    """The key the admin token API names: a live one (a revoked or expired key never
+    authenticates again, so its settings are neither shown nor changed: 404 as an unknown
+    key); with `retired_too` (DELETE) any, so its settings can be removed."""
+    keys = ApiKey.objects.select_related("user").filter(key_id=key_id)
+    return (keys if retired_too else keys.filter(_live_keys())).first()
+
+
 def token_configs_of_live_keys() -> list[TokenConfig]:
-    """Every configuration the admin API lists: those of keys not revoked. A revoked key's
-    configuration is 404 at /v1/admin/tokens/<key_id> for every method (it can never be
-    used again), so the list does not offer it either."""
-    rows = TokenConfig.objects.filter(api_key__revoked_at__isnull=True).select_related("api_key__user")
+    """Every configuration the admin API lists: those of live keys. A revoked or expired
+    key's configuration is 404 at /v1/admin/tokens/<key_id> for every method but DELETE
+    (it can never be used again), so the list does not offer it either."""
+    rows = TokenConfig.objects.filter(_live_keys("api_key__")).select_related("api_key__user")
     return list(rows.order_by("id"))
 
 

@@ -766,8 +766,8 @@ def token_admin_refused(
     """A refusal at the admin token API after its caller was authorized (404, 409, 413,
     422): one audit row, as on every surface. Once the call named a key that exists
     (`api_key`), under its owner, the staff account as actor, as the change would have
-    been: an attempt on their settings shows on their Activity. Before that (an unknown or
-    revoked key, a body that is not JSON), under the caller's own scope, as a 403."""
+    been: an attempt on their settings shows on their Activity. Before that (an unknown,
+    revoked or expired key, a body that is not JSON), under the caller's own scope, as a 403."""
     try:
         with transaction.atomic():
             if api_key is None:

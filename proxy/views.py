@@ -518,11 +518,13 @@ def _json_body(request: HttpRequest) -> dict[str, Any]:
     return data
 
 
-def _key_or_404(key_id: Any, target: dict[str, Any]) -> ApiKey:
-    """The live key `key_id` names (a revoked one is 404); kept in `target`, so a refusal
-    from here on is audited under its owner."""
+def _key_or_404(key_id: Any, target: dict[str, Any], *, retired_too: bool = False) -> ApiKey:
+    """The live key `key_id` names (a revoked or expired one, which never authenticates
+    again, is 404 as an unknown one); kept in `target`, so a refusal from here on is
+    audited under its owner. `retired_too` (DELETE): a revoked or expired key too, so that
+    its settings, the encrypted upstream key among them, can be removed."""
     api_key = (
-        ApiKey.objects.select_related("user").filter(key_id=key_id, revoked_at__isnull=True).first()
+        selectors.token_admin_key(key_id=key_id, retired_too=retired_too)
         # A NUL would reach the database as a DataError: no key has one.
         if isinstance(key_id, str) and not text_problem(key_id)
         else None
@@ -607,7 +609,7 @@ def admin_tokens(request: HttpRequest, principal, call: CallContext, target: dic
 def admin_token(
     request: HttpRequest, principal, call: CallContext, target: dict[str, Any], key_id: str
 ) -> HttpResponse:
-    api_key = _key_or_404(key_id, target)
+    api_key = _key_or_404(key_id, target, retired_too=request.method == "DELETE")
     if request.method == "GET":
         row = services.token_config_admin_get(api_key=api_key, call=call, staff_user=principal.user)
         if row is None:

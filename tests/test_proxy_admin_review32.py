@@ -5,15 +5,19 @@ list is paged; the audit rows name the credential used."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import django.db
 import httpx
 import pytest
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from core.choices import Operation
 from memories.models import ApiKey
 from memories.services import api_key_issue
 from proxy import services as proxy_services
+from proxy.models import TokenConfig
 from proxy.services import token_config_save
 from tests.conftest import internal_call, serve_in_thread
 
@@ -97,3 +101,56 @@ def test_a_lost_database_is_a_coded_503_in_the_proxys_shape(proxy_url, staff, bo
     response = httpx.get(f"{proxy_url}/v1/admin/tokens/{bob_key.key_id}", headers=staff)
     assert_proxy_error(response, 503, "backend_unavailable")
     assert response.headers["retry-after"] == "5"
+
+
+# --- 2 and 3: an expired key is treated as a revoked one; a retired key's settings can go --------
+
+
+def expire(api_key: ApiKey) -> None:
+    ApiKey.objects.filter(pk=api_key.pk).update(expires_at=timezone.now() - timedelta(minutes=1))
+
+
+def test_an_expired_keys_settings_are_neither_listed_shown_nor_changed(proxy_url, staff, alice, bob):
+    """A revoked key's settings were left out of the list and 404 for show and edit, but
+    an expired key's, which never authenticates again either, were listed, shown and
+    editable. An expired key is now treated as a revoked one."""
+    live = configured(bob, "live")
+    expired = configured(bob, "old")
+    expire(expired)
+    url = f"{proxy_url}/v1/admin/tokens"
+
+    assert [t["key_id"] for t in httpx.get(url, headers=staff).json()["tokens"]] == [live.key_id]
+    assert httpx.get(f"{url}/{expired.key_id}", headers=staff).status_code == 404
+    assert httpx.patch(f"{url}/{expired.key_id}", headers=staff, json={"memory_limit": 3}).status_code == 404
+    whole = {"upstream_base_url": "https://x.example", "upstream_api_key": "sk-x"}
+    assert httpx.put(f"{url}/{expired.key_id}", headers=staff, json=whole).status_code == 404
+    assert httpx.post(url, headers=staff, json={"key_id": expired.key_id, **whole}).status_code == 404
+    assert TokenConfig.objects.get(api_key=expired).memory_limit == 5
+    # A key expiring later is live.
+    ApiKey.objects.filter(pk=live.pk).update(expires_at=timezone.now() + timedelta(days=1))
+    assert httpx.get(f"{url}/{live.key_id}", headers=staff).status_code == 200
+
+
+@pytest.mark.parametrize("retire", ["revoked", "expired"])
+def test_a_retired_keys_settings_can_be_deleted_and_the_deletion_is_audited(proxy_url, staff, alice, bob, retire):
+    """A revoked key's settings, its encrypted upstream API key among them, stayed in the
+    database with no way to remove them: DELETE answered 404 like an unknown key. DELETE
+    now removes a revoked or expired key's settings, audited under the owner with the
+    staff account as actor; the answer and the audit row never carry the secret."""
+    api_key = configured(bob, "gone")
+    if retire == "revoked":
+        ApiKey.objects.filter(pk=api_key.pk).update(revoked_at=timezone.now())
+    else:
+        expire(api_key)
+    url = f"{proxy_url}/v1/admin/tokens/{api_key.key_id}"
+
+    deleted = httpx.delete(url, headers=staff)
+    assert deleted.status_code == 204, deleted.text
+    assert not TokenConfig.objects.filter(api_key=api_key).exists()
+    row = AuditEvent.objects.filter(operation=Operation.PROXY_TOKEN_CONFIG, staff_username=alice.username).get()
+    assert row.subject_user_id == bob.pk and row.outcome == AuditEvent.Outcome.OK
+    assert row.detail == {"key_id": api_key.key_id, "action": "delete", "fields": []}
+    assert "sk-gone" not in str(row.detail)
+    # Once gone, a second DELETE is the usual 404; other methods stay 404 for the key.
+    assert httpx.delete(url, headers=staff).status_code == 404
+    assert httpx.get(url, headers=staff).status_code == 404
