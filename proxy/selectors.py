@@ -127,12 +127,16 @@ def token_admin_key(*, key_id: str, retired_too: bool = False) -> ApiKey | None:
     return (keys if retired_too else keys.filter(_live_keys())).first()
 
 
-def token_configs_of_live_keys() -> list[TokenConfig]:
-    """Every configuration the admin API lists: those of live keys. A revoked or expired
-    key's configuration is 404 at /v1/admin/tokens/<key_id> for every method but DELETE
-    (it can never be used again), so the list does not offer it either."""
+def token_configs_of_live_keys(*, after_id: int | None = None, limit: int | None = None) -> list[TokenConfig]:
+    """The configurations the admin API lists: those of live keys, in id order, from
+    after `after_id` (a page's cursor), at most `limit`. A revoked or expired key's
+    configuration is 404 at /v1/admin/tokens/<key_id> for every method but DELETE (it can
+    never be used again), so the list does not offer it either."""
     rows = TokenConfig.objects.filter(_live_keys("api_key__")).select_related("api_key__user")
-    return list(rows.order_by("id"))
+    if after_id is not None:
+        rows = rows.filter(id__gt=after_id)
+    rows = rows.order_by("id")
+    return list(rows[:limit] if limit is not None else rows)
 
 
 def token_config_of_key(*, api_key: ApiKey) -> TokenConfig | None:

@@ -791,13 +791,18 @@ def token_admin_refused(
         logger.exception("could not write the audit row for a refused admin token call")
 
 
-def token_configs_admin_list(*, call: CallContext, staff_user: Any) -> list[TokenConfig]:
-    """Staff reading the upstream settings of every live key (the admin API's list): the
-    read is audited, one row per user whose settings it showed (under that user, the
-    staff account as actor, with the key ids), in the read's transaction; not billed (a
-    staff surface, as the admin's views). Nothing shown, nothing to record."""
+def token_configs_admin_list(
+    *, call: CallContext, staff_user: Any, after_id: int | None = None, limit: int
+) -> tuple[list[TokenConfig], bool]:
+    """Staff reading a page of the upstream settings of live keys (the admin API's list):
+    up to `limit` rows after `after_id`, and whether more follow. The read is audited, one
+    row per user whose settings the page showed (under that user, the staff account as
+    actor, with the key ids), in the read's transaction; not billed (a staff surface, as
+    the admin's views). Nothing shown, nothing to record."""
     with transaction.atomic():
-        rows = token_configs_of_live_keys()
+        rows = token_configs_of_live_keys(after_id=after_id, limit=limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
         shown: dict[int, tuple[Any, list[str]]] = {}
         for row in rows:
             shown.setdefault(row.api_key.user_id, (row.api_key.user, []))[1].append(row.api_key.key_id)
@@ -807,7 +812,7 @@ def token_configs_admin_list(*, call: CallContext, staff_user: Any) -> list[Toke
             audit_record(
                 MemoryScope.for_user(user), call=staff_call, operation=Operation.PROXY_TOKEN_CONFIG, detail=detail
             )
-    return rows
+    return rows, more
 
 
 def token_config_admin_get(*, api_key: ApiKey, call: CallContext, staff_user: Any) -> TokenConfig | None:

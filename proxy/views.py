@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import weakref
 from collections.abc import AsyncIterator
@@ -30,7 +31,9 @@ from core.inputs import InputError, json_loads_safe, text_problem
 from core.request_ids import request_bound, request_id_bound
 from core.scope import CallContext
 from memories.auth import authenticate_bearer
+from memories.cursors import CursorError, position_decode, position_encode
 from memories.models import ApiKey
+from memories.schemas import PAGE_SIZE_DEFAULT, PAGE_SIZE_MAX
 from proxy import selectors, services
 from proxy.errors import (
     ERROR_HEADER,
@@ -592,11 +595,55 @@ def _admin(allowed: str):
     return wrap
 
 
+_DIGITS = re.compile(r"[0-9]{1,9}")  # ASCII only: "²".isdigit() is true and int("²") fails
+_LIST_PARAMETERS = frozenset({"cursor", "page_size"})
+
+
+def _list_cursor_context(staff_user: Any) -> str:
+    # A cursor is sealed for the list and the staff account it was issued to.
+    return f"proxy-admin-tokens:{staff_user.pk}"
+
+
+def _list_paging(request: HttpRequest, *, staff_user: Any) -> tuple[int | None, int]:
+    """`(after_id, page_size)` from the list's query string, paged as /v1/memories is:
+    `page_size` 1-PAGE_SIZE_MAX (default PAGE_SIZE_DEFAULT), `cursor` the previous page's
+    `next_cursor`. Anything else (an unknown or repeated parameter, a size out of range, a
+    cursor this server did not issue to this staff account) is `invalid_argument` (422)."""
+    query = request.GET
+    unknown = set(query) - _LIST_PARAMETERS
+    if unknown:
+        raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"unexpected query parameter {sorted(unknown)[0][:40]!r}")
+    for name in query:
+        if len(query.getlist(name)) > 1:
+            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"query parameter {name!r} given more than once")
+    page_size = PAGE_SIZE_DEFAULT
+    if "page_size" in query:
+        raw = query["page_size"]
+        if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= PAGE_SIZE_MAX:
+            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"page_size must be an integer from 1 to {PAGE_SIZE_MAX}.")
+        page_size = int(raw)
+    after_id = None
+    if "cursor" in query:
+        try:
+            (position,) = position_decode(query["cursor"], kinds=["int"], bound_to=_list_cursor_context(staff_user))
+        except CursorError as exc:
+            raise ServiceError(ErrorCode.INVALID_ARGUMENT, str(exc)) from None
+        assert isinstance(position, int)  # kind "int": position_decode checked it
+        after_id = position
+    return after_id, page_size
+
+
 @_admin("GET, POST")
 def admin_tokens(request: HttpRequest, principal, call: CallContext, target: dict[str, Any]) -> HttpResponse:
     if request.method == "GET":
-        rows = services.token_configs_admin_list(call=call, staff_user=principal.user)
-        return JsonResponse({"tokens": [selectors.token_config_view(row) for row in rows]})
+        after_id, page_size = _list_paging(request, staff_user=principal.user)
+        rows, more = services.token_configs_admin_list(
+            call=call, staff_user=principal.user, after_id=after_id, limit=page_size
+        )
+        next_cursor = (
+            position_encode([rows[-1].pk], bound_to=_list_cursor_context(principal.user)) if more and rows else None
+        )
+        return JsonResponse({"tokens": [selectors.token_config_view(row) for row in rows], "next_cursor": next_cursor})
     data = _json_body(request)
     api_key = _key_or_404(data.pop("key_id", None), target)
     row = services.token_config_save(

@@ -91,7 +91,7 @@ def test_listing_and_showing_settings_is_audited_under_each_owner(proxy_url, sta
 
 
 def test_an_empty_list_reads_nothing_and_records_nothing(proxy_url, staff, alice):
-    assert httpx.get(f"{proxy_url}/v1/admin/tokens", headers=staff).json() == {"tokens": []}
+    assert httpx.get(f"{proxy_url}/v1/admin/tokens", headers=staff).json() == {"tokens": [], "next_cursor": None}
     assert staff_rows(alice) == []
 
 

@@ -154,3 +154,75 @@ def test_a_retired_keys_settings_can_be_deleted_and_the_deletion_is_audited(prox
     # Once gone, a second DELETE is the usual 404; other methods stay 404 for the key.
     assert httpx.delete(url, headers=staff).status_code == 404
     assert httpx.get(url, headers=staff).status_code == 404
+
+
+@pytest.fixture
+def carol_staff(django_user_model) -> dict[str, str]:
+    carol = django_user_model.objects.create_user("carol", "carol@example.com", "carol-password-1")
+    carol.is_staff = True
+    carol.is_superuser = True
+    carol.save()
+    return {"Authorization": f"Bearer {api_key_issue(user=carol, name='carol')[1]}"}
+
+
+# --- 4: the list is paged -------------------------------------------------------------------------
+
+
+def test_the_list_is_paged_with_a_cursor_and_a_bounded_page_size(proxy_url, staff, alice, bob):
+    """GET /v1/admin/tokens answered every configuration in one page, however many. It
+    pages as /v1/memories does: `page_size` (1-200, default 50) and the opaque
+    `next_cursor` of the previous page as `cursor`, null on the last page; each page's
+    audit rows name only the keys it showed."""
+    keys = [configured(bob, f"k{n}").key_id for n in range(5)]
+    url = f"{proxy_url}/v1/admin/tokens"
+    seen, cursor, pages = [], None, 0
+    while True:
+        params = {"page_size": "2", **({"cursor": cursor} if cursor else {})}
+        page = httpx.get(url, headers=staff, params=params)
+        assert page.status_code == 200, page.text
+        body = page.json()
+        assert len(body["tokens"]) <= 2
+        seen += [t["key_id"] for t in body["tokens"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3 and seen == keys
+    listed = AuditEvent.objects.filter(operation=Operation.PROXY_TOKEN_CONFIG, staff_username=alice.username)
+    assert [row["key_ids"] for row in listed.order_by("id").values_list("detail", flat=True)] == [
+        keys[:2],
+        keys[2:4],
+        keys[4:],
+    ]
+    assert httpx.get(url, headers=staff).json()["next_cursor"] is None  # 5 < the default 50
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"page_size": "0"},
+        {"page_size": "201"},
+        {"page_size": "two"},
+        {"page_size": "²"},
+        {"cursor": "not-a-cursor"},
+        {"cursor": "x" * 600},
+        {"limit": "5"},
+        [("page_size", "2"), ("page_size", "3")],
+    ],
+)
+def test_bad_paging_parameters_are_a_clear_422(proxy_url, staff, alice, bob, params):
+    configured(bob, "k")
+    response = httpx.get(f"{proxy_url}/v1/admin/tokens", headers=staff, params=params)
+    assert_proxy_error(response, 422, "invalid_argument")
+    assert admin_rows() == [(alice.pk, AuditEvent.Outcome.ERROR, "invalid_argument")]
+
+
+def test_a_cursor_is_the_staff_accounts_own(proxy_url, staff, alice, bob, carol_staff):
+    """A cursor is sealed for the staff account it was issued to: another's is refused."""
+    for n in range(3):
+        configured(bob, f"k{n}")
+    url = f"{proxy_url}/v1/admin/tokens"
+    cursor = httpx.get(url, headers=staff, params={"page_size": "1"}).json()["next_cursor"]
+    assert cursor
+    response = httpx.get(url, headers=carol_staff, params={"cursor": cursor})
+    assert_proxy_error(response, 422, "invalid_argument")
