@@ -566,6 +566,9 @@ def _admin(allowed: str):
             call = call_context_from_request(request, channel=Channel.REST)
             try:
                 principal = _admin_principal(request, call=call)
+                # Its audit rows name the credential used (`key:<key id>`, never the secret)
+                # beside the staff account, as every API call's rows name theirs.
+                call = principal.call_attributed(call)
                 return handler(request, principal, call, target, *args, **kwargs)
             except ProxyError as error:
                 # A 403 is audited where it is decided (token_config_admin_authorize).

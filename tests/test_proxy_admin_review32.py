@@ -226,3 +226,28 @@ def test_a_cursor_is_the_staff_accounts_own(proxy_url, staff, alice, bob, carol_
     assert cursor
     response = httpx.get(url, headers=carol_staff, params={"cursor": cursor})
     assert_proxy_error(response, 422, "invalid_argument")
+
+
+# --- 5: the audit rows name the credential used -------------------------------------------------
+
+
+def test_the_admin_apis_audit_rows_name_the_key_used(proxy_url, staff, alice, alice_key, bob):
+    """The admin API's audit rows named the staff account but not the credential it used
+    (two keys of one account were indistinguishable, a leaked key's calls unfindable):
+    every row now carries `key:<key id>`, as every other API call's row does, never the
+    secret."""
+    bob_key = configured(bob, "bob")
+    bare = api_key_issue(user=bob, name="bare")[0]
+    url = f"{proxy_url}/v1/admin/tokens"
+    assert httpx.get(url, headers=staff).status_code == 200
+    assert httpx.get(f"{url}/{bob_key.key_id}", headers=staff).status_code == 200
+    assert httpx.patch(f"{url}/{bob_key.key_id}", headers=staff, json={"memory_limit": 3}).status_code == 200
+    assert httpx.get(f"{url}/{bare.key_id}", headers=staff).status_code == 404
+    assert httpx.delete(f"{url}/{bob_key.key_id}", headers=staff).status_code == 204
+
+    key_id = alice_key[len(ApiKey.PREFIX) :].partition("_")[0]
+    rows = AuditEvent.objects.filter(operation=Operation.PROXY_TOKEN_CONFIG, staff_username=alice.username)
+    got = list(rows.order_by("id").values_list("subject_user_id", "actor_auth", "actor_credential"))
+    assert got == [(bob.pk, "api_key", f"key:{key_id}")] * 5
+    secret = alice_key.rpartition("_")[2]
+    assert not AuditEvent.objects.filter(actor_credential__contains=secret).exists()
