@@ -231,7 +231,11 @@ def chat_call_finish(
             return None
         # The turn's rows (session log, extraction outbox) are the user's: an erasure under
         # way is waited for, so it cannot miss them (see memories.services.user_write_locks).
-        user_write_locks(scope)
+        # And the session's lock (the turn tools' key, project ""): two calls on one session
+        # that overlap each read the log to find what of their request is new, so without
+        # it both stored the same items. Taken here, after the upstream answered, it is
+        # held only for this transaction, never across the upstream call.
+        user_write_locks(scope, _session_lock_key(scope, session_id=session_id))
         turn_new, to_store, held = _turn_new_items(
             scope,
             session_id=session_id,
@@ -272,6 +276,12 @@ def chat_call_finish(
         usage_event_record(scope, operation=Operation.CHAT_COMPLETION, call=call)
         audit_record(scope, call=call, operation=Operation.CHAT_COMPLETION, memory_ids=memory_ids, detail=detail)
     return turn_pk
+
+
+def _session_lock_key(scope: MemoryScope, *, session_id: str) -> str:
+    """The advisory lock of a proxy session's log: the key after_turn and session
+    maintenance take for a session (memories.turns), the proxy's sessions having no project."""
+    return f"session:{scope.engine_user_id}::{session_id}"
 
 
 def _turn_new_items(
