@@ -22,9 +22,13 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 
 def advisory_lock_awaited() -> bool:
-    """Another transaction waits for an advisory lock (the second call, serialised)."""
+    """Another transaction of this test database waits for an advisory lock (the second
+    call, serialised); pg_locks covers the whole cluster, other workers' databases too."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
         return bool(cursor.fetchone()[0])
 
 
