@@ -252,11 +252,13 @@ def chat_call_finish(
         detail["session_items_stored"] = stored
         if held:
             detail["session_items_held"] = held
-        extract, extract_left_out = _extraction_messages(turn_new)
+        extract, extract_left_out, extract_shortened = _extraction_messages(turn_new)
         if extract_left_out:
             # Nothing dropped unsaid: the turn's older new messages are in the session log,
             # only not handed to this extraction (INGEST_MAX_*, what an ingest call takes).
             detail["extraction_messages_left_out"] = extract_left_out
+        if extract_shortened:
+            detail["extraction_messages_shortened"] = extract_shortened  # whole in the log too
         turn_pk = None
         if extract:
             turn = ProxyTurn.objects.create(
@@ -316,28 +318,49 @@ def _turn_new_items(
     return turn, stored, len(turn) - len(stored)
 
 
-def _extraction_messages(items: list[dict[str, Any]]) -> tuple[list[dict[str, str]], int]:
+def _extraction_messages(items: list[dict[str, Any]]) -> tuple[list[dict[str, str]], int, int]:
     """What the turn hands to extraction: its user/assistant messages as plain text (seed
     004: the turn's messages go to `MemoryManager.add`), the answer last. Bounded as
     an `ingest` call is (INGEST_MAX_MESSAGES, INGEST_MAX_TOTAL_CHARS): past that the newest
-    are kept, the last user message and the answer always; returns how many were left out."""
+    are kept, the last two always (as a rule the last user message and the answer). They share
+    INGEST_MAX_TOTAL_CHARS when they alone are longer (a pasted document): each is cut
+    to its beginning, keeping at least half of it and what the other leaves. Nothing refuses an
+    over-long turn on the way (the worker's ingest is no client call), so uncut it went to
+    mem0's LLM whole, past what any `ingest` may send. Returns
+    `(messages, left_out, shortened)`: how many were left out, and how many cut."""
     messages = [
         {"role": item["role"], "content": _plain(item["content"])}
         for item in items
         if item.get("type") == "message" and item.get("role") in ("user", "assistant")
     ]
-    kept: list[dict[str, str]] = []
-    chars = 0
-    for at, message in enumerate(reversed(messages)):
-        always = at < 2  # as before: the last message and the one before it
-        if not always and (
-            len(kept) >= INGEST_MAX_MESSAGES or chars + len(message["content"]) > INGEST_MAX_TOTAL_CHARS
-        ):
+    last = messages[-2:]
+    room = _pair_room([len(m["content"]) for m in last], INGEST_MAX_TOTAL_CHARS)
+    shortened = sum(1 for message, fits in zip(last, room, strict=True) if len(message["content"]) > fits)
+    kept = [{**m, "content": m["content"][:fits]} for m, fits in zip(last, room, strict=True)][::-1]
+    chars = sum(room)
+    for message in reversed(messages[:-2]):
+        if len(kept) >= INGEST_MAX_MESSAGES or chars + len(message["content"]) > INGEST_MAX_TOTAL_CHARS:
             break
         kept.append(message)
         chars += len(message["content"])
     kept.reverse()
-    return kept, len(messages) - len(kept)
+    return kept, len(messages) - len(kept), shortened
+
+
+def _pair_room(lengths: list[int], budget: int) -> list[int]:
+    """How many characters each of (at most) two messages keeps within `budget`: all of
+    them when they fit, else each at least half, the rest to the one that needs it."""
+    if sum(lengths) <= budget:
+        return lengths
+    if len(lengths) == 1:
+        return [budget]
+    first, second = lengths
+    half = budget // 2
+    if first <= half:
+        return [first, budget - first]
+    if second <= budget - half:
+        return [budget - second, second]
+    return [half, budget - half]
 
 
 def _plain(content: Any) -> str:

@@ -165,3 +165,37 @@ def test_history_goes_after_all_leading_instructions():
         *history,
         *late,
     ]
+
+
+# --- 4. the last two messages alone past what extraction takes ----------------------------
+@pytest.mark.parametrize(
+    ("question", "answer", "kept"), [(45_000, 20, (39_980, 20)), (30_000, 50_000, (20_000, 20_000))]
+)
+def test_a_turn_whose_last_two_messages_are_too_long_hands_extraction_what_fits(
+    proxy_url, upstream, alice_key, llm, question, answer, kept
+):
+    """The last user message and the answer were always kept whole: a pasted document of
+    45,000 characters went to extraction as it was (nothing refuses it on the way: the
+    worker's ingest is no client call) and mem0's LLM was sent more than an `ingest` call
+    may send. The pair now shares INGEST_MAX_TOTAL_CHARS (each at least half of it, what
+    one leaves the other's), cut from their end and counted on the audit row."""
+    from memories.schemas import INGEST_MAX_TOTAL_CHARS
+    from proxy.services import proxy_turn_extract
+
+    pasted = "The document says hello. " * (question // 25)
+    upstream.reply = "Bonjour. " * (answer // 9) if answer > 20 else "Hello from upstream."
+    messages = [{"role": "user", "content": "I live in Paris."}, {"role": "user", "content": pasted}]
+    post(proxy_url, alice_key, messages, "pasted")
+
+    turn = ProxyTurn.objects.get()
+    assert [len(m["content"]) for m in turn.messages] == list(kept)
+    assert sum(len(m["content"]) for m in turn.messages) <= INGEST_MAX_TOTAL_CHARS
+    assert turn.messages[0]["content"] == pasted[: kept[0]]
+    detail = chat_detail()
+    assert detail["extraction_messages_left_out"] == 1  # "I live in Paris.": in the session log
+    assert detail["extraction_messages_shortened"] == (1 if answer <= 20 else 2)
+    assert detail["session_items_stored"] == 3
+    llm.queue_facts("The user pasted a document")
+    assert proxy_turn_extract(turn_pk=turn.pk) == "done"
+    prompt = "\n".join(llm.prompts())
+    assert pasted[: kept[0]] in prompt and pasted[: kept[0] + 25] not in prompt
