@@ -126,3 +126,27 @@ def test_memories_are_stored_without_mem0s_keyword_lemmas_which_nothing_reads(al
         assert cursor.fetchone() == (False, "I am training for the Porto marathon")
     found = memory_search(alice_scope, query="Porto marathon", top_k=1, call=internal_call())
     assert [m.id for m in found] == [memory_id]
+
+
+def test_a_written_vector_literal_is_short_for_float4s_and_stores_the_same_vector():
+    """The write path's vector text: 9 digits per float when every float is a float4
+    already (the embedder's), repr otherwise; Postgres stores the same float4s either way."""
+    import numpy
+
+    from memories.engine.writes import _vector_literal
+
+    rng = numpy.random.default_rng(19)
+    float4s = rng.standard_normal(384).astype(numpy.float32)
+    as_embedded = (float4s / numpy.linalg.norm(float4s)).tolist()  # doubles holding float4s
+    float8s = rng.standard_normal(384).tolist()  # e.g. a remote embedder's JSON floats
+    short, full = _vector_literal(as_embedded), _vector_literal(float8s)
+    assert all(len(x.lstrip("-").replace(".", "").split("e")[0].lstrip("0")) <= 9 for x in short[1:-1].split(","))
+    assert full == "[" + ",".join(repr(x) for x in float8s) + "]"
+    with connection.cursor() as cursor:
+        for vector, literal in ((as_embedded, short), (float8s, full)):
+            reference = "[" + ",".join(repr(x) for x in vector) + "]"
+            cursor.execute("SELECT %s::vector::text = %s::vector::text", [literal, reference])
+            assert cursor.fetchone()[0]
+        cursor.execute("SELECT %s::vector::text", [short])
+        stored = numpy.array(cursor.fetchone()[0].strip("[]").split(","), dtype=numpy.float32)
+    assert (stored == numpy.asarray(as_embedded, dtype=numpy.float32)).all()

@@ -14,6 +14,7 @@ best-effort and that is empty without spaCy) are refreshed after commit."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import numpy
 from django.conf import settings
 from django.db import connection, transaction
 from psycopg import sql
@@ -200,8 +202,18 @@ def _table() -> sql.Identifier:
 
 def _vector_literal(vector: list[float]) -> str:
     # repr keeps every digit of the float; Postgres rounds to float4 exactly as it does
-    # for the float8[] mem0 sends.
+    # for the float8[] mem0 sends. When every float is a float4 already (the local
+    # embedder's always are), 9 significant digits bring back that same float4 exactly,
+    # and one %-format over the tuple costs a third of 384 reprs (~0.4 ms per write).
+    values = numpy.asarray(vector, dtype=numpy.float64)
+    if (values.astype(numpy.float32) == values).all():
+        return "[" + _float4_format(len(vector)) % tuple(vector) + "]"
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+@functools.cache
+def _float4_format(dims: int) -> str:
+    return ",".join(["%.9g"] * dims)
 
 
 def _now() -> str:
