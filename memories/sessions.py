@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from core.scope import CallContext, MemoryScope
@@ -257,21 +258,29 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
     pending = TurnPending.objects.filter(**owned).order_by("project", "session_id", "created_at", "id")
     turns = TurnGuard.objects.filter(**owned).order_by("project", "session_id", "created_at", "id")
 
+    # (line kind, header count, rows, rows read at a time, the line's keys: the row's
+    # attribute of that name, or the one named after a colon).
+    sections: list[tuple[str, str, QuerySet[Any], int, tuple[str, ...]]] = [
+        ("session", "sessions", states, 500, ("project", "session_id", "abstract", "overview", "context_summary",
+                                              "summary_updated_at", "created_at", "last_active_at")),
+        ("event", "events", events, 500, ("project", "session_id", "turn_id", "created_at", "item")),
+        ("archive", "archives", archives, 50, ("project", "session_id", "created_at", "items")),
+        ("pending_input", "pending_inputs", pending, 50,
+         ("project", "session_id", "operation_token:token", "created_at", "items")),
+        ("turn", "turns", turns, 500, ("project", "session_id", "turn_id", "state", "fact_ids", "facts_left_out",
+                                       "facts_shortened", "content_sha256", "created_at", "updated_at")),
+    ]  # fmt: skip
+
     def counted() -> dict[str, int]:
-        return {
-            "sessions": states.count(),
-            "events": events.count(),
-            "archives": archives.count(),
-            "pending_inputs": pending.count(),
-            "turns": turns.count(),
-        }
+        return {count_key: rows.count() for _kind, count_key, rows, _chunk, _keys in sections}
 
     counts = counted()
     with transaction.atomic():
         audit_record(scope, call=call, operation=Operation.EXPORT_SESSION_LOGS, detail=counts)
     header = {"format": SESSION_LOGS_FORMAT, "version": 1, "exported_at": timezone.now().isoformat(), **counts}
 
-    def line(kind: str, data: dict[str, Any]) -> str:
+    def line(kind: str, row: Any, keys: tuple[str, ...]) -> str:
+        data = {key.partition(":")[0]: getattr(row, key.partition(":")[2] or key) for key in keys}
         return json.dumps({kind: data}, ensure_ascii=False, default=str) + "\n"
 
     def lines() -> Iterator[str]:
@@ -280,67 +289,8 @@ def session_logs_export(scope: MemoryScope, *, call: CallContext) -> Iterator[st
 
     def snapshot_lines() -> Iterator[str]:
         yield json.dumps({**header, **counted()}, ensure_ascii=False) + "\n"
-        for state in states.iterator(chunk_size=500):
-            yield line(
-                "session",
-                {
-                    "project": state.project,
-                    "session_id": state.session_id,
-                    "abstract": state.abstract,
-                    "overview": state.overview,
-                    "context_summary": state.context_summary,
-                    "summary_updated_at": state.summary_updated_at,
-                    "created_at": state.created_at,
-                    "last_active_at": state.last_active_at,
-                },
-            )
-        for event in events.iterator(chunk_size=500):
-            yield line(
-                "event",
-                {
-                    "project": event.project,
-                    "session_id": event.session_id,
-                    "turn_id": event.turn_id,
-                    "created_at": event.created_at,
-                    "item": event.item,
-                },
-            )
-        for archive in archives.iterator(chunk_size=50):
-            yield line(
-                "archive",
-                {
-                    "project": archive.project,
-                    "session_id": archive.session_id,
-                    "created_at": archive.created_at,
-                    "items": archive.items,
-                },
-            )
-        for kept in pending.iterator(chunk_size=50):
-            yield line(
-                "pending_input",
-                {
-                    "project": kept.project,
-                    "session_id": kept.session_id,
-                    "operation_token": kept.token,
-                    "created_at": kept.created_at,
-                    "items": kept.items,
-                },
-            )
-        for guard in turns.iterator(chunk_size=500):
-            yield line(
-                "turn",
-                {
-                    "project": guard.project,
-                    "session_id": guard.session_id,
-                    "turn_id": guard.turn_id,
-                    "state": guard.state,
-                    "fact_ids": guard.fact_ids,
-                    "facts_left_out": guard.facts_left_out,
-                    "facts_shortened": guard.facts_shortened,
-                    "content_sha256": guard.content_sha256,
-                    "created_at": guard.created_at,
-                    "updated_at": guard.updated_at,
-                },
-            )
+        for kind, _count_key, rows, chunk, keys in sections:
+            for row in rows.iterator(chunk_size=chunk):
+                yield line(kind, row, keys)
 
     return lines()
