@@ -249,6 +249,21 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
             credential_presented=bool(request.headers.get("Authorization")),
         )
         return _error_response(error)
+    except Exception as exc:
+        # Django's handler500 would answer its HTML page (a lost database, another JSON
+        # shape): the proxy answers in its own, with no text of the exception (it may quote
+        # a secret or the prompt), audited once, never billed. Once `_finish` started, it
+        # recorded the call.
+        unexpected = _unexpected_error(exc, what="chat call")
+        if not _finish_started(holder):
+            await _thread(
+                services.chat_call_failed,
+                holder.get("caller"),
+                call=call,
+                error=unexpected,
+                credential_presented=bool(request.headers.get("Authorization")),
+            )
+        return _error_response(unexpected)
     except asyncio.CancelledError:
         # Django cancels the view when the client disconnects. Before the answer went out
         # (an SDK timeout, a user who gave up), nothing else records the call: it leaves
@@ -402,6 +417,11 @@ async def _forward(
             except httpx.HTTPError:
                 if not answer.done:
                     failure = upstream_error("The upstream LLM's stream broke off before the answer was complete.")
+            except Exception as exc:
+                # Our own code failed mid-stream (the 200 is out): the stream ends as a
+                # broken one does, with an error event and no [DONE], recorded as failed
+                # (not billed, no turn): what was relayed is not known to be whole.
+                failure = _unexpected_error(exc, what="chat stream")
             if failure is not None:
                 logger.warning("chat upstream stream failed (%s)", failure.code)
                 if not answer.errored:
@@ -538,16 +558,17 @@ def _key_or_404(key_id: Any, target: dict[str, Any], *, retired_too: bool = Fals
     return api_key
 
 
-def _unexpected_error(exc: Exception) -> ProxyError:
+def _unexpected_error(exc: Exception, *, what: str = "admin token call") -> ProxyError:
     """What an exception no layer below answered becomes (logged by type only when it is
-    a known condition; with its traceback, messages withheld by core.log_safety, otherwise)."""
+    a known condition; with its traceback, messages withheld by core.log_safety, otherwise).
+    `what`: the call, as the log names it."""
     if is_program_limit_exceeded(exc):  # the request's size: a retry fails the same way
-        logger.warning("admin token call: statement over a database limit (%s)", type(exc).__name__)
+        logger.warning("%s: statement over a database limit (%s)", what, type(exc).__name__)
         return request_too_large(PROGRAM_LIMIT_MESSAGE)
     if is_backend_unavailable(exc):
-        logger.warning("admin token call: database unavailable (%s)", type(exc).__name__)
+        logger.warning("%s: database unavailable (%s)", what, type(exc).__name__)
         return backend_unavailable()
-    logger.exception("admin token call failed unexpectedly")
+    logger.exception("%s failed unexpectedly", what)
     return internal_error()
 
 
