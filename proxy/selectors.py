@@ -127,6 +127,12 @@ def token_admin_key(*, key_id: str, retired_too: bool = False) -> ApiKey | None:
     return (keys if retired_too else keys.filter(_live_keys())).first()
 
 
+def token_owner_key(user: Any, *, key_id: str) -> ApiKey | None:
+    """One of `user`'s own keys, live or retired, for their settings page (another user's
+    key id is None, as a missing one): a retired key's settings can still be removed."""
+    return ApiKey.objects.select_related("user").filter(user=user, key_id=key_id).first()
+
+
 def token_configs_of_live_keys(*, after_id: int | None = None, limit: int | None = None) -> list[TokenConfig]:
     """The configurations the admin API lists: those of live keys, in id order, from
     after `after_id` (a page's cursor), at most `limit`. A revoked or expired key's

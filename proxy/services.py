@@ -863,6 +863,9 @@ _CONFIG_OPTIONAL_FIELDS = frozenset(
 )
 
 
+RETIRED_KEY_MESSAGE = "This key is revoked or expired: its chat proxy settings cannot be changed, only removed."
+
+
 def token_config_save(
     *,
     api_key: ApiKey,
@@ -874,12 +877,18 @@ def token_config_save(
 ) -> TokenConfig:
     """Create or change a key's configuration (validated; the upstream key encrypted).
     `partial` keeps unspecified fields (PATCH); a new row needs the required ones.
-    `must_create` (POST): `conflict` if the key has one already."""
+    `must_create` (POST): `conflict` if the key has one already. A revoked or expired
+    key's (it never authenticates again) is `conflict` too: it can only be deleted."""
     with transaction.atomic():
         # The key's row, locked: two saves of one key run one after the other. Locking
         # the configuration alone locks nothing while it does not exist, and two creates
-        # then met at the unique constraint (a 500).
-        ApiKey.objects.select_for_update().filter(pk=api_key.pk).exists()
+        # then met at the unique constraint (a 500). Read locked, so a key revoked since
+        # the caller looked it up is refused too.
+        locked = ApiKey.objects.select_for_update().filter(pk=api_key.pk).first()
+        if locked is None:
+            raise ServiceError(ErrorCode.NOT_FOUND, "No such key.")
+        if not locked.is_active:
+            raise ServiceError(ErrorCode.CONFLICT, RETIRED_KEY_MESSAGE)
         row = TokenConfig.objects.select_for_update().filter(api_key=api_key).first()
         if must_create and row is not None:
             raise ServiceError(ErrorCode.CONFLICT, "This token already has a configuration; use PUT or PATCH.")

@@ -1,5 +1,6 @@
 """The chat proxy section of the user's API-key page: one key's upstream configuration
-(the owner's own keys only; another user's key id is a 404 like a missing one)."""
+(the owner's own keys only; another user's key id is a 404 like a missing one). A revoked
+or expired key's configuration can only be removed."""
 
 from __future__ import annotations
 
@@ -17,9 +18,7 @@ from core.choices import Operation
 from core.errors import ErrorCode, ServiceError
 from core.inputs import InputError, digits_int, json_loads_safe, text_problem
 from memories.interfaces.web.views import ui_call_observed, web_call
-from memories.models import ApiKey
-from proxy import services
-from proxy.models import TokenConfig
+from proxy import selectors, services
 
 JSON_FIELDS = ("extra_body", "memory_llm")
 INT_FIELDS = ("memory_limit", "session_window_size")
@@ -50,38 +49,46 @@ def _form_fields(post) -> dict:
 @login_required
 @require_http_methods(["GET", "POST"])
 def key_chat_config(request: HttpRequest, key_id: str) -> HttpResponse:
+    """A live key's settings, shown and changed; a revoked or expired key's (it never
+    authenticates again) neither shown nor changed, only removed, so its owner can take
+    the encrypted upstream key out of the database themselves."""
     user: Any = request.user  # a signed-in User (login_required), whatever the stubs say
     # A NUL would reach the database as a DataError: no key id has one.
-    api_key = (
-        None
-        if text_problem(key_id)
-        else ApiKey.objects.filter(user=user, key_id=key_id, revoked_at__isnull=True).first()
-    )
+    api_key = None if text_problem(key_id) else selectors.token_owner_key(user, key_id=key_id)
     if api_key is None:
         raise Http404("No such key.")
-    row = TokenConfig.objects.filter(api_key=api_key).first()
+    retired = not api_key.is_active
     call = web_call(request)
     status = 200
     if request.method == "POST":
         if "delete" in request.POST:
             with ui_call_observed(Operation.PROXY_TOKEN_CONFIG):
-                services.token_config_delete(api_key=api_key, call=call)
-            messages.success(request, "Configuration removed: this key uses the deployment's default upstream.")
+                deleted = services.token_config_delete(api_key=api_key, call=call)
+            if not deleted:
+                messages.info(request, "This key has no chat proxy settings.")
+            elif retired:
+                messages.success(request, "Settings removed, the upstream API key with them.")
+            else:
+                messages.success(request, "Configuration removed: this key uses the deployment's default upstream.")
             return redirect(reverse("proxy-key-config", args=[key_id]))
         try:
             with ui_call_observed(Operation.PROXY_TOKEN_CONFIG):
-                services.token_config_save(api_key=api_key, fields=_form_fields(request.POST), partial=True, call=call)
+                # A retired key's save is refused by the service (conflict), whatever the form says.
+                fields = _form_fields(request.POST) if not retired else {}
+                services.token_config_save(api_key=api_key, fields=fields, partial=True, call=call)
         except ServiceError as exc:
             messages.error(request, exc.message)
-            status = 400
+            status = 409 if exc.code == ErrorCode.CONFLICT else 400
         else:
             messages.success(request, "Saved. The upstream API key is stored encrypted and not shown again.")
             return redirect(reverse("proxy-key-config", args=[key_id]))
+    row = selectors.token_config_of_key(api_key=api_key)
     return render(
         request,
         "proxy/key_config.html",
-        {"key": api_key, "config": row, "extra_body": json.dumps(row.extra_body if row else {}),
-         "memory_llm": json.dumps(row.memory_llm if row else {}),
+        {"key": api_key, "config": row, "retired": retired,
+         "extra_body": json.dumps(row.extra_body if row and not retired else {}),
+         "memory_llm": json.dumps(row.memory_llm if row and not retired else {}),
          "chat_url": request.build_absolute_uri("/v1")},
         status=status,
     )  # fmt: skip

@@ -243,6 +243,7 @@ def test_the_other_apps_selectors_run_in_a_read_only_transaction(alice, alice_sc
             "token_configs_of_live_keys": lambda: proxy_selectors.token_configs_of_live_keys(after_id=0, limit=5),
             "token_config_of_key": lambda: proxy_selectors.token_config_of_key(api_key=alice_key_row),
             "token_admin_key": lambda: proxy_selectors.token_admin_key(key_id=alice_key_row.key_id, retired_too=True),
+            "token_owner_key": lambda: proxy_selectors.token_owner_key(alice, key_id=alice_key_row.key_id),
         },
     }
     # Helpers that are pure functions of their arguments (no database) need no guard.
