@@ -103,15 +103,46 @@ def _owned_clause(
     return clause, params
 
 
-def _distance_operator() -> sql.SQL:
+def _distance_operator(normalised: bool | None = None) -> sql.SQL:
     # Our MiniLM vectors are unit length, so inner product ranks like cosine, for less work.
-    return sql.SQL("<#>" if embedder_spec_active().normalised else "<=>")
+    normalised = embedder_spec_active().normalised if normalised is None else normalised
+    return sql.SQL("<#>" if normalised else "<=>")
 
 
-def _similarity(column: str = "vector") -> sql.Composable:
-    """Cosine similarity from the distance operator: -(inner product) or 1 - cosine distance."""
-    prefix = "-" if embedder_spec_active().normalised else "1 - "
-    return sql.SQL(prefix + "({} {} %s::vector)").format(sql.SQL(column), _distance_operator())
+def _similarity(column: str = "vector", *, normalised: bool | None = None) -> sql.Composable:
+    """Cosine similarity from the distance operator: -(inner product) or 1 - cosine distance.
+    `normalised` defaults to the active embedder's."""
+    normalised = embedder_spec_active().normalised if normalised is None else normalised
+    prefix = "-" if normalised else "1 - "
+    return sql.SQL(prefix + "({} {} %s::vector)").format(sql.SQL(column), _distance_operator(normalised))
+
+
+# Statements every search renders that depend only on the table's name, whether the active
+# embedder's vectors are normalised (the distance operator) and the connection's encoding
+# (which identifier quoting follows), rendered once per such key: building and rendering
+# them with psycopg.sql cost about 0.3 ms of Python a search. The key is read where the
+# statement used to be built, and the statement is built from the key's own values, so a
+# re-embedding switch of table or embedder renders afresh and never runs a stale statement.
+StatementKey = tuple[str, str, bool, str]
+_rendered_statements: dict[StatementKey, str] = {}
+RENDERED_STATEMENTS_MAX = 64  # a handful in practice: (statement, table, flag, encoding)
+
+
+def _statement_key(name: str, cursor: Any) -> StatementKey:
+    return (name, settings.MEMORY_COLLECTION, embedder_spec_active().normalised, cursor.connection.info.encoding)
+
+
+def _rendered_statement(name: str, cursor: Any, build: Callable[[sql.Identifier, bool], sql.Composable]) -> str:
+    """`build(table, normalised)` rendered for `cursor`'s connection, from the cache when
+    the statement `name` was rendered for the same table, flag and encoding before."""
+    key = _statement_key(name, cursor)
+    rendered = _rendered_statements.get(key)
+    if rendered is None:
+        rendered = build(sql.Identifier(key[1]), key[2]).as_string(cursor.connection)
+        if len(_rendered_statements) >= RENDERED_STATEMENTS_MAX:  # bounded: render again on demand
+            _rendered_statements.clear()
+        _rendered_statements[key] = rendered
+    return rendered
 
 
 def _vector_literal(vector: list[float]) -> str:
@@ -758,10 +789,14 @@ def _similarities(ids: list[str], vector: list[float]) -> dict[str, float]:
     """Cosine similarity of `vector` to each of the memories `ids` (by primary key)."""
     if not ids:
         return {}
-    query = sql.SQL("SELECT id, {} FROM {} WHERE id = ANY(%s::uuid[])").format(_similarity(), _table())
     with connection.cursor() as cursor:
-        cursor.execute(query.as_string(cursor.connection), [_vector_literal(vector), ids])
+        query = _rendered_statement("similarities", cursor, _similarities_statement)
+        cursor.execute(query, [_vector_literal(vector), ids])
         return {str(memory_id): float(similarity) for memory_id, similarity in cursor.fetchall()}
+
+
+def _similarities_statement(table: sql.Identifier, normalised: bool) -> sql.Composable:
+    return sql.SQL("SELECT id, {} FROM {} WHERE id = ANY(%s::uuid[])").format(_similarity(normalised=normalised), table)
 
 
 # --- Neighbouring memories ---------------------------------------------------------------
@@ -791,34 +826,10 @@ def _neighbours(
     returns): the search's final top k is among these rows, so `_load` needs no round trip
     of its own. A memory with no row next to it on either side (a user's only memory)
     comes back in one row without a neighbour."""
-    columns = sql.SQL(
-        "payload->>'created_at' AS at, payload->'attrs'->>'session_id' AS session,"
-        " payload->'attrs'->>'agent_id' AS agent"
-    )
-
-    def nearest(before: bool) -> sql.Composable:
-        return sql.SQL(
-            "(SELECT id, {similarity} AS similarity, {columns},"
-            " NOT trashed AND (expires_at IS NULL OR expires_at > %s) AS live FROM {table}"
-            " WHERE payload->>'user_id' = %s AND (payload->>'created_at', id) {op} (c.at, c.id)"
-            " ORDER BY payload->>'created_at' {order}, id {order} LIMIT 1)"
-        ).format(
-            similarity=_similarity(),
-            columns=columns,
-            table=_table(),
-            op=sql.SQL("<" if before else ">"),
-            order=sql.SQL("DESC" if before else "ASC"),
-        )
-
-    query = sql.SQL(
-        "SELECT c.id, c.at, c.session, c.agent, n.id, n.similarity, n.at, n.session, n.agent, n.live"
-        ", c.document FROM (SELECT id, {columns}, payload::text AS document FROM {table}"
-        " WHERE id = ANY(%s::uuid[])) AS c"
-        " LEFT JOIN LATERAL ({before} UNION ALL {after}) AS n ON true"
-    ).format(columns=columns, table=_table(), before=nearest(True), after=nearest(False))
     one_side = [_vector_literal(vector), engine_timestamp(datetime.now(UTC)), scope.engine_user_id]
     with connection.cursor() as cursor:
-        cursor.execute(query.as_string(cursor.connection), [ids, *one_side, *one_side])
+        query = _rendered_statement("neighbours", cursor, _neighbours_statement)
+        cursor.execute(query, [ids, *one_side, *one_side])
         rows = cursor.fetchall()
     window = settings.SEARCH_NEIGHBOUR_WINDOW_S
     found: dict[str, list[tuple[str, float]]] = {}
@@ -831,6 +842,34 @@ def _neighbours(
         if apart <= window:
             found.setdefault(str(memory_id), []).append((str(other_id), float(similarity)))
     return found, documents
+
+
+def _neighbours_statement(table: sql.Identifier, normalised: bool) -> sql.Composable:
+    columns = sql.SQL(
+        "payload->>'created_at' AS at, payload->'attrs'->>'session_id' AS session,"
+        " payload->'attrs'->>'agent_id' AS agent"
+    )
+
+    def nearest(before: bool) -> sql.Composable:
+        return sql.SQL(
+            "(SELECT id, {similarity} AS similarity, {columns},"
+            " NOT trashed AND (expires_at IS NULL OR expires_at > %s) AS live FROM {table}"
+            " WHERE payload->>'user_id' = %s AND (payload->>'created_at', id) {op} (c.at, c.id)"
+            " ORDER BY payload->>'created_at' {order}, id {order} LIMIT 1)"
+        ).format(
+            similarity=_similarity(normalised=normalised),
+            columns=columns,
+            table=table,
+            op=sql.SQL("<" if before else ">"),
+            order=sql.SQL("DESC" if before else "ASC"),
+        )
+
+    return sql.SQL(
+        "SELECT c.id, c.at, c.session, c.agent, n.id, n.similarity, n.at, n.session, n.agent, n.live"
+        ", c.document FROM (SELECT id, {columns}, payload::text AS document FROM {table}"
+        " WHERE id = ANY(%s::uuid[])) AS c"
+        " LEFT JOIN LATERAL ({before} UNION ALL {after}) AS n ON true"
+    ).format(columns=columns, table=table, before=nearest(True), after=nearest(False))
 
 
 def _with_neighbour_context(
