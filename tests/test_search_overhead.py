@@ -117,7 +117,7 @@ def renders(monkeypatch) -> list[str]:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("clean_vectors")
-def test_searches_render_the_neighbour_and_similarity_statements_once(alice_scope, settings, renders):
+def test_searches_render_their_statements_once(alice_scope, settings, renders):
     settings.SEARCH_FUSION = "score"
     settings.SEARCH_LEXICAL_CONCURRENT = True
     for text in ("I adopted a dog last spring.", "His name is Max.", "Max loves the beach."):
@@ -126,6 +126,12 @@ def test_searches_render_the_neighbour_and_similarity_statements_once(alice_scop
         assert memory_search(alice_scope, query=query, top_k=5, call=internal_call())
     assert sum("LEFT JOIN LATERAL" in text for text in renders) == 1
     assert sum(text.startswith("SELECT id, -(vector <#> %s::vector)") for text in renders) == 1
+    # The vector and BM25 statements too, once per shape (here: one term, then two).
+    assert sum("count(*) OVER ()" in text for text in renders) == 1
+    renders.clear()
+    for query in ("Where does Max like to go?", "dog", "beach", "my dog"):
+        assert memory_search(alice_scope, query=query, top_k=5, call=internal_call())
+    assert [text[:60] for text in renders] == []
 
 
 @pytest.mark.django_db(transaction=True)

@@ -84,23 +84,40 @@ def _owned_clause(
     index (vector_schema.LIVE_OWNER) finds the user's live rows without visiting their
     trash. The owner's engine id (`owner`) is the clause's first parameter, which the
     caller passes."""
+    shape, params = _owned_parts(filters, owner=owner, owner_index=owner_index)
+    return _owned_sql(shape), params
+
+
+# The owned clause's text: (owner index usable, a containment filter, an exclusion).
+OwnedShape = tuple[bool, bool, bool]
+
+
+def _owned_parts(filters: dict[str, Any] | None, *, owner: str, owner_index: bool) -> tuple[OwnedShape, list[Any]]:
+    """`_owned_clause`'s shape (all its text depends on) and parameters."""
+    params: list[Any] = [engine_timestamp(datetime.now(UTC))] + ([owner] if owner_index else [])
+    wanted = dict(filters or {})
+    excluded = wanted.pop(FILTER_EXCLUDED, None)
+    if wanted:
+        # The owner inside the containment too: the GIN index on the payload then finds
+        # only this user's matching rows, not every user's (measured at 100k rows, 10 users).
+        params.append(json.dumps({**wanted, "user_id": owner}))
+    if excluded:
+        params.append(json.dumps(excluded))
+    return (owner_index, bool(wanted), bool(excluded)), params
+
+
+def _owned_sql(shape: OwnedShape) -> sql.Composable:
+    owner_index, wanted, excluded = shape
     owner_test = "payload->>'user_id' = %s" if owner_index else "(payload->>'user_id') || '' = %s"
     live_owner = f" AND {LIVE_OWNER} = %s" if owner_index else ""
     clause: sql.Composable = sql.SQL(
         owner_test + " AND NOT trashed AND (expires_at IS NULL OR expires_at > %s)" + live_owner
     )
-    params: list[Any] = [engine_timestamp(datetime.now(UTC))] + ([owner] if owner_index else [])
-    wanted = dict(filters or {})
-    excluded = wanted.pop(FILTER_EXCLUDED, None)
     if wanted:
         clause = sql.SQL("{} AND payload @> %s::jsonb").format(clause)
-        # The owner inside the containment too: the GIN index on the payload then finds
-        # only this user's matching rows, not every user's (measured at 100k rows, 10 users).
-        params.append(json.dumps({**wanted, "user_id": owner}))
     if excluded:
         clause = sql.SQL("{} AND NOT payload @> %s::jsonb").format(clause)
-        params.append(json.dumps(excluded))
-    return clause, params
+    return clause
 
 
 def _distance_operator(normalised: bool | None = None) -> sql.SQL:
@@ -117,25 +134,32 @@ def _similarity(column: str = "vector", *, normalised: bool | None = None) -> sq
     return sql.SQL(prefix + "({} {} %s::vector)").format(sql.SQL(column), _distance_operator(normalised))
 
 
-# Statements every search renders that depend only on the table's name, whether the active
-# embedder's vectors are normalised (the distance operator) and the connection's encoding
-# (which identifier quoting follows), rendered once per such key: building and rendering
-# them with psycopg.sql cost about 0.3 ms of Python a search. The key is read where the
-# statement used to be built, and the statement is built from the key's own values, so a
-# re-embedding switch of table or embedder renders afresh and never runs a stale statement.
-StatementKey = tuple[str, str, bool, str]
+# Statements every search renders, whose text depends only on their own variant (which
+# statement, and e.g. the owned clause's shape or the number of query terms: `name`), the
+# table's name, whether the active embedder's vectors are normalised (the distance
+# operator) and the connection's encoding (which identifier quoting follows), rendered
+# once per such key: building and rendering them with psycopg.sql cost about 0.4 ms of
+# Python a search. The key is read where the statement used to be built, and the statement
+# is built from the key's own values, so a re-embedding switch of table or embedder
+# renders afresh and never runs a stale statement.
+StatementKey = tuple[Any, str, bool, str]
 _rendered_statements: dict[StatementKey, str] = {}
-RENDERED_STATEMENTS_MAX = 64  # a handful in practice: (statement, table, flag, encoding)
+# A few hundred at most: BM25's differ by term count (up to MAX_QUERY_TERMS) and shape.
+RENDERED_STATEMENTS_MAX = 512
 
 
-def _statement_key(name: str, cursor: Any) -> StatementKey:
+def _statement_key(name: Any, cursor: Any) -> StatementKey:
     return (name, settings.MEMORY_COLLECTION, embedder_spec_active().normalised, cursor.connection.info.encoding)
 
 
-def _rendered_statement(name: str, cursor: Any, build: Callable[[sql.Identifier, bool], sql.Composable]) -> str:
+def _rendered_statement(name: Any, cursor: Any, build: Callable[[sql.Identifier, bool], sql.Composable]) -> str:
     """`build(table, normalised)` rendered for `cursor`'s connection, from the cache when
-    the statement `name` was rendered for the same table, flag and encoding before."""
-    key = _statement_key(name, cursor)
+    the statement `name` was rendered for the same table, flag and encoding before.
+    `build` may depend on nothing but its arguments and what `name` holds."""
+    return _rendered_for(_statement_key(name, cursor), cursor, build)
+
+
+def _rendered_for(key: StatementKey, cursor: Any, build: Callable[[sql.Identifier, bool], sql.Composable]) -> str:
     rendered = _rendered_statements.get(key)
     if rendered is None:
         rendered = build(sql.Identifier(key[1]), key[2]).as_string(cursor.connection)
@@ -310,32 +334,37 @@ def vector_scores(
     """The user's `limit` nearest memories with their cosine similarity, nearest first.
     `plan` (default: chosen by the user's size) is EXACT or HNSW."""
     plan = plan or vector_plan(scope)
-    owned, params = _owned_clause(filters, owner=scope.engine_user_id, owner_index=plan == EXACT)
-    operator = _distance_operator()
-    negate = embedder_spec_active().normalised
+    shape, params = _owned_parts(filters, owner=scope.engine_user_id, owner_index=plan == EXACT)
+
+    def statement(table: sql.Identifier, normalised: bool) -> sql.Composable:
+        if plan == EXACT:
+            # The OFFSET 0 fence keeps the planner off the HNSW index (it cannot serve an
+            # ordering of the subquery's output): an exact scan of the user's rows (found
+            # through the owner index), each distance computed once. count(*) OVER () is the
+            # user's row count, for the next plan choice, at no extra scan.
+            return sql.SQL(
+                "SELECT id, distance, count(*) OVER () FROM"
+                " (SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} OFFSET 0) AS scanned"
+                " ORDER BY distance LIMIT %s"
+            ).format(_distance_operator(normalised), table, _owned_sql(shape))
+        # The owner test is written so the owner index cannot serve it ("|| ''"): the filter
+        # then runs inside the HNSW scan, which iterates (relaxed order, re-sorted below)
+        # until it has `limit` of the user's live rows.
+        return sql.SQL(
+            "SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} ORDER BY distance LIMIT %s"
+        ).format(_distance_operator(normalised), table, _owned_sql(shape))
+
     if plan == EXACT:
-        # The OFFSET 0 fence keeps the planner off the HNSW index (it cannot serve an
-        # ordering of the subquery's output): an exact scan of the user's rows (found
-        # through the owner index), each distance computed once. count(*) OVER () is the
-        # user's row count, for the next plan choice, at no extra scan.
-        query = sql.SQL(
-            "SELECT id, distance, count(*) OVER () FROM"
-            " (SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} OFFSET 0) AS scanned"
-            " ORDER BY distance LIMIT %s"
-        ).format(operator, _table(), owned)
         literal = _vector_literal(vector)
         with connection.cursor() as cursor:
-            cursor.execute(query.as_string(cursor.connection), [literal, scope.engine_user_id, *params, limit])
+            key = _statement_key(("vector", plan, shape), cursor)
+            negate = key[2]  # how the distances read, from the statement's own key
+            query = _rendered_for(key, cursor, statement)
+            cursor.execute(query, [literal, scope.engine_user_id, *params, limit])
             rows = cursor.fetchall()
         if not filters:
             _remember_user_rows(scope, int(rows[0][2]) if rows else 0)
     else:
-        # The owner test is written so the owner index cannot serve it ("|| ''"): the filter
-        # then runs inside the HNSW scan, which iterates (relaxed order, re-sorted below)
-        # until it has `limit` of the user's live rows.
-        query = sql.SQL(
-            "SELECT id, vector {} %s::vector AS distance FROM {} WHERE {} ORDER BY distance LIMIT %s"
-        ).format(operator, _table(), owned)
         # Unfiltered, sequential and bitmap scans are turned off: the plan is already chosen
         # (the user is large), and without it the planner prefers a sequential scan + sort
         # whenever the user holds much of the table (measured: 50 ms instead of 2-3 ms at
@@ -354,8 +383,11 @@ def vector_scores(
             " set_config('enable_bitmapscan', %s, true); "
         )
         with connection.cursor() as cursor:
+            key = _statement_key(("vector", plan, shape), cursor)
+            negate = key[2]
+            query = _rendered_for(key, cursor, statement)
             cursor.execute(
-                settings_statement + query.as_string(cursor.connection),
+                settings_statement + query,
                 [
                     str(max(settings.SEARCH_HNSW_EF_SEARCH, limit)),
                     *(["on" if filters else "off"] * 2),
@@ -640,7 +672,7 @@ def lexical_scores(
 ) -> list[tuple[str, float, float, float | None]]:
     """The user's `limit` best BM25 matches, best first, as (id, bm25, coverage,
     cosine similarity to `vector` or None)."""
-    owned, owned_params = _owned_clause(filters, owner=scope.engine_user_id)
+    shape, owned_params = _owned_parts(filters, owner=scope.engine_user_id, owner_index=True)
     with connection.cursor() as cursor:
         cursor.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [query])
         lexemes = (cursor.fetchone()[0] or [])[:MAX_QUERY_TERMS]
@@ -653,16 +685,21 @@ def lexical_scores(
         stats = None if filters else _corpus_stats(scope, cursor)
         if stats is not None:
             return _large_user_lexical_scores(scope, cursor, lexemes, stats=stats, limit=limit, vector=vector)
-        extra = {"similarity": _similarity("t.vector")} if vector is not None else {}
-        statement = sql.SQL(
-            _bm25_statement(len(lexemes), with_similarity=vector is not None, filtered=bool(filters))
-        ).format(table=_table(), owned=owned, **extra)
+        with_similarity, filtered = vector is not None, bool(filters)
+
+        def build(table: sql.Identifier, normalised: bool) -> sql.Composable:
+            extra = {"similarity": _similarity("t.vector", normalised=normalised)} if with_similarity else {}
+            return sql.SQL(_bm25_statement(len(lexemes), with_similarity=with_similarity, filtered=filtered)).format(
+                table=table, owned=_owned_sql(shape), **extra
+            )
+
+        statement = _rendered_statement(("bm25", len(lexemes), with_similarity, filtered, shape), cursor, build)
         terms = [_tsquery(lexeme) for lexeme in lexemes]
         owner = [scope.engine_user_id, *owned_params]
         params = [*owner, *terms, *terms, limit] if filters else [*owner, *terms, *owner, *terms, limit]
         if vector is not None:
             params.append(_vector_literal(vector))
-        cursor.execute(statement.as_string(cursor.connection), params)
+        cursor.execute(statement, params)
         return [
             (str(row[0]), float(row[1]), float(row[2] or 0.0), None if row[3] is None else float(row[3]))
             for row in cursor.fetchall()
