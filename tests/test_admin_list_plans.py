@@ -153,8 +153,12 @@ def test_memories_page_reads_through_indexes(admin_client, alice, memories):
     assert f"Index Scan Backward using {PAGING_INDEX}" in in_order and "Sort" not in in_order, in_order
 
     # By id: the primary key, even with sorting priced out (newest first let a small
-    # table's plan walk the (created_at, id) index testing each entry's id).
-    by_id = _plan(_page(admin_client, MEMORIES, {"q": memories["bob"]}), priced_out=("seqscan", "sort"))
+    # table's plan walk the (created_at, id) index testing each entry's id). The paging
+    # index (owner, created_at, id) is dropped for it: PostgreSQL 18's skip scan reads a
+    # small table's few owners through it for `id =` at the primary key's equal cost.
+    by_id = _plan(
+        _page(admin_client, MEMORIES, {"q": memories["bob"]}), priced_out=("seqscan", "sort"), without=(PAGING_INDEX,)
+    )
     assert f"{settings.MEMORY_COLLECTION}_pkey" in by_id and "Seq Scan" not in by_id, by_id
 
     # Words: the live rows' full-text index (search's) ORed with the trashed rows', and

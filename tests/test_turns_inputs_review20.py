@@ -68,13 +68,16 @@ def _facts(scope) -> list:
 @pytest.mark.django_db(transaction=True)
 @with_vectors
 @pytest.mark.parametrize("eraser", ["clear_all_memory", "wipe_user_data"])
-def test_consolidation_and_an_erasure_at_once_both_complete(alice, alice_scope, settings, eraser):
-    """Consolidation row-locks the facts it trashes in id order, an erasure all the user's
+def test_consolidation_waits_for_no_held_row_and_an_erasure_after_it_completes(alice, alice_scope, settings, eraser):
+    """Consolidation row-locked the facts it trashes in id order, an erasure all the user's
     rows in scan order: without the user's erasure lock taken first, the two deadlocked
-    and Postgres aborted one (an unexpected error). A third connection holds the row
-    consolidation locks first until both calls wait, so the interleaving is certain."""
+    and Postgres aborted one (an unexpected error). Since 9e5b661 consolidation waits for
+    no row at all (SKIP LOCKED: a pair with a row another call holds is left for the next
+    run), so it cannot be in such a cycle. A third connection holds the row consolidation
+    would lock first: maintenance completes without it, an erasure then waits for that
+    row, and once it is let go both have completed and nothing of the user is left."""
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "clear_all_memory": (0, 60), "wipe_user_data": (0, 60)}
-    settings.MEMORY_LOCK_TIMEOUT_S = 60  # the erasure waits for consolidation, not times out
+    settings.MEMORY_LOCK_TIMEOUT_S = 60  # the erasure waits for the held row, not times out
     # Near-duplicate facts (same words): consolidation keeps the newest, trashes the rest.
     # Add more until the lowest id among the doomed ones is not the oldest of them.
     for k in range(1, 12):
@@ -84,9 +87,7 @@ def test_consolidation_and_an_erasure_at_once_both_complete(alice, alice_scope, 
         doomed = _facts(alice_scope)[:-1]  # all but the newest
         if len(doomed) >= 2 and min(doomed, key=lambda r: str(r.id)).id != doomed[0].id:
             break
-    # (Ids are random: in the rare run where no order came out crossed, the calls still
-    # run at once and must both complete; the deadlock is then only likely, not certain.)
-    first_locked = str(min(doomed, key=lambda r: str(r.id)).id)  # consolidation locks this one first
+    first_locked = str(min(doomed, key=lambda r: str(r.id)).id)  # consolidation would lock this one first
 
     holder = _other()
     try:
@@ -95,20 +96,21 @@ def test_consolidation_and_an_erasure_at_once_both_complete(alice, alice_scope, 
             [first_locked],
         )
         maintenance = InThread(lambda: run(alice, "memory_run_maintenance", session_id="s"))
-        wait_for(lambda: _waiters("transactionid", "tuple") >= 1 or maintenance.done(), timeout=60, what="maintenance")
+        wait_for(maintenance.done, timeout=60, what="maintenance, which waits for no row")
         eraser_call = InThread(lambda: run(alice, eraser, confirm=True))
-        # Fixed: the erasure waits for the user's lock (advisory); before: for a row.
         wait_for(
-            lambda: _waiters("transactionid", "tuple", "advisory") >= 2 or eraser_call.done(),
+            lambda: _waiters("transactionid", "tuple") >= 1 or eraser_call.done(),
             timeout=60,
-            what="the erasure waiting",
+            what="the erasure waiting for the held row",
         )
+        assert not eraser_call.done()
     finally:
-        holder.rollback()  # release: consolidation (first in line) takes the row
+        holder.rollback()  # release: the erasure takes the row
         holder.close()
-    consolidated = maintenance.result()  # raised DeadlockDetected (or the erasure did) before
+    consolidated = maintenance.result()
     eraser_call.result()
-    assert consolidated["consolidated_facts"] == len(doomed)
+    # The held fact's pair was left for the next run; each other doomed fact was trashed.
+    assert consolidated["consolidated_facts"] == len(doomed) - 1
     assert _facts(alice_scope) == []
 
 
