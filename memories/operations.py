@@ -128,22 +128,29 @@ def _remember_with_memory(scope: MemoryScope, args: schemas.RememberInput, call:
     return _remember(scope, args, call, with_memory=True)
 
 
-def _ingest(scope: MemoryScope, args: schemas.IngestInput, call: CallContext) -> dict[str, Any]:
-    messages = [m.model_dump() for m in args.messages]
-    results = memory_ingest(scope, messages=messages, metadata=args.metadata, fields=args.field_changes(), call=call)
-    return {"results": results}
-
-
-def _ingest_with_stored(scope: MemoryScope, args: schemas.IngestInput, call: CallContext) -> dict[str, Any]:
+def _ingest(
+    scope: MemoryScope, args: schemas.IngestInput, call: CallContext, *, with_stored: bool = False
+) -> dict[str, Any]:
     messages = [m.model_dump() for m in args.messages]
     results = memory_ingest(
-        scope, messages=messages, metadata=args.metadata, fields=args.field_changes(), call=call, with_stored=True
+        scope,
+        messages=messages,
+        metadata=args.metadata,
+        fields=args.field_changes(),
+        call=call,
+        with_stored=with_stored,
     )
+    if not with_stored:
+        return {"results": results}
     # `stored` (each memory whole, as the call left it: an extra) beside the answer's results.
     return {
         "results": [{key: value for key, value in r.items() if key != "stored"} for r in results],
         "stored": [{**(r["stored"] or {"id": r["id"]}), "event": r["event"]} for r in results],
     }
+
+
+def _ingest_with_stored(scope: MemoryScope, args: schemas.IngestInput, call: CallContext) -> dict[str, Any]:
+    return _ingest(scope, args, call, with_stored=True)
 
 
 def _update(scope: MemoryScope, args: schemas.UpdateInput, call: CallContext) -> dict[str, Any]:

@@ -133,7 +133,7 @@ def test_a_written_vector_literal_is_short_for_float4s_and_stores_the_same_vecto
     already (the embedder's), repr otherwise; Postgres stores the same float4s either way."""
     import numpy
 
-    from memories.engine.writes import _vector_literal
+    from memories.engine.vector_schema import vector_text_stored as _vector_literal
 
     rng = numpy.random.default_rng(19)
     float4s = rng.standard_normal(384).astype(numpy.float32)

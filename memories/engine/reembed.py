@@ -30,7 +30,12 @@ from memories.engine.embedders import (
 )
 from memories.engine.mem0_adapter import EngineError, _call
 from memories.engine.payload import KEY_TEXT
-from memories.engine.vector_schema import hnsw_index_name, hnsw_index_statement, vector_table_dims
+from memories.engine.vector_schema import (
+    hnsw_index_name,
+    hnsw_index_statement,
+    vector_table_dims,
+    vector_text_stored,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +83,6 @@ def _shadow_dims() -> int | None:
     )
     row = cursor.fetchone()
     return int(row[0]) if row else None
-
-
-def _vector_literal(vector: list[float]) -> str:
-    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
 
 
 def engine_reembed_progress() -> ReembedProgress:
@@ -178,7 +179,7 @@ def _write(rows: list[tuple[str, str]], vectors: list[list[float]]) -> int:
     written = 0
     with transaction.atomic():
         for (memory_id, text), vector in zip(rows, vectors, strict=True):
-            written += _execute(statement, [_vector_literal(vector), memory_id, text]).rowcount
+            written += _execute(statement, [vector_text_stored(vector), memory_id, text]).rowcount
     return written
 
 

@@ -14,7 +14,6 @@ best-effort and that is empty without spaCy) are refreshed after commit."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -23,7 +22,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-import numpy
 from django.conf import settings
 from django.db import connection, transaction
 from psycopg import sql
@@ -53,6 +51,7 @@ from memories.engine.payload import (
     MemoryAttrs,
     engine_memory_from_row,
 )
+from memories.engine.vector_schema import vector_text_stored
 
 logger = logging.getLogger(__name__)
 
@@ -200,22 +199,6 @@ def _table() -> sql.Identifier:
     return sql.Identifier(settings.MEMORY_COLLECTION)
 
 
-def _vector_literal(vector: list[float]) -> str:
-    # repr keeps every digit of the float; Postgres rounds to float4 exactly as it does
-    # for the float8[] mem0 sends. When every float is a float4 already (the local
-    # embedder's always are), 9 significant digits bring back that same float4 exactly,
-    # and one %-format over the tuple costs a third of 384 reprs (~0.4 ms per write).
-    values = numpy.asarray(vector, dtype=numpy.float64)
-    if (values.astype(numpy.float32) == values).all():
-        return "[" + _float4_format(len(vector)) % tuple(vector) + "]"
-    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
-
-
-@functools.cache
-def _float4_format(dims: int) -> str:
-    return ",".join(["%.9g"] * dims)
-
-
 def _now() -> str:
     return datetime.now(UTC).isoformat()
 
@@ -256,7 +239,7 @@ def engine_insert_text(
     with connection.cursor() as cursor:
         cursor.execute(
             statement.as_string(cursor.connection),
-            [memory_id, _vector_literal(vector), json.dumps(payload)],
+            [memory_id, vector_text_stored(vector), json.dumps(payload)],
         )
     _history.add_history(
         memory_id, None, embedded.text, "ADD", created_at=created_at, updated_at=created_at, role="user"
@@ -365,7 +348,7 @@ def engine_update_row(
     with connection.cursor() as cursor:
         if embedded is not None:
             statement = sql.SQL("UPDATE {} SET vector = %s::vector, payload = %s::jsonb WHERE id = %s").format(_table())
-            params = [_vector_literal(_vector_for_table(embedded)), json.dumps(payload), memory_id]
+            params = [vector_text_stored(_vector_for_table(embedded)), json.dumps(payload), memory_id]
         else:
             statement = sql.SQL("UPDATE {} SET payload = %s::jsonb WHERE id = %s").format(_table())
             params = [json.dumps(payload), memory_id]
@@ -541,7 +524,7 @@ def engine_insert_imported(
     with connection.cursor() as cursor:
         cursor.execute(
             statement.as_string(cursor.connection),
-            [memory_id, _vector_literal(vector), json.dumps(payload)],
+            [memory_id, vector_text_stored(vector), json.dumps(payload)],
         )
     if versions:
         history_versions_add(memory_id, versions)
